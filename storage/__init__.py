@@ -1,0 +1,7 @@
+"""Where data rests on disk: LMDB prioritized replay, tasksets and checkpoints.
+
+Roles call into this package; it holds no role logic. The replay store keeps experience groups
+in LMDB with idempotent writes and transactional use counts; tasksets read jsonl/json/parquet
+files or Hugging Face dataset folders with a resumable cursor; checkpoints are written in the
+Hugging Face layout that Trinity-RFT users already know.
+"""
