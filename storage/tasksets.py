@@ -1,0 +1,807 @@
+"""Tasksets and datasets on disk: jsonl, json, parquet, arrow, or a Hugging Face dataset folder.
+
+Three layers, each usable alone:
+
+* :func:`resolve_data_files` turns ``(path, subset_name, split)`` into the list of files the seeds'
+  ``datasets.load_dataset(path, name=subset_name, split=split)`` would read, without the
+  ``datasets`` package (no hub, no cache dir): a downloaded ``gsm8k`` folder with
+  ``main/train-00000-of-00001.parquet`` works as ``path=gsm8k, subset_name=main, split=train``.
+* :func:`load_rows` reads those files into a :class:`RowSet`, checking that every row carries
+  the keys the format needs. A bad row fails naming the file, the row and the key, or (with
+  ``skip_invalid_rows``) is dropped and counted.
+* :class:`DatasetReader` hands rows out in batches in sequential, shuffled (seeded, per epoch) or
+  random order, over epochs or up to ``total_steps``, with a cursor that can be saved and
+  restored so that a resumed run neither repeats nor skips a row. :class:`TaskReader` turns
+  each row into a :class:`schemas.data.Task`.
+
+The order depends only on ``(seed, epoch, dataset size)``, so the cursor is a single offset:
+restoring needs nothing but the offset (and checks that the dataset size did not change).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+import numpy as np
+import orjson
+
+from schemas.data import Task
+
+if TYPE_CHECKING:
+    from schemas.config import ExperienceBufferConfig, FormatConfig, TasksetConfig
+
+#: File suffixes read as data, in the order tried when a folder holds several kinds.
+DATA_SUFFIXES: tuple[str, ...] = (".parquet", ".jsonl", ".json", ".arrow")
+
+Selector = Literal["sequential", "shuffle", "random"]
+T = TypeVar("T")
+
+
+class TasksetError(ValueError):
+    """A taskset/dataset cannot be read as configured; the message names the file, row, key."""
+
+
+# --------------------------------------------------------------------------------------------
+# locating files
+# --------------------------------------------------------------------------------------------
+
+
+def _data_files_in(folder: Path, stem_glob: str = "*") -> list[Path]:
+    """Data files directly in ``folder`` whose name matches ``stem_glob`` + a data suffix.
+
+    Only one kind of file is returned (the first suffix of :data:`DATA_SUFFIXES` present), so
+    a folder holding both ``train.jsonl`` and a parquet export of it is not read twice."""
+    if not folder.is_dir():
+        return []
+    for suffix in DATA_SUFFIXES:
+        found = sorted(p for p in folder.glob(stem_glob + suffix) if p.is_file())
+        if found:
+            return found
+    return []
+
+
+def _readme_data_files(root: Path, subset_name: str | None, split: str) -> list[Path] | None:
+    """Files named by the ``configs:`` block of a hub dataset's README front matter.
+
+    Hub datasets (gsm8k among them) declare ``config_name`` -> ``data_files`` -> ``split`` ->
+    ``path`` globs there; honouring it reads exactly what ``load_dataset`` reads. Returns None
+    when the README has no usable block (then the folder patterns apply)."""
+    readme = root / "README.md"
+    if not readme.is_file():
+        return None
+    text = readme.read_text(encoding="utf-8", errors="replace")
+    m = re.match(r"\A---\s*\n(.*?)\n---\s*\n", text, re.S)
+    if not m:
+        return None
+    try:
+        import yaml
+
+        meta = yaml.safe_load(m.group(1)) or {}
+    except Exception:  # noqa: BLE001 - a malformed README must not stop the folder patterns
+        return None
+    configs = meta.get("configs") if isinstance(meta, dict) else None
+    if not isinstance(configs, list):
+        return None
+    chosen = None
+    for c in configs:
+        if not isinstance(c, dict):
+            continue
+        name = c.get("config_name", "default")
+        if name == (subset_name or "default") or (subset_name is None and c.get("default")):
+            chosen = c
+            break
+    if chosen is None:
+        return None
+    data_files = chosen.get("data_files")
+    patterns: list[str] = []
+    if isinstance(data_files, str):
+        patterns = [data_files] if split == "train" else []
+    elif isinstance(data_files, list):
+        for entry in data_files:
+            if isinstance(entry, dict) and entry.get("split") == split:
+                p = entry.get("path")
+                patterns += [p] if isinstance(p, str) else list(p or [])
+    elif isinstance(data_files, dict):
+        p = data_files.get(split)
+        patterns = [p] if isinstance(p, str) else list(p or [])
+    files: list[Path] = []
+    for pattern in patterns:
+        files += sorted(p for p in root.glob(pattern) if p.is_file() and p.suffix in DATA_SUFFIXES)
+    return files or None
+
+
+def resolve_data_files(
+    path: str | Path, subset_name: str | None = None, split: str = "train"
+) -> list[Path]:
+    """The data files of ``split`` (and ``subset_name``) under ``path``, in shard order.
+
+    ``path`` may be a single file (then subset and split are ignored) or a folder. For a folder
+    the first of these that matches wins (``{s}`` = subset, ``{x}`` = split):
+
+    1. the ``configs:`` block of ``README.md`` (hub datasets);
+    2. ``{s}/{x}-*.*``, ``{s}/{x}/*.*``, ``{s}/{x}.*`` (``gsm8k/main/train-*.parquet``);
+    3. ``data/{x}-*.*``, ``{x}-*.*``, ``{x}/*.*``, ``{x}.*`` (no subset, or files at the top);
+    4. for ``split == "train"`` only: every data file directly in the folder (the
+       ``load_dataset`` rule for files whose names carry no split).
+    """
+    root = Path(path).expanduser()
+    if root.is_file():
+        if root.suffix not in DATA_SUFFIXES:
+            raise TasksetError(
+                f"{root}: unsupported file type {root.suffix!r}; expected one of {DATA_SUFFIXES}"
+            )
+        return [root]
+    if not root.exists():
+        raise TasksetError(f"{root}: no such file or directory")
+    from_readme = _readme_data_files(root, subset_name, split)
+    if from_readme:
+        return from_readme
+    tried: list[str] = []
+    bases = [root / subset_name] if subset_name else []
+    bases.append(root)
+    for base in bases:
+        candidates = [(base, f"{split}-*"), (base / split, "*"), (base, split)]
+        if base == root:
+            candidates.insert(0, (root / "data", f"{split}-*"))
+        for folder, stem in candidates:
+            tried.append(str(folder / (stem + ".{parquet,jsonl,json,arrow}")))
+            found = _data_files_in(folder, stem)
+            if found:
+                return found
+    if split == "train" and not subset_name:
+        found = _data_files_in(root)
+        if found:
+            return found
+    raise TasksetError(
+        f"{root}: no data files for subset_name={subset_name!r} split={split!r}; tried "
+        + ", ".join(tried)
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# reading rows
+# --------------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """Make a value from parquet/arrow plain data (the codec carries no datetime/Decimal)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, _dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    return value
+
+
+def _needs_plain(schema: Any) -> bool:
+    """True when an arrow schema holds types whose Python values are not plain data."""
+    import pyarrow as pa
+
+    def bad(t: Any) -> bool:
+        if pa.types.is_temporal(t) or pa.types.is_decimal(t):
+            return True
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            return bad(t.value_type)
+        if pa.types.is_struct(t):
+            return any(bad(t.field(i).type) for i in range(t.num_fields))
+        if pa.types.is_map(t):
+            return bad(t.key_type) or bad(t.item_type)
+        return False
+
+    return any(bad(f.type) for f in schema)
+
+
+def _iter_arrow_batches(batches: Iterator[Any], schema: Any) -> Iterator[dict[str, Any]]:
+    plain = _needs_plain(schema)
+    for batch in batches:
+        for row in batch.to_pylist():
+            yield _plain(row) if plain else row
+
+
+def iter_file_rows(file: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield ``(where, row)`` for each row of one file; ``where`` is ``"line N"`` (jsonl, 1-based)
+    or ``"row N"`` (0-based), for error messages.
+
+    A ``.json`` file may be a list of records, a dict of equal-length columns, or JSON lines (the
+    hub stores some jsonl as ``.json``)."""
+    file = Path(file)
+    suffix = file.suffix
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(file)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for bad files
+            raise TasksetError(f"{file}: not a readable parquet file: {e}") from e
+        for i, row in enumerate(
+            _iter_arrow_batches(pf.iter_batches(batch_size=4096), pf.schema_arrow)
+        ):
+            yield f"row {i}", row
+        return
+    if suffix == ".arrow":
+        import pyarrow as pa
+
+        try:
+            with pa.memory_map(str(file)) as src:
+                try:
+                    reader = pa.ipc.open_stream(src)
+                except pa.ArrowInvalid:
+                    reader = pa.ipc.open_file(src)
+                    batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                else:
+                    batches = iter(reader)
+                for i, row in enumerate(_iter_arrow_batches(batches, reader.schema)):
+                    yield f"row {i}", row
+        except pa.ArrowInvalid as e:
+            raise TasksetError(f"{file}: not a readable arrow file: {e}") from e
+        return
+    if suffix not in (".jsonl", ".json"):
+        raise TasksetError(
+            f"{file}: unsupported file type {suffix!r}; expected one of {DATA_SUFFIXES}"
+        )
+    data = file.read_bytes()
+    if suffix == ".json":
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            doc = None  # maybe JSON lines under a .json name: fall through
+        if doc is not None:
+            yield from _json_document_rows(file, doc)
+            return
+    for lineno, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            raise TasksetError(f"{file}: line {lineno}: invalid JSON: {e}") from e
+        if not isinstance(row, dict):
+            raise TasksetError(
+                f"{file}: line {lineno}: expected a JSON object, got {type(row).__name__}"
+            )
+        yield f"line {lineno}", row
+
+
+def _json_document_rows(file: Path, doc: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    if isinstance(doc, list):
+        for i, row in enumerate(doc):
+            if not isinstance(row, dict):
+                raise TasksetError(
+                    f"{file}: row {i}: expected a JSON object, got {type(row).__name__}"
+                )
+            yield f"row {i}", row
+        return
+    if isinstance(doc, dict) and doc and all(isinstance(v, list) for v in doc.values()):
+        lengths = {k: len(v) for k, v in doc.items()}
+        if len(set(lengths.values())) != 1:
+            raise TasksetError(f"{file}: columns have different lengths: {lengths}")
+        keys = list(doc)
+        for i in range(next(iter(lengths.values()))):
+            yield f"row {i}", {k: doc[k][i] for k in keys}
+        return
+    if isinstance(doc, dict):  # one object = one row
+        yield "row 0", doc
+        return
+    raise TasksetError(
+        f"{file}: expected a list of objects or a dict of columns, got {type(doc).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class RequiredKey:
+    """A row key the format needs, and the format field that named it (for error messages)."""
+
+    key: str
+    field: str
+
+
+@dataclass
+class RowSet:
+    """The valid rows of a dataset, in file order, and what was dropped on the way."""
+
+    rows: list[dict[str, Any]]
+    files: list[Path]
+    skipped: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _missing(row: dict[str, Any], key: str) -> bool:
+    return row.get(key) is None
+
+
+def load_rows(
+    files: Sequence[str | Path],
+    required: Sequence[RequiredKey] | Callable[[dict[str, Any]], Sequence[RequiredKey]] = (),
+    *,
+    skip_invalid_rows: bool = False,
+) -> RowSet:
+    """Read every row of ``files``; a row lacking a required key (absent or null) fails with
+    ``"<file>: <row>: missing key 'k' (format.<field>)"``, or is skipped and counted.
+
+    ``required`` may be a callable deciding per dataset from its first row (see
+    :func:`task_required_keys`, where the prompt column depends on which columns exist)."""
+    rows: list[dict[str, Any]] = []
+    skipped = 0
+    examples: list[str] = []
+    req: Sequence[RequiredKey] | None = None if callable(required) else required
+    for file in files:
+        for where, row in iter_file_rows(file):
+            if req is None:
+                req = required(row)  # type: ignore[operator]
+            bad = next((r for r in req if _missing(row, r.key)), None)
+            if bad is not None:
+                msg = f"{file}: {where}: missing key {bad.key!r} (format.{bad.field})"
+                if not skip_invalid_rows:
+                    raise TasksetError(msg + "; set skip_invalid_rows: true to skip such rows")
+                skipped += 1
+                if len(examples) < 10:
+                    examples.append(msg)
+                continue
+            rows.append(row)
+    return RowSet(
+        rows=rows, files=[Path(f) for f in files], skipped=skipped, skipped_examples=examples
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# format keys
+# --------------------------------------------------------------------------------------------
+
+
+def task_required_keys(fmt: FormatConfig) -> Callable[[dict[str, Any]], list[RequiredKey]]:
+    """Keys a task row must carry, decided from the dataset's first row.
+
+    The prompt column is ``messages_key`` when ``prompt_type`` is ``messages`` *and* the data has
+    that column, else ``prompt_key``: the seeds' task configs set only ``prompt_key`` and leave
+    ``prompt_type`` at its default, and must keep working. ``response_key`` (the reference
+    answer) is required when the data has that column, so one row without an answer fails
+    instead of scoring zero forever; ``system_prompt_key`` when set."""
+
+    def decide(first: dict[str, Any]) -> list[RequiredKey]:
+        keys: list[RequiredKey] = []
+        if fmt.prompt_type == "messages" and fmt.messages_key in first:
+            keys.append(RequiredKey(fmt.messages_key, "messages_key"))
+        else:
+            keys.append(RequiredKey(fmt.prompt_key, "prompt_key"))
+        if fmt.response_key in first:
+            keys.append(RequiredKey(fmt.response_key, "response_key"))
+        if fmt.system_prompt_key:
+            keys.append(RequiredKey(fmt.system_prompt_key, "system_prompt_key"))
+        return keys
+
+    return decide
+
+
+def dataset_required_keys(
+    fmt: FormatConfig, kind: Literal["sft", "dpo"] = "sft"
+) -> list[RequiredKey]:
+    """Keys an SFT or DPO row must carry under ``fmt`` (``prompt_type`` decides which)."""
+    keys: list[RequiredKey] = []
+    if fmt.prompt_type == "messages":
+        keys.append(RequiredKey(fmt.messages_key, "messages_key"))
+    else:
+        keys.append(RequiredKey(fmt.prompt_key, "prompt_key"))
+        if kind == "sft":
+            keys.append(RequiredKey(fmt.response_key, "response_key"))
+        if fmt.system_prompt_key:
+            keys.append(RequiredKey(fmt.system_prompt_key, "system_prompt_key"))
+    if kind == "dpo":
+        keys += [
+            RequiredKey(fmt.chosen_key, "chosen_key"),
+            RequiredKey(fmt.rejected_key, "rejected_key"),
+        ]
+    return keys
+
+
+def _json_field(value: Any, key: str) -> Any:
+    """Lists of dicts are often stored as JSON strings (so arrow schemas stay uniform)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise TasksetError(f"key {key!r}: expected a list or a JSON string of one: {e}") from e
+    return value
+
+
+@dataclass
+class FormattedRow:
+    """A dataset row as chat messages: what SFT/DPO tokenization starts from."""
+
+    messages: list[dict[str, Any]]
+    chosen: list[dict[str, Any]] | None = None
+    rejected: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+def format_row(
+    row: dict[str, Any], fmt: FormatConfig, kind: Literal["sft", "dpo"] = "sft"
+) -> FormattedRow:
+    """Apply the format keys to one row, as Trinity-RFT's SFT/DPO formatters do (minus the
+    tokenizer, which belongs to the trainer).
+
+    plaintext: ``[system?, user(prompt_key), assistant(response_key)]`` for SFT, the prompt part
+    plus ``chosen``/``rejected`` as one assistant message each for DPO; the system message comes
+    from ``system_prompt_key`` (per row) or else ``system_prompt``. messages: ``messages_key``
+    (and ``chosen_key``/``rejected_key`` message lists). ``tools_key`` is optional in both."""
+    tools = row.get(fmt.tools_key)
+    tools = _json_field(tools, fmt.tools_key) if tools is not None else None
+    if fmt.prompt_type == "messages":
+        messages = _json_field(row[fmt.messages_key], fmt.messages_key)
+        if kind == "dpo":
+            chosen = _json_field(row[fmt.chosen_key], fmt.chosen_key)
+            rejected = _json_field(row[fmt.rejected_key], fmt.rejected_key)
+            return FormattedRow(list(messages), list(chosen), list(rejected), tools)
+        return FormattedRow(list(messages), tools=tools)
+    messages = []
+    if fmt.system_prompt_key and row.get(fmt.system_prompt_key) is not None:
+        messages.append({"role": "system", "content": row[fmt.system_prompt_key]})
+    elif fmt.system_prompt is not None:
+        messages.append({"role": "system", "content": fmt.system_prompt})
+    messages.append({"role": "user", "content": row[fmt.prompt_key]})
+    if kind == "dpo":
+        return FormattedRow(
+            messages,
+            chosen=[{"role": "assistant", "content": row[fmt.chosen_key]}],
+            rejected=[{"role": "assistant", "content": row[fmt.rejected_key]}],
+            tools=tools,
+        )
+    messages.append({"role": "assistant", "content": row[fmt.response_key]})
+    return FormattedRow(messages, tools=tools)
+
+
+# --------------------------------------------------------------------------------------------
+# order, epochs, cursor
+# --------------------------------------------------------------------------------------------
+
+
+def epoch_order(selector: Selector, size: int, seed: int, epoch: int) -> np.ndarray:
+    """Row indices of one epoch: a pure function of ``(selector, size, seed, epoch)``, which is
+    why a cursor of one integer is enough to resume."""
+    if selector == "sequential":
+        return np.arange(size, dtype=np.int64)
+    rng = np.random.default_rng([seed & 0xFFFFFFFF, epoch])
+    if selector == "shuffle":
+        return rng.permutation(size).astype(np.int64)
+    if selector == "random":
+        return rng.integers(0, size, size=size, dtype=np.int64)
+    raise ValueError(
+        f"data_selector.selector_type: unknown {selector!r} (sequential, shuffle, random)"
+    )
+
+
+@dataclass(frozen=True)
+class DatasetCursor:
+    """Where a reader stands: ``offset`` rows handed out since the start (over all epochs).
+
+    ``epoch`` and ``index`` (position inside that epoch's order) follow from it."""
+
+    offset: int
+    dataset_size: int
+
+    @property
+    def epoch(self) -> int:
+        return self.offset // self.dataset_size if self.dataset_size else 0
+
+    @property
+    def index(self) -> int:
+        return self.offset % self.dataset_size if self.dataset_size else 0
+
+
+class DatasetReader(Generic[T]):
+    """Hands out rows (or what ``transform`` makes of them) in batches, resumably.
+
+    Training readers (``drop_last=True``) return only full batches, like Trinity-RFT; eval
+    readers return the last partial batch. The stream runs over ``total_epochs`` epochs, or for
+    exactly ``total_steps * batch_size`` rows when ``total_steps`` is set (epochs repeat as
+    needed). Batches may span an epoch boundary. An exhausted reader returns ``[]``, not
+    StopIteration, because a StopIteration raised inside a coroutine becomes a RuntimeError.
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        *,
+        batch_size: int,
+        transform: Callable[[int, dict[str, Any], int], T],
+        total_epochs: int = 1,
+        total_steps: int | None = None,
+        selector: Selector = "sequential",
+        seed: int = 42,
+        offset: int = 0,
+        drop_last: bool = True,
+        name: str = "",
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        if total_epochs < 1:
+            raise ValueError(f"total_epochs: must be >= 1, got {total_epochs}")
+        if total_steps is not None and total_steps < 0:
+            raise ValueError(f"total_steps: must be >= 0, got {total_steps}")
+        self.rows = rows
+        self.name = name
+        self.batch_size = batch_size
+        self.transform = transform
+        self.selector: Selector = selector
+        self.seed = seed
+        self.drop_last = drop_last
+        self.total_samples = (
+            batch_size * total_steps if total_steps is not None else len(rows) * total_epochs
+        )
+        if len(rows) == 0 and total_steps:
+            raise TasksetError(f"{name or 'dataset'}: no rows, cannot run {total_steps} steps")
+        self._order_epoch = -1
+        self._order = np.empty(0, dtype=np.int64)
+        self.offset = 0
+        self.seek(offset)
+
+    # -- cursor ------------------------------------------------------------------------------
+
+    @property
+    def dataset_size(self) -> int:
+        return len(self.rows)
+
+    @property
+    def cursor(self) -> DatasetCursor:
+        return DatasetCursor(self.offset, self.dataset_size)
+
+    def seek(self, offset: int) -> None:
+        """Continue from ``offset`` rows handed out (e.g. ``TasksetConfig.index`` on resume)."""
+        if offset < 0:
+            raise ValueError(f"offset: must be >= 0, got {offset}")
+        self.offset = offset
+
+    def state_dict(self) -> dict[str, Any]:
+        """What to checkpoint; :meth:`load_state_dict` refuses a different dataset or order."""
+        return {
+            "name": self.name,
+            "offset": self.offset,
+            "epoch": self.cursor.epoch,
+            "index": self.cursor.index,
+            "dataset_size": self.dataset_size,
+            "selector": self.selector,
+            "seed": self.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a cursor. A changed dataset size, selector or seed would silently reorder the
+        rows (repeating some, skipping others), so it is an error naming the field."""
+        for key, mine in (
+            ("dataset_size", self.dataset_size),
+            ("selector", self.selector),
+            ("seed", self.seed),
+        ):
+            if key in state and state[key] != mine:
+                raise TasksetError(
+                    f"{self.name or 'dataset'}: saved cursor has {key}={state[key]!r} but the "
+                    f"reader has {mine!r}; resuming would repeat or skip rows"
+                )
+        self.seek(int(state["offset"]))
+
+    # -- reading -----------------------------------------------------------------------------
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.total_samples - self.offset)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.remaining == 0 or (self.drop_last and self.remaining < self.batch_size)
+
+    def __len__(self) -> int:
+        """Number of batches the whole stream yields (from offset 0)."""
+        full, rest = divmod(self.total_samples, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def _row_index(self, offset: int) -> int:
+        epoch, pos = divmod(offset, self.dataset_size)
+        if epoch != self._order_epoch:
+            self._order = epoch_order(self.selector, self.dataset_size, self.seed, epoch)
+            self._order_epoch = epoch
+        return int(self._order[pos])
+
+    def peek_indices(self, n: int | None = None) -> list[tuple[int, int]]:
+        """``(row_index, epoch)`` of the next batch, without moving the cursor."""
+        n = self.batch_size if n is None else n
+        take = min(n, self.remaining)
+        if take == 0 or (self.drop_last and take < n):
+            return []
+        out = []
+        for off in range(self.offset, self.offset + take):
+            out.append((self._row_index(off), off // self.dataset_size))
+        return out
+
+    def read_batch(self, n: int | None = None) -> list[T]:
+        """The next batch (``batch_size`` unless ``n``), advancing the cursor; ``[]`` at the end."""
+        picked = self.peek_indices(n)
+        items = [self.transform(i, self.rows[i], epoch) for i, epoch in picked]
+        self.offset += len(picked)
+        return items
+
+    def __iter__(self) -> Iterator[list[T]]:
+        while batch := self.read_batch():
+            yield batch
+
+    def select(self, indices: Sequence[int], epoch: int = 0) -> list[T]:
+        """Items for explicit row indices (no cursor movement): re-running given tasks."""
+        out = []
+        for i in indices:
+            if not 0 <= i < self.dataset_size:
+                raise IndexError(
+                    f"{self.name or 'dataset'}: row index {i} outside [0, {self.dataset_size})"
+                )
+            out.append(self.transform(i, self.rows[i], epoch))
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# tasks
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a Task gets besides its row: the taskset's settings, resolved."""
+
+    taskset: str
+    workflow: str | None
+    reward_fn: str | None = None
+    rollout_args: dict[str, Any] = field(default_factory=dict)
+    workflow_args: dict[str, Any] = field(default_factory=dict)
+    reward_fn_args: dict[str, Any] = field(default_factory=dict)
+    repeat_times: int = 1
+    is_eval: bool = False
+    format: dict[str, Any] = field(default_factory=dict)
+    workflow_key: str = ""
+    reward_fn_key: str = ""
+
+    def make_task(self, index: int, row: dict[str, Any], epoch: int) -> Task:
+        """The Task for row ``index``; ``task_id`` is ``<taskset>/<index>``, stable across runs
+        and epochs, so a re-published task deduplicates on the bus."""
+        workflow = (row.get(self.workflow_key) if self.workflow_key else None) or self.workflow
+        if not workflow:
+            raise TasksetError(
+                f"taskset {self.taskset!r}: row {index} has no workflow: set "
+                f"default_workflow_type (or format.workflow_key and a column of that name)"
+            )
+        reward_fn = (row.get(self.reward_fn_key) if self.reward_fn_key else None) or self.reward_fn
+        return Task(
+            task_id=f"{self.taskset}/{index}",
+            raw=row,
+            workflow=str(workflow),
+            reward_fn=reward_fn,
+            rollout_args=dict(self.rollout_args),
+            workflow_args=dict(self.workflow_args),
+            reward_fn_args=dict(self.reward_fn_args),
+            repeat_times=self.repeat_times,
+            is_eval=self.is_eval,
+            taskset=self.taskset,
+            index=index,
+            epoch=epoch,
+            format=dict(self.format),
+        )
+
+
+def content_fingerprint(rows: Sequence[dict[str, Any]]) -> str:
+    """A short hash of the rows' content, for logs and for checking two sources agree."""
+    h = hashlib.blake2b(digest_size=8)
+    for row in rows:
+        h.update(orjson.dumps(row, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
+    return h.hexdigest()
+
+
+class TaskReader(DatasetReader[Task]):
+    """A :class:`DatasetReader` of :class:`schemas.data.Task` built from a taskset config."""
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        spec: TaskSpec,
+        *,
+        rowset: RowSet | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.spec = spec
+        #: How the rows were read (files, skipped-row count), when known.
+        self.rowset = rowset
+        kwargs.setdefault("name", spec.taskset)
+        kwargs.setdefault("drop_last", not spec.is_eval)
+        super().__init__(rows, transform=spec.make_task, **kwargs)
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: TasksetConfig,
+        *,
+        batch_size: int,
+        total_epochs: int = 1,
+        total_steps: int | None = None,
+        is_eval: bool = False,
+        default_workflow_type: str | None = None,
+        default_reward_fn_type: str | None = None,
+        repeat_times: int | None = None,
+    ) -> TaskReader:
+        """Read the taskset ``cfg`` describes. Eval readers run one epoch and keep the last
+        partial batch; the ``default_*`` and ``repeat_times`` arguments fill what the taskset
+        leaves unset (the explorer_input defaults, ``algorithm.repeat_times``)."""
+        if not cfg.path:
+            raise TasksetError(f"taskset {cfg.name!r}: path is not set")
+        files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
+        rowset = load_rows(
+            files, task_required_keys(cfg.format), skip_invalid_rows=cfg.skip_invalid_rows
+        )
+        selector = cfg.task_selector or cfg.data_selector
+        spec = TaskSpec(
+            taskset=cfg.name or Path(cfg.path).name,
+            workflow=cfg.default_workflow_type or default_workflow_type,
+            reward_fn=cfg.default_reward_fn_type or default_reward_fn_type,
+            rollout_args=cfg.rollout_args.model_dump(exclude_none=True),
+            workflow_args=dict(cfg.workflow_args),
+            reward_fn_args=dict(cfg.reward_fn_args),
+            repeat_times=cfg.repeat_times or repeat_times or 1,
+            is_eval=is_eval,
+            format=cfg.format.model_dump(),
+            workflow_key=cfg.format.workflow_key,
+            reward_fn_key=cfg.format.reward_fn_key,
+        )
+        return cls(
+            rowset.rows,
+            spec,
+            batch_size=batch_size,
+            total_epochs=1 if is_eval else total_epochs,
+            total_steps=None if is_eval else total_steps,
+            selector=selector.selector_type,
+            seed=selector.seed,
+            offset=cfg.index,
+            rowset=rowset,
+        )
+
+
+def dataset_reader_from_config(
+    cfg: ExperienceBufferConfig,
+    *,
+    batch_size: int,
+    kind: Literal["sft", "dpo"] = "sft",
+    total_epochs: int = 1,
+    total_steps: int | None = None,
+) -> DatasetReader[FormattedRow]:
+    """A reader of an SFT/DPO dataset (``storage_type: file``) yielding :class:`FormattedRow`."""
+    if not cfg.path:
+        raise TasksetError(f"buffer {cfg.name!r}: path is not set")
+    files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
+    rowset = load_rows(
+        files, dataset_required_keys(cfg.format, kind), skip_invalid_rows=cfg.skip_invalid_rows
+    )
+    fmt = cfg.format
+
+    def transform(index: int, row: dict[str, Any], epoch: int) -> FormattedRow:
+        try:
+            return format_row(row, fmt, kind)
+        except TasksetError as e:
+            raise TasksetError(f"buffer {cfg.name!r}: row {index}: {e}") from e
+
+    return DatasetReader(
+        rowset.rows,
+        batch_size=batch_size,
+        transform=transform,
+        total_epochs=total_epochs,
+        total_steps=total_steps,
+        selector=cfg.data_selector.selector_type,
+        seed=cfg.data_selector.seed,
+        name=cfg.name,
+    )

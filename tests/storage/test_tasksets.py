@@ -1,0 +1,255 @@
+"""Tasksets: file layouts, format keys, bad rows, order, epochs and a resumable cursor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from schemas.config import DataSelectorConfig, ExperienceBufferConfig, FormatConfig, TasksetConfig
+from storage.tasksets import (
+    DatasetReader,
+    TaskReader,
+    TasksetError,
+    dataset_reader_from_config,
+    epoch_order,
+    format_row,
+    load_rows,
+    resolve_data_files,
+    task_required_keys,
+)
+
+ROWS = [
+    {"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i % 3} for i in range(23)
+]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _write_parquet(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.fixture
+def gsm8k_dir(tmp_path: Path) -> Path:
+    """A folder shaped like a downloaded openai/gsm8k: <subset>/<split>-NNNNN-of-NNNNN.parquet,
+    two shards for train, plus another subset that must not be read."""
+    root = tmp_path / "gsm8k"
+    _write_parquet(root / "main" / "train-00000-of-00002.parquet", ROWS[:10])
+    _write_parquet(root / "main" / "train-00001-of-00002.parquet", ROWS[10:])
+    _write_parquet(root / "main" / "test-00000-of-00001.parquet", ROWS[:3])
+    _write_parquet(root / "socratic" / "train-00000-of-00001.parquet", ROWS[:1])
+    return root
+
+
+def _cfg(path: Path, **kw) -> TasksetConfig:
+    base = dict(
+        name="gsm8k",
+        path=str(path),
+        format=FormatConfig(prompt_key="question", response_key="answer"),
+        default_workflow_type="math_workflow",
+    )
+    base.update(kw)
+    return TasksetConfig(**base)
+
+
+def test_resolve_hf_layout(gsm8k_dir: Path) -> None:
+    files = resolve_data_files(gsm8k_dir, "main", "train")
+    assert [f.name for f in files] == [
+        "train-00000-of-00002.parquet",
+        "train-00001-of-00002.parquet",
+    ]
+    assert [f.name for f in resolve_data_files(gsm8k_dir, "main", "test")] == [
+        "test-00000-of-00001.parquet"
+    ]
+    with pytest.raises(TasksetError, match="split='validation'"):
+        resolve_data_files(gsm8k_dir, "main", "validation")
+
+
+def test_resolve_other_layouts(tmp_path: Path) -> None:
+    _write_jsonl(tmp_path / "a" / "data" / "train-00000.jsonl", ROWS)
+    assert resolve_data_files(tmp_path / "a", None, "train")[0].name == "train-00000.jsonl"
+    _write_jsonl(tmp_path / "b" / "test.jsonl", ROWS)
+    _write_jsonl(tmp_path / "b" / "train.jsonl", ROWS)
+    assert resolve_data_files(tmp_path / "b", None, "test")[0].name == "test.jsonl"
+    _write_jsonl(tmp_path / "c" / "sub" / "train" / "x.jsonl", ROWS)
+    assert resolve_data_files(tmp_path / "c", "sub", "train")[0].name == "x.jsonl"
+    _write_jsonl(tmp_path / "d" / "whatever.jsonl", ROWS)
+    assert resolve_data_files(tmp_path / "d", None, "train")[0].name == "whatever.jsonl"
+    # The README's configs block (hub datasets) wins over folder patterns.
+    e = tmp_path / "e"
+    _write_parquet(e / "weird" / "part-a.parquet", ROWS)
+    (e / "README.md").write_text(
+        "---\nconfigs:\n- config_name: main\n  data_files:\n  - split: train\n"
+        "    path: weird/part-*\n---\n# card\n"
+    )
+    assert resolve_data_files(e, "main", "train")[0].name == "part-a.parquet"
+
+
+def test_parquet_hf_layout_and_jsonl_give_same_tasks(gsm8k_dir: Path, tmp_path: Path) -> None:
+    jsonl = _write_jsonl(tmp_path / "gsm8k.jsonl", ROWS)
+    for selector in ("sequential", "shuffle"):
+        sel = DataSelectorConfig(selector_type=selector, seed=7)
+        a = TaskReader.from_config(
+            _cfg(gsm8k_dir, subset_name="main", data_selector=sel), batch_size=4, total_epochs=2
+        )
+        b = TaskReader.from_config(_cfg(jsonl, data_selector=sel), batch_size=4, total_epochs=2)
+        ta = [t for batch in a for t in batch]
+        tb = [t for batch in b for t in batch]
+        assert len(ta) == len(tb) == (2 * len(ROWS)) // 4 * 4
+        for x, y in zip(ta, tb, strict=True):
+            assert (x.task_id, x.raw, x.index, x.epoch, x.workflow) == (
+                y.task_id,
+                y.raw,
+                y.index,
+                y.epoch,
+                y.workflow,
+            )
+            assert x.raw == ROWS[x.index]
+    assert ta[0].task_id == "gsm8k/" + str(ta[0].index)
+    assert ta[0].format["prompt_key"] == "question"
+
+
+def test_json_forms(tmp_path: Path) -> None:
+    records = tmp_path / "r.json"
+    records.write_text(json.dumps(ROWS))
+    columns = tmp_path / "c.json"
+    columns.write_text(json.dumps({k: [r[k] for r in ROWS] for k in ROWS[0]}))
+    lines = tmp_path / "l.json"
+    lines.write_text("\n".join(json.dumps(r) for r in ROWS))
+    for f in (records, columns, lines):
+        assert load_rows([f]).rows == ROWS
+
+
+def test_missing_key_names_file_row_and_key(tmp_path: Path) -> None:
+    rows = [dict(r) for r in ROWS[:5]]
+    del rows[3]["answer"]
+    f = _write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(TasksetError) as e:
+        TaskReader.from_config(_cfg(f), batch_size=2)
+    msg = str(e.value)
+    assert str(f) in msg and "line 4" in msg and "'answer'" in msg and "response_key" in msg
+    reader = TaskReader.from_config(_cfg(f, skip_invalid_rows=True), batch_size=2)
+    assert reader.dataset_size == 4 and reader.rowset.skipped == 1
+    # parquet nulls count as missing too, reported by 0-based row
+    p = _write_parquet(tmp_path / "bad.parquet", [{"question": "q", "answer": None}] + ROWS[:2])
+    with pytest.raises(TasksetError, match=r"bad.parquet: row 0: missing key 'answer'"):
+        load_rows(
+            [p], task_required_keys(FormatConfig(prompt_key="question", response_key="answer"))
+        )
+
+
+def test_cursor_resume_neither_repeats_nor_skips(tmp_path: Path) -> None:
+    f = _write_jsonl(tmp_path / "t.jsonl", ROWS)
+    sel = DataSelectorConfig(selector_type="shuffle", seed=3)
+    full = TaskReader.from_config(_cfg(f, data_selector=sel), batch_size=5, total_steps=11)
+    expected = [(t.index, t.epoch) for batch in full for t in batch]
+    assert len(expected) == 55  # total_steps * batch_size, spanning 3 epochs of 23
+    # each epoch is a permutation of all rows, and epochs differ
+    assert sorted(i for i, e in expected if e == 0) == list(range(23))
+    assert [i for i, e in expected if e == 0] != [i for i, e in expected if e == 1]
+
+    first = TaskReader.from_config(_cfg(f, data_selector=sel), batch_size=5, total_steps=11)
+    got = [(t.index, t.epoch) for _ in range(4) for t in first.read_batch()]
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["epoch"] == 0 and state["index"] == 20
+    resumed = TaskReader.from_config(_cfg(f, data_selector=sel), batch_size=5, total_steps=11)
+    resumed.load_state_dict(state)
+    got += [(t.index, t.epoch) for batch in resumed for t in batch]
+    assert got == expected
+    # also via TasksetConfig.index (what the loader sets from the checkpoint)
+    via_index = TaskReader.from_config(
+        _cfg(f, data_selector=sel, index=20), batch_size=5, total_steps=11
+    )
+    assert [(t.index, t.epoch) for t in via_index.read_batch()] == expected[20:25]
+    # a changed dataset is refused
+    small = TaskReader.from_config(
+        _cfg(_write_jsonl(tmp_path / "s.jsonl", ROWS[:5]), data_selector=sel), batch_size=5
+    )
+    with pytest.raises(TasksetError, match="dataset_size"):
+        small.load_state_dict(state)
+
+
+def test_drop_last_and_eval(tmp_path: Path) -> None:
+    f = _write_jsonl(tmp_path / "t.jsonl", ROWS)
+    train = TaskReader.from_config(_cfg(f), batch_size=10)
+    assert [len(b) for b in train] == [10, 10] and train.read_batch() == []
+    ev = TaskReader.from_config(_cfg(f), batch_size=10, total_epochs=5, is_eval=True)
+    batches = list(ev)
+    assert [len(b) for b in batches] == [10, 10, 3] and all(t.is_eval for t in batches[0])
+    assert len(train) == 2 and len(ev) == 3
+
+
+def test_random_selector_and_workflow_key(tmp_path: Path) -> None:
+    order = epoch_order("random", 10, seed=1, epoch=0)
+    assert len(order) == 10 and len(set(order.tolist())) < 10  # with replacement
+    assert (epoch_order("random", 10, 1, 0) == order).all()
+    rows = [dict(r, wf="custom" if r["level"] == 0 else None) for r in ROWS]
+    f = _write_jsonl(tmp_path / "w.jsonl", rows)
+    cfg = _cfg(
+        f, format=FormatConfig(prompt_key="question", response_key="answer", workflow_key="wf")
+    )
+    tasks = TaskReader.from_config(cfg, batch_size=23).read_batch()
+    assert {t.workflow for t in tasks if t.raw["level"] == 0} == {"custom"}
+    assert {t.workflow for t in tasks if t.raw["level"] != 0} == {"math_workflow"}
+
+
+def test_format_row_sft_dpo_messages(tmp_path: Path) -> None:
+    plain = FormatConfig(
+        prompt_type="plaintext", prompt_key="q", response_key="a", system_prompt="be brief"
+    )
+    out = format_row({"q": "hi", "a": "yo"}, plain)
+    assert out.messages == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+    ]
+    per_row = plain.model_copy(update={"system_prompt_key": "sys"})
+    assert format_row({"q": "hi", "a": "yo", "sys": "S"}, per_row).messages[0]["content"] == "S"
+    dpo = format_row({"q": "hi", "chosen": "good", "rejected": "bad"}, plain, "dpo")
+    assert dpo.messages[-1]["role"] == "user" and dpo.chosen[0]["content"] == "good"
+    msgs = FormatConfig(prompt_type="messages", messages_key="m", tools_key="tools")
+    row = {"m": json.dumps([{"role": "user", "content": "x"}]), "tools": [{"name": "f"}]}
+    out = format_row(row, msgs)
+    assert out.messages == [{"role": "user", "content": "x"}] and out.tools == [{"name": "f"}]
+
+    rows = [
+        {
+            "m": [{"role": "user", "content": "x"}],
+            "chosen": [{"role": "assistant", "content": "c"}],
+            "rejected": [{"role": "assistant", "content": "r"}],
+        }
+    ] * 4
+    f = _write_jsonl(tmp_path / "dpo" / "train.jsonl", rows)
+    cfg = ExperienceBufferConfig(name="dpo", storage_type="file", path=str(f.parent), format=msgs)
+    reader = dataset_reader_from_config(cfg, batch_size=2, kind="dpo")
+    batch = reader.read_batch()
+    assert len(batch) == 2 and batch[0].rejected[0]["content"] == "r"
+    bad = _write_jsonl(tmp_path / "dpo2" / "train.jsonl", [{"m": []}])
+    cfg2 = cfg.model_copy(update={"path": str(bad.parent)})
+    with pytest.raises(TasksetError, match=r"line 1: missing key 'chosen' \(format.chosen_key\)"):
+        dataset_reader_from_config(cfg2, batch_size=1, kind="dpo")
+
+
+def test_messages_taskset_uses_messages_column(tmp_path: Path) -> None:
+    rows = [{"message": [{"role": "user", "content": str(i)}]} for i in range(3)] + [{"other": 1}]
+    f = _write_jsonl(tmp_path / "m.jsonl", rows)
+    with pytest.raises(
+        TasksetError, match=r"line 4: missing key 'message' \(format.messages_key\)"
+    ):
+        load_rows([f], task_required_keys(FormatConfig()))
+
+
+def test_dataset_reader_plain(tmp_path: Path) -> None:
+    reader = DatasetReader(ROWS, batch_size=4, transform=lambda i, r, e: i, total_steps=3)
+    assert [b for b in reader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert reader.exhausted and reader.cursor.offset == 12
