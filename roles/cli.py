@@ -1,0 +1,115 @@
+"""The ``trinity`` command line: one subcommand per process or tool.
+
+Every subcommand that needs a configuration takes the same options (``--config``, ``--set``,
+``--dotenv``) and loads it through :func:`roles.settings.load`, so ``trinity config`` shows
+exactly what a role would run with. Commands whose issue has not landed yet exit non-zero
+with a clear message instead of pretending to work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from schemas.loader import ConfigError, to_yaml
+
+NOT_YET = {
+    "run": "trinity run (all roles for one experiment) lands with the run/quickstart issue",
+    "explorer": "the explorer process lands with the explorer issue",
+    "trainer": "the trainer process lands with the buffer/trainer/synchronizer issue",
+    "buffer": "the buffer process lands with the buffer/trainer/synchronizer issue",
+    "synchronizer": "the synchronizer process lands with the buffer/trainer/synchronizer issue",
+    "server": "the embedded NATS server lands with the bus issue",
+    "inspect": "trinity inspect lands with the bus issue",
+    "convert": "trinity convert lands with the storage issue",
+    "debug": "trinity debug --module workflow lands with the explorer issue",
+}
+
+HELP = {
+    "run": "run every role an experiment's mode needs (embedded NATS if none is reachable)",
+    "config": "print the fully resolved configuration as YAML",
+    "explorer": "run the explorer role: workflows on rollout engines -> experience groups",
+    "trainer": "run the trainer role: batches -> policy updates and checkpoints",
+    "buffer": "run the buffer role: experience pipeline, LMDB replay, training batches",
+    "synchronizer": "run the synchronizer role: decides when and how weights move",
+    "server": "run an embedded nats-server with JetStream (the Procfile's nats line)",
+    "inspect": "show a run's streams, consumers, KV state and dead letters",
+    "convert": "convert trainer checkpoints into Hugging Face folders",
+    "debug": "run one module (e.g. a workflow) on a few tasks and dump the results",
+}
+
+
+def _config_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="FILE", help="YAML config (default: $TRINITY_CONFIG)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a value, e.g. --set algorithm.repeat_times=4 (repeatable; highest precedence)",
+    )
+    p.add_argument("--dotenv", default=".env", metavar="FILE", help="dotenv file with TRINITY_* variables (default: .env)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trinity",
+        description="Reinforcement fine-tuning of LLMs: explorer, buffer, trainer and synchronizer on NATS JetStream.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in HELP.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name in ("run", "config", "explorer", "trainer", "buffer", "synchronizer", "server", "inspect", "debug"):
+            _config_options(p)
+        if name == "config":
+            p.add_argument("--sources", action="store_true", help="annotate every value with where it came from")
+            p.add_argument("--stage", type=int, default=None, metavar="I", help="print the resolved config of stage I")
+        if name == "convert":
+            p.add_argument("--checkpoint-dir", required=True, help="run dir, a global_step_N dir, or a path inside one")
+            p.add_argument("--base-model-dir", default=None, help="base model whose config.json fills in missing ones")
+        if name == "inspect":
+            p.add_argument("--tail", type=int, default=None, metavar="N", help="print the last N messages decoded to JSON")
+            p.add_argument("--stream", default=None, help="stream for --tail (exp, sync, metrics, ctl, dlq)")
+        if name == "debug":
+            p.add_argument("--module", default="workflow", choices=["workflow"])
+            p.add_argument("--output-file", default=None)
+    return parser
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from roles.settings import load
+
+    loaded = load(args)
+    if args.stage is not None:
+        if not 0 <= args.stage < len(loaded.stages):
+            print(f"trinity config: --stage {args.stage}: the config has {len(loaded.stages)} stages", file=sys.stderr)
+            return 2
+        loaded.config = loaded.stages[args.stage]
+    sys.stdout.write(to_yaml(loaded, with_sources=args.sources))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"config": cmd_config}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    handler = COMMANDS.get(args.command)
+    if handler is None:
+        print(f"trinity {args.command}: not implemented yet ({NOT_YET[args.command]})", file=sys.stderr)
+        return 3
+    try:
+        return handler(args)
+    except ConfigError as e:
+        print(f"trinity {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

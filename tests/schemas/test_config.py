@@ -1,0 +1,200 @@
+"""Settings: sources and precedence, Trinity-RFT YAML compatibility, derived defaults, errors."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from schemas.config import TrinityConfig
+from schemas.loader import ConfigError, load_config, to_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+GSM8K = ROOT / "examples" / "grpo_gsm8k" / "gsm8k.yaml"
+
+
+def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def load(path=None, overrides=(), env=None, dotenv=None):
+    return load_config(path, overrides, environ=env or {}, dotenv_file=dotenv)
+
+
+def test_every_field_has_a_docstring():
+    missing = []
+
+    def walk(model, prefix):
+        for name, f in model.model_fields.items():
+            if not f.description:
+                missing.append(prefix + name)
+            ann = getattr(f.annotation, "model_fields", None)
+            if ann is not None:
+                walk(f.annotation, prefix + name + ".")
+
+    walk(TrinityConfig, "")
+    assert missing == []
+
+
+def test_seed_gsm8k_config_loads_unchanged_with_derived_defaults():
+    loaded = load(GSM8K)
+    c = loaded.config
+    assert c.algorithm.algorithm_type == "grpo"
+    assert c.buffer.train_batch_size == 1024  # 128 tasks x 8 repeats
+    assert loaded.source_of("buffer.train_batch_size") == "derived"
+    assert c.model.max_prompt_tokens == 2048 - 1024
+    assert c.buffer.explorer_input.taskset.repeat_times == 8
+    assert c.buffer.explorer_input.taskset.rollout_args.n == 8
+    assert c.buffer.explorer_input.eval_tasksets[0].repeat_times == 1
+    assert c.buffer.explorer_input.eval_tasksets[0].default_workflow_type == "math_workflow"
+    assert c.model.model_path == "Qwen/Qwen2.5-1.5B-Instruct"  # ${oc.env:...,default}
+    assert c.checkpoint_root_dir == "./checkpoints"
+    # 'sqlite:///gsm8k.db' is a Trinity-RFT backup path: accepted with a warning
+    assert any("sqlite" in w for w in loaded.warnings)
+
+
+def test_oc_env_and_node_interpolation(tmp_path):
+    p = write(tmp_path, """
+        model:
+          model_path: ${oc.env:MY_MODEL,/models/default}
+          critic_model_path: ${model.model_path}
+          max_model_len: 100
+          max_response_tokens: 40
+        name: run_${model.max_model_len}
+    """)
+    c = load(p, env={"MY_MODEL": "/m/x"}).config
+    assert c.model.model_path == "/m/x"
+    assert c.model.critic_model_path == "/m/x"
+    assert c.name == "run_100"
+    assert load(p).config.model.model_path == "/models/default"
+
+
+def test_missing_env_without_default_names_the_key(tmp_path):
+    p = write(tmp_path, "model:\n  model_path: ${oc.env:NOPE_NOT_SET}\n")
+    with pytest.raises(ConfigError, match=r"model\.model_path: environment variable 'NOPE_NOT_SET' is not set"):
+        load(p)
+
+
+def test_precedence_cli_over_env_over_dotenv_over_file(tmp_path):
+    p = write(tmp_path, "algorithm:\n  repeat_times: 2\nbuffer:\n  batch_size: 3\nproject: fromfile\n")
+    dotenv = write(tmp_path, "TRINITY_ALGORITHM__REPEAT_TIMES=5\nTRINITY_PROJECT=fromdotenv\n", ".env")
+    env = {"TRINITY_ALGORITHM__REPEAT_TIMES": "6"}
+    loaded = load(p, env=env, dotenv=dotenv)
+    assert loaded.config.algorithm.repeat_times == 6
+    assert loaded.source_of("algorithm.repeat_times") == "env TRINITY_ALGORITHM__REPEAT_TIMES"
+    assert loaded.config.project == "fromdotenv"
+    assert loaded.source_of("project").startswith(".env")
+    assert loaded.source_of("buffer.batch_size").startswith("file ")
+    loaded = load(p, overrides=["algorithm.repeat_times=7"], env=env, dotenv=dotenv)
+    assert loaded.config.algorithm.repeat_times == 7
+    assert loaded.source_of("algorithm.repeat_times") == "cli"
+    assert loaded.config.buffer.train_batch_size == 21
+
+
+def test_trinity_config_env_names_the_file(tmp_path):
+    p = write(tmp_path, "project: viaenv\n")
+    assert load(env={"TRINITY_CONFIG": str(p)}).config.project == "viaenv"
+
+
+def test_misspelled_key_suggests_the_right_one(tmp_path):
+    p = write(tmp_path, "algoritm:\n  algorithm_type: grpo\n")
+    with pytest.raises(ConfigError) as e:
+        load(p)
+    assert "algoritm: unknown key" in str(e.value)
+    assert "did you mean 'algorithm'" in str(e.value)
+
+
+def test_nested_misspelling_and_env_misspelling(tmp_path):
+    p = write(tmp_path, "buffer:\n  explorer_input:\n    taskset:\n      prompt_key: q\n")
+    with pytest.raises(ConfigError, match=r"buffer\.explorer_input\.taskset\.prompt_key: unknown key"):
+        load(p)
+    with pytest.raises(ConfigError, match=r"algorithm\.repeat_timez: unknown key \(from env TRINITY_ALGORITHM__REPEAT_TIMEZ\); did you mean 'algorithm\.repeat_times'"):
+        load(env={"TRINITY_ALGORITHM__REPEAT_TIMEZ": "3"})
+
+
+def test_wrong_type_and_value_name_path_value_and_expectation(tmp_path):
+    p = write(tmp_path, "algorithm:\n  repeat_times: many\nmode: sideways\n")
+    with pytest.raises(ConfigError) as e:
+        load(p)
+    msg = str(e.value)
+    assert "algorithm.repeat_times: got 'many'" in msg and "valid integer" in msg
+    assert "mode: got 'sideways'" in msg and "'both'" in msg
+    assert "from file" in msg
+
+
+def test_unimplemented_trinity_sections_warn_once_and_are_ignored(tmp_path):
+    p = write(tmp_path, """
+        trainer:
+          trainer_config:
+            actor_rollout_ref: {}
+            foo: 1
+          save_interval: 5
+        actor_rollout_ref:
+          hybrid_engine: true
+        service:
+          data_juicer: {server_url: 'http://x'}
+    """)
+    loaded = load(p)
+    assert loaded.config.trainer.save_interval == 5
+    joined = "\n".join(loaded.warnings)
+    assert "trainer.trainer_config is ignored" in joined
+    assert "actor_rollout_ref is ignored" in joined
+    assert "service is ignored" in joined
+    assert len(loaded.warnings) == len(set(loaded.warnings))
+
+
+def test_stages_inherit_global_config(tmp_path):
+    p = write(tmp_path, """
+        name: exp
+        algorithm: {algorithm_type: grpo, repeat_times: 4}
+        buffer: {batch_size: 2, explorer_input: {taskset: {path: /data/t}}}
+        stages:
+          - stage_name: sft_warmup
+            mode: train
+            algorithm: {algorithm_type: sft}
+            buffer:
+              train_batch_size: 16
+              total_steps: 10
+              trainer_input: {experience_buffer: {name: sft, path: /data/sft}}
+          - stage_name: rft
+    """)
+    loaded = load(p)
+    sft, rft = loaded.stages
+    assert sft.name == "exp/sft_warmup" and rft.name == "exp/rft"
+    assert sft.mode == "train" and rft.mode == "both"
+    assert sft.algorithm.algorithm_type == "sft" and sft.algorithm.repeat_times == 4
+    assert sft.buffer.trainer_input.experience_buffer.storage_type == "file"
+    assert sft.buffer.train_batch_size == 16 and sft.trainer.total_steps == 10
+    assert rft.algorithm.algorithm_type == "grpo" and rft.buffer.train_batch_size == 8
+    assert sft.trainer.save_hf_checkpoint == "last"
+
+
+def test_bad_key_inside_a_stage_names_the_stage(tmp_path):
+    p = write(tmp_path, "stages:\n  - stage_name: a\n    algorithm: {algoritm_type: sft}\n")
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.algorithm\.algoritm_type: unknown key"):
+        load(p)
+
+
+def test_sources_rendering(tmp_path):
+    p = write(tmp_path, "algorithm:\n  repeat_times: 2\n")
+    text = to_yaml(load(p, env={"TRINITY_BUFFER__BATCH_SIZE": "3"}), with_sources=True)
+    assert "repeat_times: 2  # file " in text
+    assert "batch_size: 3  # env TRINITY_BUFFER__BATCH_SIZE" in text
+    assert "train_batch_size: 6  # derived" in text
+    assert "lr: 1.0e-06  # default" in text
+
+
+def test_yaml_syntax_error_and_missing_file_name_the_file(tmp_path):
+    p = write(tmp_path, "a: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(p)
+    with pytest.raises(ConfigError, match="nothere.yaml.*not found"):
+        load(tmp_path / "nothere.yaml")
+
+
+def test_set_override_syntax_errors():
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load(overrides=["algorithm.repeat_times"])
