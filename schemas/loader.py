@@ -309,7 +309,9 @@ def _explain(err: ValidationError, sources: dict[str, str], root: type[BaseModel
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "literal["))))
         path = _dotted(loc)
         full = f"{prefix}{path}" if not prefix or not path else f"{prefix}.{path}"
-        src = sources.get(full) or sources.get(path)
+        src = sources.get(full) or sources.get(path) or next(
+            (s for p, s in sources.items() if p.startswith((full + ".", full + "["))), None
+        )
         where = f" (from {src})" if src and src != DEFAULT else ""
         if e["type"] == "extra_forbidden":
             model = _model_at(loc[:-1], root)
