@@ -1,0 +1,77 @@
+"""Name -> function maps, one per kind of algorithm part.
+
+Configs name parts by string (``advantage_fn: grpo``); this module turns the string into the
+function. It is deliberately tiny: one dict per kind, ``register`` to add a name, ``get`` to
+look one up. A researcher adds a part by decorating a function::
+
+    from ops.registry import register
+
+    @register("advantage_fn", "my_baseline")
+    def my_baseline(*, action_mask, rewards=None, **_unused): ...
+
+and then names it in the config. Nothing is discovered or imported behind the user's back;
+the built-in parts are registered when ``ops`` is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+KINDS: tuple[str, ...] = (
+    "advantage_fn",
+    "policy_loss_fn",
+    "kl_fn",
+    "entropy_loss_fn",
+    "reward_fn",
+)
+
+_REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
+
+
+def _kind_map(kind: str) -> dict[str, Callable[..., Any]]:
+    if kind not in _REGISTRY:
+        raise ValueError(f"unknown part kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    return _REGISTRY[kind]
+
+
+def register(kind: str, name: str, *, replace: bool = False) -> Callable[[F], F]:
+    """Decorator: make ``fn`` available as ``name`` for ``kind``.
+
+    Registering a name twice is an error unless ``replace=True``, so a typo cannot silently
+    shadow a built-in part.
+    """
+    parts = _kind_map(kind)
+
+    def decorator(fn: F) -> F:
+        if name in parts and parts[name] is not fn and not replace:
+            raise ValueError(f"{kind} {name!r} is already registered (pass replace=True)")
+        parts[name] = fn
+        return fn
+
+    return decorator
+
+
+def unregister(kind: str, name: str) -> None:
+    """Remove ``name`` from ``kind`` (for tests and interactive experiments)."""
+    _kind_map(kind).pop(name, None)
+
+
+def get(kind: str, name: str) -> Callable[..., Any]:
+    """Return the function registered as ``name``; ``ValueError`` lists the valid names."""
+    parts = _kind_map(kind)
+    if name not in parts:
+        raise ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(sorted(parts))}")
+    return parts[name]
+
+
+def parts(kind: str) -> dict[str, Callable[..., Any]]:
+    """The live name -> function map for ``kind`` (what ``register`` writes to)."""
+    return _kind_map(kind)
+
+
+def names(kind: str) -> list[str]:
+    """Registered names for ``kind``, sorted."""
+    return sorted(_kind_map(kind))
