@@ -1,0 +1,567 @@
+"""Advantage functions: from rewards (and values or teacher log-probs) to per-token advantages.
+
+Conventions
+-----------
+Every advantage function takes the same keyword-only *data* arguments, so one can be swapped
+for another by name without changing the caller:
+
+- ``action_mask`` (``B x T``, required): 1 where a response token counts.
+- ``rewards``: ``(B,)`` one scalar per sequence, or ``(B, T)`` token-level rewards. Outcome
+  methods sum a token-level tensor to a scalar; token methods (GAE, REINFORCE++, ReMax) place
+  a scalar on the last counted token of its sequence.
+- ``group_ids``: which task each sequence answers: a ``(B,)`` tensor or a list of hashables
+  (strings). Sequences with the same id form one group (the GRPO group). ``None`` means the
+  whole batch is one group.
+- ``values`` (critic, ``B x T``), ``old_logprob`` (the sampler's log-probs, ``B x T``),
+  ``teacher_logprob`` (``B x T``), ``reward_baselines`` (``(B,)``, ReMax's greedy reward).
+
+Functions ignore the data they do not use and raise ``ValueError`` when data they need is
+missing. Everything after the data keywords is a hyperparameter (``advantage_fn_args``).
+
+Each returns an :class:`AdvantageResult`: ``advantages`` and ``returns`` (``B x T``, zero on
+masked tokens), ``keep`` (``(B,)`` bool; ``False`` for sequences a filter such as GRPO's
+``std_threshold`` drops) and ``metrics``.
+
+Undefined cases give zeros, never NaN: a group of one sequence has no peer to compare with, so
+group-baseline methods give it advantage 0 (Trinity-RFT instead uses baseline 0, i.e. the raw
+reward); all-equal rewards give 0; an empty mask gives 0. Statistics are computed in float64.
+No gradient flows through an advantage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ops.aggregation import masked_mean, masked_whiten
+from ops.registry import register
+
+# Which advantage functions need a group of several rollouts of the same task (the minimum
+# repeat_times is 2 for them) and which need the whole training batch at once (so they run
+# in the trainer rather than in the buffer as each group arrives).
+# Functions not listed in either set are assumed to need the whole batch.
+GROUP_ADVANTAGE_FNS: frozenset[str] = frozenset({"grpo", "rloo", "opmd", "asymre", "rec"})
+SEQUENCE_ADVANTAGE_FNS: frozenset[str] = frozenset(
+    {"reinforce", "remax", "on_policy_distill", "jsd"}
+)
+BATCH_ADVANTAGE_FNS: frozenset[str] = frozenset({"ppo", "reinforceplusplus"})
+
+# The data keywords every advantage function accepts (the rest are hyperparameters).
+ADVANTAGE_DATA: tuple[str, ...] = (
+    "action_mask",
+    "rewards",
+    "group_ids",
+    "values",
+    "old_logprob",
+    "teacher_logprob",
+    "reward_baselines",
+)
+
+GroupIds = Tensor | Sequence[Hashable] | None
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """Output of an advantage function (see module docstring)."""
+
+    advantages: Tensor
+    returns: Tensor
+    keep: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _require(name: str, value: Tensor | None, fn: str) -> Tensor:
+    if value is None:
+        raise ValueError(f"advantage_fn {fn!r} needs `{name}`")
+    return value
+
+
+def _float_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """Output dtype: that of the first floating-point input, else float32."""
+    for t in tensors:
+        if t is not None and t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
+def _mask(action_mask: Tensor) -> Tensor:
+    if action_mask.dim() != 2:
+        raise ValueError(f"action_mask must be B x T, got shape {tuple(action_mask.shape)}")
+    return action_mask.detach().to(torch.float64)
+
+
+def _scalar_rewards(rewards: Tensor, batch: int) -> Tensor:
+    """``(B,)`` float64 rewards; a ``B x T`` token-level tensor is summed over tokens."""
+    r = rewards.detach().to(torch.float64)
+    if r.dim() == 2:
+        r = r.sum(dim=-1)
+    if r.shape != (batch,):
+        raise ValueError(
+            f"rewards must be (B,) or (B, T) with B={batch}, got {tuple(rewards.shape)}"
+        )
+    return r
+
+
+def _token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """``B x T`` float64 rewards; a ``(B,)`` scalar goes on the last counted token."""
+    r = rewards.detach().to(torch.float64)
+    if r.dim() == 2:
+        if r.shape != mask.shape:
+            raise ValueError(f"token rewards {tuple(r.shape)} != mask {tuple(mask.shape)}")
+        return r
+    if r.shape != (mask.shape[0],):
+        raise ValueError(f"rewards must be (B,) or (B, T), got {tuple(rewards.shape)}")
+    positions = torch.arange(mask.shape[1], dtype=torch.float64)
+    last = torch.where(mask > 0, positions, torch.full_like(positions, -1.0)).amax(dim=-1)
+    out = torch.zeros_like(mask)
+    has = last >= 0
+    out[has, last[has].long()] = r[has]
+    return out
+
+
+def group_index(group_ids: GroupIds, batch: int) -> Tensor:
+    """Map group ids (tensor or list of hashables) to ``0..G-1`` (a ``(B,)`` long tensor)."""
+    if group_ids is None:
+        return torch.zeros(batch, dtype=torch.long)
+    if isinstance(group_ids, Tensor):
+        if group_ids.shape != (batch,):
+            raise ValueError(f"group_ids must be ({batch},), got {tuple(group_ids.shape)}")
+        return torch.unique(group_ids, return_inverse=True)[1].long()
+    ids = list(group_ids)
+    if len(ids) != batch:
+        raise ValueError(f"group_ids has {len(ids)} entries for a batch of {batch}")
+    index: dict[Hashable, int] = {}
+    return torch.tensor([index.setdefault(g, len(index)) for g in ids], dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class _GroupStats:
+    index: Tensor  # (B,) group of each sequence
+    count: Tensor  # (B,) size of its group
+    mean: Tensor  # (B,) group mean
+    std: Tensor  # (B,) unbiased group std (0 for a group of one)
+    n_groups: int
+
+
+def _group_stats(r: Tensor, group_ids: GroupIds) -> _GroupStats:
+    idx = group_index(group_ids, r.shape[0])
+    n = int(idx.max()) + 1 if idx.numel() else 0
+    count = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, torch.ones_like(r))
+    total = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, r)
+    mean = total / torch.where(count > 0, count, torch.ones_like(count))
+    sq = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, (r - mean[idx]) ** 2)
+    std = torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq))
+    return _GroupStats(idx, count[idx], mean[idx], std[idx], n)
+
+
+def _result(
+    scores: Tensor,
+    mask: Tensor,
+    dtype: torch.dtype,
+    metrics: dict[str, float],
+    keep: Tensor | None = None,
+) -> AdvantageResult:
+    """Broadcast per-sequence ``scores`` over the mask; returns equal advantages."""
+    adv = (scores.unsqueeze(-1) * mask).to(dtype)
+    if keep is None:
+        keep = torch.ones(mask.shape[0], dtype=torch.bool)
+    return AdvantageResult(adv, adv.clone(), keep, metrics)
+
+
+def _group_metrics(r: Tensor, stats: _GroupStats) -> dict[str, float]:
+    if r.numel() == 0:
+        return {"reward_mean": 0.0, "reward_std": 0.0}
+    return {"reward_mean": float(r.mean()), "reward_std": float(stats.std.mean())}
+
+
+# ----------------------------------------------------------------------- critic-based
+
+
+@register("advantage_fn", "ppo")
+@torch.no_grad()
+def gae_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = True,
+) -> AdvantageResult:
+    """PPO's generalized advantage estimation (Schulman et al. 2016, arXiv:1506.02438).
+
+    ``delta_t = r_t + gamma V_{t+1} - V_t``; ``A_t = delta_t + gamma lam A_{t+1}``;
+    ``returns = A + V`` (the critic's target). Masked tokens are skipped: the recursion passes
+    through them, so in multi-turn data the value after an observation is the next action
+    token's. Advantages are then whitened over the batch (verl's default).
+    """
+    mask = _mask(action_mask)
+    r = _token_rewards(_require("rewards", rewards, "ppo"), mask)
+    v = _require("values", values, "ppo").detach().to(torch.float64)
+    batch, length = mask.shape
+    next_value = torch.zeros(batch, dtype=torch.float64)
+    last_gae = torch.zeros(batch, dtype=torch.float64)
+    adv = torch.zeros_like(mask)
+    for t in reversed(range(length)):
+        m = mask[:, t] > 0
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        gae = delta + gamma * lam * last_gae
+        next_value = torch.where(m, v[:, t], next_value)
+        last_gae = torch.where(m, gae, last_gae)
+        adv[:, t] = torch.where(m, gae, torch.zeros_like(gae))
+    returns = (adv + v) * mask
+    if whiten:
+        adv = masked_whiten(adv, mask)
+    dtype = _float_dtype(rewards, values)
+    metrics = {"returns_mean": float(masked_mean(returns, mask))}
+    keep = torch.ones(batch, dtype=torch.bool)
+    return AdvantageResult(adv.to(dtype), returns.to(dtype), keep, metrics)
+
+
+# ------------------------------------------------------------------- group baselines
+
+
+@register("advantage_fn", "grpo")
+@torch.no_grad()
+def grpo_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    epsilon: float = 1e-6,
+    std_normalize: bool = True,
+    std_cal_level: str = "group",
+    std_threshold: float | None = None,
+) -> AdvantageResult:
+    """GRPO's group-relative advantage (Shao et al. 2024, arXiv:2402.03300).
+
+    ``A_i = (r_i - mean_group) / (std + epsilon)`` with the unbiased std of the group
+    (``std_cal_level="group"``) or of the whole batch (``"batch"``: mean per group, std over
+    the batch, arXiv:2508.08221). ``std_normalize=False`` keeps only the mean subtraction
+    (Dr. GRPO, arXiv:2503.20783). ``std_threshold``: groups whose reward std is at or below it
+    carry no signal and are dropped (``keep=False``, advantage 0), as DAPO's dynamic sampling.
+    """
+    if std_cal_level not in ("group", "batch"):
+        raise ValueError(f"std_cal_level must be 'group' or 'batch', got {std_cal_level!r}")
+    mask = _mask(action_mask)
+    r = _scalar_rewards(_require("rewards", rewards, "grpo"), mask.shape[0])
+    stats = _group_stats(r, group_ids)
+    if std_cal_level == "batch":
+        batch_std = r.std() if r.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+        std = batch_std.expand_as(r)
+    else:
+        std = stats.std
+    scores = r - stats.mean
+    if std_normalize:
+        scores = scores / (std + epsilon)
+    multi = stats.count > 1
+    keep = torch.ones_like(multi)
+    if std_threshold is not None:
+        keep = multi & (stats.std > std_threshold)
+    scores = torch.where(multi & keep, scores, torch.zeros_like(scores))
+    metrics = _group_metrics(r, stats)
+    metrics["filtered_count"] = float((~keep).sum())
+    return _result(scores, mask, _float_dtype(rewards), metrics, keep)
+
+
+@register("advantage_fn", "rloo")
+@torch.no_grad()
+def rloo_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+) -> AdvantageResult:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
+
+    ``A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean_group)``: each rollout's
+    baseline is the mean of its peers, which keeps the estimator unbiased.
+    """
+    mask = _mask(action_mask)
+    r = _scalar_rewards(_require("rewards", rewards, "rloo"), mask.shape[0])
+    stats = _group_stats(r, group_ids)
+    n = stats.count
+    scores = torch.where(n > 1, (r - stats.mean) * n / (n - 1).clamp(min=1), torch.zeros_like(r))
+    return _result(scores, mask, _float_dtype(rewards), _group_metrics(r, stats))
+
+
+@register("advantage_fn", "opmd")
+@torch.no_grad()
+def opmd_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    opmd_baseline: str = "mean",
+    tau: float = 1.0,
+) -> AdvantageResult:
+    """Online policy mirror descent baseline (Trinity-RFT's OPMD, arXiv:2509.24203).
+
+    ``A_i = r_i - b`` with ``b`` the group mean (``opmd_baseline="mean"``) or the soft maximum
+    ``tau * log(mean_j exp(r_j / tau))`` (``"logavgexp"``), the value of the KL-regularised
+    optimal policy at temperature ``tau``.
+    """
+    if opmd_baseline not in ("mean", "logavgexp"):
+        raise ValueError(f"opmd_baseline must be 'mean' or 'logavgexp', got {opmd_baseline!r}")
+    mask = _mask(action_mask)
+    r = _scalar_rewards(_require("rewards", rewards, "opmd"), mask.shape[0])
+    stats = _group_stats(r, group_ids)
+    if opmd_baseline == "mean":
+        baseline = stats.mean
+    else:
+        # log-mean-exp per group, stabilised by subtracting the group max.
+        idx = stats.index
+        n = stats.n_groups
+        z = r / tau
+        gmax = torch.full((n,), -math.inf, dtype=torch.float64).scatter_reduce(
+            0, idx, z, reduce="amax"
+        )
+        sums = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, (z - gmax[idx]).exp())
+        baseline = tau * (gmax[idx] + sums[idx].log() - stats.count.log())
+    scores = torch.where(stats.count > 1, r - baseline, torch.zeros_like(r))
+    metrics = _group_metrics(r, stats)
+    metrics["group_baseline"] = float(baseline.mean()) if r.numel() else 0.0
+    return _result(scores, mask, _float_dtype(rewards), metrics)
+
+
+@register("advantage_fn", "asymre")
+@torch.no_grad()
+def asymre_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    baseline_shift: float = -0.1,
+) -> AdvantageResult:
+    """Asymmetric REINFORCE (Arnal et al. 2025, arXiv:2506.20520).
+
+    ``A_i = r_i - (mean_group + baseline_shift)``. A baseline below the mean (negative shift)
+    weights positive samples more than negative ones, which keeps off-policy REINFORCE stable.
+    """
+    mask = _mask(action_mask)
+    r = _scalar_rewards(_require("rewards", rewards, "asymre"), mask.shape[0])
+    stats = _group_stats(r, group_ids)
+    baseline = stats.mean + baseline_shift
+    scores = torch.where(stats.count > 1, r - baseline, torch.zeros_like(r))
+    return _result(scores, mask, _float_dtype(rewards), _group_metrics(r, stats))
+
+
+@register("advantage_fn", "rec")
+@torch.no_grad()
+def rec_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    epsilon: float = 1e-6,
+    std_normalize: bool = False,
+) -> AdvantageResult:
+    """Group-relative REINFORCE advantage of the REC family (arXiv:2509.24203).
+
+    ``A_i = r_i - mean_group``, optionally divided by ``std + epsilon`` like GRPO.
+    """
+    mask = _mask(action_mask)
+    r = _scalar_rewards(_require("rewards", rewards, "rec"), mask.shape[0])
+    stats = _group_stats(r, group_ids)
+    scores = r - stats.mean
+    if std_normalize:
+        scores = scores / (stats.std + epsilon)
+    scores = torch.where(stats.count > 1, scores, torch.zeros_like(scores))
+    return _result(scores, mask, _float_dtype(rewards), _group_metrics(r, stats))
+
+
+# --------------------------------------------------------------- no learned baseline
+
+
+@register("advantage_fn", "reinforce")
+@torch.no_grad()
+def reinforce_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+) -> AdvantageResult:
+    """Plain REINFORCE (Williams 1992): the advantage is the sequence reward itself.
+
+    TOPR uses it: its loss treats positive and negative rewards differently, so no baseline.
+    """
+    mask = _mask(action_mask)
+    r = _scalar_rewards(_require("rewards", rewards, "reinforce"), mask.shape[0])
+    metrics = {"reward_mean": float(r.mean()) if r.numel() else 0.0}
+    return _result(r, mask, _float_dtype(rewards), metrics)
+
+
+def _discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """``G_t = r_t + gamma G_{t+1}`` over counted tokens; masked tokens are transparent."""
+    running = torch.zeros(mask.shape[0], dtype=torch.float64)
+    out = torch.zeros_like(mask)
+    for t in reversed(range(mask.shape[1])):
+        m = mask[:, t] > 0
+        running = torch.where(m, r[:, t] + gamma * running, running)
+        out[:, t] = torch.where(m, running, torch.zeros_like(running))
+    return out
+
+
+@register("advantage_fn", "reinforceplusplus")
+@torch.no_grad()
+def reinforceplusplus_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    gamma: float = 1.0,
+) -> AdvantageResult:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262).
+
+    Token returns ``G_t = sum_{s>=t} gamma^{s-t} r_s`` (token-level rewards, e.g. after a KL
+    penalty), then whitened over the whole batch: the batch statistics replace a critic.
+    """
+    mask = _mask(action_mask)
+    r = _token_rewards(_require("rewards", rewards, "reinforceplusplus"), mask)
+    returns = _discounted_returns(r, mask, gamma)
+    adv = masked_whiten(returns, mask)
+    dtype = _float_dtype(rewards)
+    keep = torch.ones(mask.shape[0], dtype=torch.bool)
+    metrics = {"returns_mean": float(masked_mean(returns, mask))}
+    return AdvantageResult(adv.to(dtype), returns.to(dtype), keep, metrics)
+
+
+@register("advantage_fn", "remax")
+@torch.no_grad()
+def remax_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+) -> AdvantageResult:
+    """ReMax (Li et al. 2023, arXiv:2310.10505): the baseline is the greedy response's reward.
+
+    ``A_t = G_t - b`` with ``G_t`` the undiscounted return from token ``t`` and ``b`` the
+    reward of the greedy decode of the same prompt (``reward_baselines``).
+    """
+    mask = _mask(action_mask)
+    r = _token_rewards(_require("rewards", rewards, "remax"), mask)
+    b = _require("reward_baselines", reward_baselines, "remax").detach().to(torch.float64)
+    returns = _discounted_returns(r, mask, 1.0)
+    adv = (returns - b.reshape(-1, 1)) * mask
+    dtype = _float_dtype(rewards)
+    keep = torch.ones(mask.shape[0], dtype=torch.bool)
+    metrics = {"baseline_mean": float(b.mean()) if b.numel() else 0.0}
+    return AdvantageResult(adv.to(dtype), returns.to(dtype), keep, metrics)
+
+
+# ---------------------------------------------------------------------- distillation
+
+
+@register("advantage_fn", "on_policy_distill")
+@torch.no_grad()
+def on_policy_distill_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    kl_coef: float = 1.0,
+) -> AdvantageResult:
+    """On-policy distillation (Agarwal et al. 2023, arXiv:2306.13649; Thinking Machines 2025).
+
+    ``A_t = kl_coef * (log p_teacher(y_t) - log p_student(y_t))``: the negative per-token
+    reverse KL on the student's own samples, so policy-gradient ascent pulls the student
+    toward the teacher where it sampled.
+    """
+    mask = _mask(action_mask)
+    student = _require("old_logprob", old_logprob, "on_policy_distill").detach().double()
+    teacher = _require("teacher_logprob", teacher_logprob, "on_policy_distill").detach().double()
+    adv = kl_coef * (teacher - student) * mask
+    kl_seq = ((student - teacher) * mask).sum(dim=-1)
+    dtype = _float_dtype(old_logprob, teacher_logprob)
+    keep = torch.ones(mask.shape[0], dtype=torch.bool)
+    metrics = {"kl_mean": float(kl_seq.mean()) if kl_seq.numel() else 0.0}
+    return AdvantageResult(adv.to(dtype), adv.to(dtype).clone(), keep, metrics)
+
+
+@register("advantage_fn", "jsd")
+@torch.no_grad()
+def jsd_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    kl_coef: float = 1.0,
+    lambda_coef: float = 0.5,
+) -> AdvantageResult:
+    """Generalised Jensen-Shannon distillation advantage (GKD, arXiv:2306.13649).
+
+    On the sampled token, with ``p_t`` the teacher's and ``p_s`` the student's probability and
+    ``m = lambda p_t + (1 - lambda) p_s`` (computed in log space),
+    ``JSD_t = lambda p_t log(p_t / m) + (1 - lambda) p_s log(p_s / m)`` and
+    ``A_t = -kl_coef * JSD_t``. ``lambda`` of 0 or 1 makes both distributions the mixture,
+    so the divergence (and advantage) is 0.
+    """
+    mask = _mask(action_mask)
+    ls = _require("old_logprob", old_logprob, "jsd").detach().double()
+    lt = _require("teacher_logprob", teacher_logprob, "jsd").detach().double()
+    beta = float(lambda_coef)
+    if beta <= 0.0 or beta >= 1.0:
+        jsd = torch.zeros_like(ls)
+    else:
+        log_m = torch.logsumexp(
+            torch.stack([lt + math.log(beta), ls + math.log(1.0 - beta)]), dim=0
+        )
+        jsd = beta * lt.exp() * (lt - log_m) + (1.0 - beta) * ls.exp() * (ls - log_m)
+    adv = -kl_coef * jsd * mask
+    dtype = _float_dtype(old_logprob, teacher_logprob)
+    keep = torch.ones(mask.shape[0], dtype=torch.bool)
+    jsd_seq = (jsd * mask).sum(dim=-1)
+    metrics = {"jsd_mean": float(jsd_seq.mean()) if jsd_seq.numel() else 0.0}
+    return AdvantageResult(adv.to(dtype), adv.to(dtype).clone(), keep, metrics)
