@@ -1,0 +1,223 @@
+"""``trinity convert``: turn trainer checkpoints into Hugging Face folders.
+
+The seeds' behaviour: ``--checkpoint-dir`` may be a job dir (every ``global_step_*`` below it,
+found recursively, is converted), one ``global_step_N`` folder, or any path inside one
+(``.../global_step_120/actor``). A step whose ``actor/huggingface/`` already holds complete
+weights is skipped. A step without ``huggingface/config.json`` takes the config (and tokenizer)
+of ``--base-model-dir``. Only the ``actor`` is converted.
+
+Weights are read, in order of preference, from trainer shards
+(``actor/model_world_size_W_rank_r.safetensors``) or a DeepSpeed ZeRO checkpoint folder under
+``actor/`` (via ``deepspeed.utils.zero_to_fp32``). The merged state dict is checked against a
+model built from the config on the ``meta`` device, so a wrong base model fails with the names
+of missing/unexpected tensors instead of producing a folder that loads with random weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from storage.checkpoints import (
+    DEFAULT_MAX_SHARD_SIZE,
+    STEP_DIR_RE,
+    CheckpointError,
+    find_model_shards,
+    hf_weights_complete,
+    load_model_shards,
+    save_hf_model,
+    step_of,
+)
+
+log = logging.getLogger(__name__)
+
+#: Prefixes that wrappers (DDP, DeepSpeed, FSDP, torch.compile) put in front of parameter names.
+_WRAPPER_PREFIXES = ("module.", "_forward_module.", "_fsdp_wrapped_module.", "_orig_mod.")
+
+
+@dataclass
+class ConvertResult:
+    """What happened to one ``global_step_N``."""
+
+    step: int
+    step_dir: Path
+    hf_dir: Path
+    status: Literal["converted", "skipped"]
+    source: str
+
+
+def find_step_dirs(checkpoint_dir: str | Path) -> list[Path]:
+    """The ``global_step_*`` folders ``checkpoint_dir`` designates (see the module doc)."""
+    path = Path(checkpoint_dir).expanduser().resolve()
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such directory")
+    for candidate in (path, *path.parents):
+        if STEP_DIR_RE.match(candidate.name):
+            return [candidate]
+    found: list[Path] = []
+    for root, dirs, _files in os.walk(path):
+        keep = []
+        for d in sorted(dirs):
+            if d.startswith("."):
+                continue
+            if STEP_DIR_RE.match(d):
+                found.append(Path(root) / d)
+            else:
+                keep.append(d)
+        dirs[:] = keep  # do not descend into a global_step_* folder or hidden ones
+    if not found:
+        raise CheckpointError(f"{path}: no global_step_* folders found")
+    return sorted(found, key=lambda p: (str(p.parent), step_of(p) or 0))
+
+
+def _strip_wrappers(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in state_dict.items():
+        changed = True
+        while changed:
+            changed = False
+            for p in _WRAPPER_PREFIXES:
+                if k.startswith(p):
+                    k, changed = k[len(p) :], True
+        out[k] = v
+    return out
+
+
+def find_deepspeed_dir(actor: Path) -> tuple[Path, str | None] | None:
+    """A DeepSpeed checkpoint under ``actor``: ``(folder, tag)`` for ``zero_to_fp32``.
+
+    Either a folder with a ``latest`` file (tag read from it), or a tag folder holding
+    ``*_model_states.pt`` (its parent is the checkpoint folder, its name the tag)."""
+    for root, dirs, files in os.walk(actor):
+        dirs[:] = sorted(d for d in dirs if d != "huggingface" and not d.startswith("."))
+        here = Path(root)
+        if "latest" in files and any((here / d).is_dir() for d in dirs):
+            return here, None
+        if any(f.endswith("_model_states.pt") for f in files):
+            return here.parent, here.name
+    return None
+
+
+def load_actor_state_dict(actor: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The full state dict of an ``actor`` folder and a word on where it came from."""
+    if find_model_shards(actor):
+        return _strip_wrappers(load_model_shards(actor)), "trainer shards"
+    ds = find_deepspeed_dir(actor)
+    if ds is not None:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        folder, tag = ds
+        sd = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=tag)
+        return _strip_wrappers(dict(sd)), f"deepspeed checkpoint {folder.name}"
+    fsdp = sorted(actor.glob("model_world_size_*_rank_*.pt"))
+    if fsdp:
+        raise CheckpointError(
+            f"{actor}: holds FSDP .pt shards ({fsdp[0].name}, ...); trinity converts its own "
+            "safetensors shards and DeepSpeed checkpoints only"
+        )
+    raise CheckpointError(
+        f"{actor}: no weights to convert (no model_world_size_*_rank_*.safetensors, "
+        "no DeepSpeed checkpoint folder)"
+    )
+
+
+def check_state_dict(state_dict: dict[str, torch.Tensor], config_dir: Path) -> None:
+    """Raise naming the tensors when ``state_dict`` does not fit the model of ``config_dir``.
+
+    The model is built on the ``meta`` device (no memory). Tied weights may be absent. A
+    config transformers cannot build (custom code) skips the check with a warning."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(config_dir))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    except Exception as e:  # noqa: BLE001 - unknown architectures: convert without the check
+        log.warning("cannot build %s to check tensor names (%s); skipping the check", config_dir, e)
+        return
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    tied_names = set(tied) if isinstance(tied, dict) else set()
+    if getattr(cfg, "tie_word_embeddings", False):
+        tied_names.add("lm_head.weight")
+    missing = sorted(set(expected) - set(state_dict) - tied_names)
+    unexpected = sorted(set(state_dict) - set(expected))
+    wrong = sorted(
+        k for k in set(expected) & set(state_dict) if tuple(state_dict[k].shape) != expected[k]
+    )
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+        if wrong:
+            parts.append(
+                "shape mismatch "
+                + ", ".join(
+                    f"{k}: {tuple(state_dict[k].shape)} vs {expected[k]}" for k in wrong[:5]
+                )
+            )
+        raise CheckpointError(
+            f"weights do not match the model of {config_dir / 'config.json'}: " + "; ".join(parts)
+        )
+
+
+def convert_checkpoint(
+    step_path: str | Path,
+    base_model_dir: str | Path | None = None,
+    *,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    check: bool = True,
+) -> ConvertResult:
+    """Convert one ``global_step_N`` folder (see :func:`convert_checkpoints`)."""
+    step_path = Path(step_path)
+    step = step_of(step_path)
+    if step is None:
+        raise CheckpointError(f"{step_path}: not a global_step_N folder")
+    actor = step_path / "actor"
+    hf = actor / "huggingface"
+    if hf_weights_complete(hf):
+        return ConvertResult(step, step_path, hf, "skipped", "already complete")
+    if not actor.is_dir():
+        raise CheckpointError(f"{actor}: no actor folder")
+    base = Path(base_model_dir).expanduser() if base_model_dir else None
+    if (hf / "config.json").is_file():
+        config_dir = hf
+    elif base is not None and (base / "config.json").is_file():
+        config_dir = base
+    elif base is not None:
+        raise CheckpointError(f"{base}: --base-model-dir has no config.json")
+    else:
+        raise CheckpointError(
+            f"{hf}: no config.json; pass --base-model-dir with the base model's folder"
+        )
+    state_dict, source = load_actor_state_dict(actor)
+    if check:
+        check_state_dict(state_dict, config_dir)
+    sources = [p for p in (hf, base) if p is not None and p.is_dir()]
+    save_hf_model(hf, state_dict=state_dict, files_from=sources, max_shard_size=max_shard_size)
+    log.info("converted %s from %s", hf, source)
+    return ConvertResult(step, step_path, hf, "converted", source)
+
+
+def convert_checkpoints(
+    checkpoint_dir: str | Path,
+    base_model_dir: str | Path | None = None,
+    *,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+) -> list[ConvertResult]:
+    """``trinity convert --checkpoint-dir DIR [--base-model-dir DIR]``.
+
+    Converts every ``global_step_*`` that ``checkpoint_dir`` designates and returns one result
+    per step (``converted`` or ``skipped``), in step order. The first failure raises, naming
+    the folder; steps converted before it stay converted (each is written atomically)."""
+    return [
+        convert_checkpoint(p, base_model_dir, max_shard_size=max_shard_size)
+        for p in find_step_dirs(checkpoint_dir)
+    ]
