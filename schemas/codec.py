@@ -1,0 +1,696 @@
+"""Pickle-free msgpack codec for the messages in :mod:`schemas.data`.
+
+A message is the msgpack map ``{"schema": name, "version": SCHEMA_VERSION, "payload": {...}}``
+where the payload maps field names to values. Arrays travel as msgpack ext types whose data is
+a small header (dtype string, ndim, int64 dims) followed by the raw little-endian element
+bytes; ext 1 is a numpy array, ext 2 a torch tensor (so bfloat16 and float8, which numpy
+lacks, survive). A message from the bus is data, never code: there is no pickle, and decoding
+anything malformed raises :class:`CodecError` (a ValueError) saying what is wrong, without
+allocating more than the message's own size.
+
+numpy arrays decode zero-copy (``np.frombuffer`` on the message bytes), hence **read-only**;
+torch tensors decode to a writable copy (torch has no read-only tensors). torch is imported
+only when a tensor is encoded or a torch ext is decoded, so ``import schemas`` stays light.
+
+The message size is simply ``len(encode(obj))``; the bus uses it to keep messages under
+``max_payload``.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import MISSING, fields
+from operator import attrgetter
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from .data import SCHEMA_VERSION, SCHEMAS, Experience, ExperienceGroup, Metric, SyncEvent, Task
+
+__all__ = [
+    "CodecError",
+    "decode",
+    "decode_array",
+    "encode",
+    "encode_array",
+    "schema_name",
+    "MAX_NDIM",
+    "MAX_DIM",
+]
+
+
+class CodecError(ValueError):
+    """The one error for anything that cannot be encoded or decoded; the message names the
+    field and what was expected versus what was found."""
+
+
+EXT_NUMPY = 1
+EXT_TORCH = 2
+#: Arrays with more dims are rejected (numpy itself allows 64).
+MAX_NDIM = 32
+#: Largest single dim accepted. Dims of non-empty arrays are already bounded by the byte
+#: count; this bounds zero-size arrays such as shape (0, 2**62), whose strides would overflow.
+MAX_DIM = 1 << 32
+#: Nesting depth allowed in plain-data fields (info, raw, messages, ...).
+MAX_DEPTH = 64
+
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
+
+# --------------------------------------------------------------------------------------------
+# Arrays
+# --------------------------------------------------------------------------------------------
+
+# Standard numpy dtypes, keyed by their little-endian wire string (b"<f4", b"|b1", ...).
+# Anything else (object, strings, structured, datetime, long double) is refused both ways.
+_NP_BY_WIRE: dict[bytes, np.dtype] = {}
+_NP_PREFIX: dict[np.dtype, bytes] = {}
+for _c in "?bBhHiIlLqQefdFD":
+    _dt = np.dtype(_c).newbyteorder("<")
+    _w = _dt.str.encode()
+    _NP_BY_WIRE[_w] = _dt
+    _NP_PREFIX[_dt] = bytes([len(_w)]) + _w
+
+# torch dtypes allowed on the wire, by name; resolved against the installed torch lazily.
+_TORCH_NAMES = (
+    "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32 float64"
+    " complex64 complex128 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz"
+).split()
+_torch_by_wire: dict[bytes, tuple[Any, int]] | None = None
+_torch_prefix: dict[Any, bytes] = {}
+
+_DIMS = [struct.Struct(f"<{n}q") for n in range(MAX_NDIM + 1)]
+_NDIM = [bytes([n]) for n in range(MAX_NDIM + 1)]
+
+
+def _torch() -> Any:
+    """Import torch on first use and build its dtype tables."""
+    global _torch_by_wire
+    import torch
+
+    if _torch_by_wire is None:
+        table: dict[bytes, tuple[Any, int]] = {}
+        for name in _TORCH_NAMES:
+            dt = getattr(torch, name, None)
+            if dt is not None:
+                w = name.encode()
+                table[w] = (dt, torch.empty((), dtype=dt).element_size())
+                _torch_prefix[dt] = bytes([len(w)]) + w
+        _torch_by_wire = table
+    return torch
+
+
+def _is_tensor(x: Any) -> bool:
+    """True if ``x`` is a torch tensor, without importing torch (no torch, no tensors)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _header(prefix: bytes, shape: tuple[int, ...]) -> bytes:
+    nd = len(shape)
+    if nd > MAX_NDIM:
+        raise CodecError(f"array: ndim {nd} exceeds {MAX_NDIM}")
+    return prefix + _NDIM[nd] + _DIMS[nd].pack(*shape)
+
+
+def _pack_numpy(a: np.ndarray) -> bytes:
+    dt = a.dtype
+    prefix = _NP_PREFIX.get(dt)
+    if prefix is None:  # big-endian or exotic dtype: convert to the little-endian twin
+        le = dt.newbyteorder("<")
+        prefix = _NP_PREFIX.get(le)
+        if prefix is None:
+            raise CodecError(f"array: unsupported numpy dtype {dt} (bool/int/uint/float/complex)")
+        a = a.astype(le)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    # One copy: the header and the array's own buffer are joined straight into the ext data.
+    return b"".join((_header(prefix, a.shape), a.data))
+
+
+def _pack_torch(t: Any) -> bytes:
+    torch = _torch()
+    if t.layout != torch.strided or t.is_quantized:
+        raise CodecError(f"tensor: only dense tensors are supported, got layout {t.layout}")
+    prefix = _torch_prefix.get(t.dtype)
+    if prefix is None:
+        raise CodecError(f"tensor: unsupported torch dtype {t.dtype}")
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg().contiguous()
+    raw = t.reshape(-1).view(torch.uint8).numpy()
+    if _BIG_ENDIAN_HOST:  # pragma: no cover - no big-endian machines here
+        raise CodecError("tensor: big-endian hosts are not supported")
+    return b"".join((_header(prefix, tuple(t.shape)), raw))
+
+
+def _parse_header(data: bytes) -> tuple[bytes, tuple[int, ...], int, int]:
+    """Split ext data into (dtype wire string, shape, element count, data offset), checking
+    everything that can be checked before any allocation."""
+    n = len(data)
+    if n < 2:
+        raise CodecError(f"array: header truncated ({n} bytes)")
+    k = data[0]
+    if n < k + 2:
+        raise CodecError("array: header truncated in dtype")
+    wire = data[1 : 1 + k]
+    ndim = data[1 + k]
+    if ndim > MAX_NDIM:
+        raise CodecError(f"array: ndim {ndim} exceeds {MAX_NDIM}")
+    offset = 2 + k + 8 * ndim
+    if n < offset:
+        raise CodecError(f"array: header truncated in shape (ndim {ndim}, {n} bytes)")
+    shape = _DIMS[ndim].unpack_from(data, 2 + k)
+    if ndim == 1:  # the common case
+        count = shape[0]
+        if 0 <= count <= MAX_DIM:
+            return wire, shape, count, offset
+    count = 1
+    for d in shape:
+        if d < 0 or d > MAX_DIM:
+            raise CodecError(f"array: dim {d} in shape {shape} is outside [0, {MAX_DIM}]")
+        count *= d
+    return wire, shape, count, offset
+
+
+def _unpack_numpy(data: bytes) -> np.ndarray:
+    wire, shape, count, offset = _parse_header(data)
+    dt = _NP_BY_WIRE.get(wire)
+    if dt is None:
+        raise CodecError(f"array: unsupported numpy dtype {wire!r}")
+    if len(data) - offset != count * dt.itemsize:
+        raise CodecError(
+            f"array: shape {shape} of {wire.decode()} needs {count * dt.itemsize} bytes, "
+            f"message has {len(data) - offset}"
+        )
+    if count == 0:
+        return np.empty(shape, dt)
+    # Zero-copy: a read-only view of the message bytes.
+    a = np.frombuffer(data, dt, count, offset)
+    return a if len(shape) == 1 else a.reshape(shape)
+
+
+def _unpack_torch(data: bytes) -> Any:
+    wire, shape, count, offset = _parse_header(data)
+    torch = _torch()
+    assert _torch_by_wire is not None
+    entry = _torch_by_wire.get(wire)
+    if entry is None:
+        raise CodecError(f"tensor: unsupported torch dtype {wire!r}")
+    dt, itemsize = entry
+    if len(data) - offset != count * itemsize:
+        raise CodecError(
+            f"tensor: shape {shape} of {wire.decode()} needs {count * itemsize} bytes, "
+            f"message has {len(data) - offset}"
+        )
+    if count == 0:
+        return torch.empty(shape, dtype=dt)
+    # torch has no read-only tensors: copy into a bytearray so the tensor may be written.
+    buf = bytearray(memoryview(data)[offset:])
+    return torch.frombuffer(buf, dtype=dt).reshape(shape)
+
+
+def encode_array(a: Any) -> bytes:
+    """Encode one numpy array or torch tensor alone (header + raw bytes): the ext payload the
+    codec embeds, also usable on its own (e.g. by a store that keeps arrays)."""
+    ext = _pack_array(a, "array", "value")
+    return bytes([ext.code]) + ext.data
+
+
+def decode_array(data: bytes) -> Any:
+    """Inverse of :func:`encode_array`; raises CodecError on anything malformed."""
+    if not isinstance(data, bytes | bytearray | memoryview) or len(data) < 1:
+        raise CodecError("array: expected non-empty bytes")
+    data = bytes(data)
+    return _ext_hook(data[0], data[1:])
+
+
+def _pack_array(a: Any, where: str, name: str) -> msgpack.ExtType:
+    """Encode-side check of an array field: the array as its ext type, ready for msgpack."""
+    if type(a) is np.ndarray:
+        return msgpack.ExtType(EXT_NUMPY, _pack_numpy(a))
+    if isinstance(a, np.ndarray):  # subclasses travel as plain arrays
+        return msgpack.ExtType(EXT_NUMPY, _pack_numpy(np.asarray(a)))
+    if _is_tensor(a):
+        return msgpack.ExtType(EXT_TORCH, _pack_torch(a))
+    return _fail(where, name, "numpy array or torch tensor", a)
+
+
+def _pack_opt_array(a: Any, where: str, name: str) -> msgpack.ExtType | None:
+    return None if a is None else _pack_array(a, where, name)
+
+
+def _default(obj: Any) -> Any:
+    """msgpack hook for values it does not know: numpy scalars become plain Python numbers.
+    Anything else is refused (no pickle fallback); array fields are packed by their checks."""
+    if isinstance(obj, np.bool_ | np.integer | np.floating):
+        return obj.item()
+    raise CodecError(f"cannot encode a {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_NUMPY:
+        return _unpack_numpy(data)
+    if code == EXT_TORCH:
+        return _unpack_torch(data)
+    raise CodecError(f"unknown msgpack ext type {code}")
+
+
+# --------------------------------------------------------------------------------------------
+# Field checks: one function per wire type. Each takes (value, where, name) and returns the
+# value (possibly normalized, e.g. int -> float) or raises CodecError naming ``where.name``.
+# The path string is only built on failure: the hot path must not format 23 strings per
+# experience.
+# --------------------------------------------------------------------------------------------
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _describe(v: Any) -> str:
+    return f"{type(v).__name__} {_short(v)}"
+
+
+def _fail(where: str, name: str, expected: str, v: Any) -> Any:
+    raise CodecError(f"{where}.{name}: expected {expected}, got {_describe(v)}")
+
+
+def _str(v: Any, where: str, name: str) -> str:
+    if type(v) is str or isinstance(v, str):
+        return v
+    return _fail(where, name, "str", v)
+
+
+def _opt_str(v: Any, where: str, name: str) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    return _fail(where, name, "str or None", v)
+
+
+def _int(v: Any, where: str, name: str) -> int:
+    if type(v) is int:
+        return v
+    if isinstance(v, np.integer):  # encode side only: msgpack never yields numpy scalars
+        return int(v)
+    return _fail(where, name, "int", v)
+
+
+def _float(v: Any, where: str, name: str) -> float:
+    t = type(v)
+    if t is float:
+        return v
+    if t is int or isinstance(v, np.integer | np.floating):
+        return float(v)
+    return _fail(where, name, "float", v)
+
+
+def _opt_float(v: Any, where: str, name: str) -> float | None:
+    if v is None or type(v) is float:
+        return v
+    return _float(v, where, name)
+
+
+def _bool(v: Any, where: str, name: str) -> bool:
+    if type(v) is bool:
+        return v
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return _fail(where, name, "bool", v)
+
+
+def _array(v: Any, where: str, name: str) -> Any:
+    if type(v) is np.ndarray or isinstance(v, np.ndarray) or _is_tensor(v):
+        return v
+    return _fail(where, name, "numpy array or torch tensor", v)
+
+
+def _opt_array(v: Any, where: str, name: str) -> Any:
+    if v is None or type(v) is np.ndarray:
+        return v
+    return _array(v, where, name)
+
+
+_SCALARS = (str, int, float, bool, bytes, type(None))
+_NP_SCALARS = (np.bool_, np.integer, np.floating)
+
+
+def _path(node: tuple) -> str:
+    """Flatten the (parent, suffix) chain that _plain keeps instead of formatting paths."""
+    parts = []
+    while type(node) is tuple:
+        node, suffix = node
+        parts.append(suffix)
+    return node + "".join(reversed(parts))
+
+
+def _plain(v: Any, where: str, name: str) -> Any:
+    """Plain data (what JSON holds, plus bytes): None/bool/int/float/str/bytes, lists and
+    str-keyed dicts, at most MAX_DEPTH deep. Iterative, so depth cannot blow the stack."""
+    stack: list[tuple[Any, Any, int]] = [(v, (where, "." + name), 0)]
+    while stack:
+        x, path, depth = stack.pop()
+        if isinstance(x, dict):
+            if depth >= MAX_DEPTH:
+                raise CodecError(f"{_path(path)}: nested deeper than {MAX_DEPTH}")
+            for k, y in x.items():
+                if not isinstance(k, str):
+                    raise CodecError(f"{_path(path)}: keys must be str, got {_describe(k)}")
+                if type(y) not in _SCALARS:
+                    stack.append((y, (path, f".{k}"), depth + 1))
+        elif isinstance(x, list | tuple):
+            if depth >= MAX_DEPTH:
+                raise CodecError(f"{_path(path)}: nested deeper than {MAX_DEPTH}")
+            for i, y in enumerate(x):
+                if type(y) not in _SCALARS:
+                    stack.append((y, (path, f"[{i}]"), depth + 1))
+        elif not isinstance(x, _SCALARS + _NP_SCALARS):
+            raise CodecError(
+                f"{_path(path)}: expected plain data (None/bool/int/float/str/bytes/list/dict),"
+                f" got {_describe(x)}"
+            )
+    return v
+
+
+def _dict(v: Any, where: str, name: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        return _fail(where, name, "dict", v)
+    return _plain(v, where, name) if v else v
+
+
+def _opt_dict_list(v: Any, where: str, name: str) -> list[dict[str, Any]] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        return _fail(where, name, "list of dicts or None", v)
+    for i, m in enumerate(v):
+        if not isinstance(m, dict):
+            _fail(where, f"{name}[{i}]", "dict", m)
+    return _plain(v, where, name)
+
+
+def _str_list(v: Any, where: str, name: str) -> list[str]:
+    if not isinstance(v, list):
+        return _fail(where, name, "list of str", v)
+    for i, s in enumerate(v):
+        if not isinstance(s, str):
+            _fail(where, f"{name}[{i}]", "str", s)
+    return v
+
+
+def _float_dict(v: Any, where: str, name: str) -> dict[str, float]:
+    if not isinstance(v, dict):
+        return _fail(where, name, "dict of str to float", v)
+    out = v
+    for k, x in v.items():
+        if not isinstance(k, str):
+            raise CodecError(f"{where}.{name}: keys must be str, got {_describe(k)}")
+        if type(x) is not float:
+            if out is v:
+                out = dict(v)
+            out[k] = _float(x, where, f"{name}[{k!r}]")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Schemas: (field name, check) in dataclass field order, checked against the dataclass below.
+# --------------------------------------------------------------------------------------------
+
+Check = Callable[[Any, str, str], Any]
+
+_EXPERIENCE: tuple[tuple[str, Check], ...] = (
+    ("id", _str),
+    ("task_id", _str),
+    ("group_id", _str),
+    ("run_id", _str),
+    ("tokens", _array),
+    ("prompt_length", _int),
+    ("logprobs", _opt_array),
+    ("action_mask", _opt_array),
+    ("reward", _opt_float),
+    ("token_level_reward", _opt_array),
+    ("advantages", _opt_array),
+    ("returns", _opt_array),
+    ("model_version", _int),
+    ("prompt_truncated", _bool),
+    ("response_truncated", _bool),
+    ("messages", _opt_dict_list),
+    ("prompt_text", _opt_str),
+    ("response_text", _opt_str),
+    ("chosen", _opt_array),
+    ("rejected", _opt_array),
+    ("teacher_logprobs", _opt_array),
+    ("info", _dict),
+    ("created_at", _float),
+)
+
+
+def _experiences_in(v: Any, where: str, name: str) -> list[Experience]:
+    """Decode side of ExperienceGroup.experiences: build each (validated by the group)."""
+    if not isinstance(v, list):
+        return _fail(where, name, "list of experiences", v)
+    return [_build(Experience, p, f"{where}.{name}[{i}]", validate=False) for i, p in enumerate(v)]
+
+
+def _experiences_out(v: Any, where: str, name: str) -> list[dict[str, Any]]:
+    """Encode side of ExperienceGroup.experiences: check and flatten each to a payload map."""
+    if not isinstance(v, list | tuple):
+        return _fail(where, name, "list of Experience", v)
+    out = []
+    for i, e in enumerate(v):
+        if type(e) is not Experience:
+            _fail(where, f"{name}[{i}]", "Experience", e)
+        out.append(_payload(e, f"{where}.{name}[{i}]"))
+    return out
+
+
+_GROUP: tuple[tuple[str, Check], ...] = (
+    ("group_id", _str),
+    ("task_id", _str),
+    ("run_id", _str),
+    ("model_version", _int),
+    ("experiences", _experiences_in),
+    ("is_eval", _bool),
+    ("taskset", _str),
+    ("metrics", _float_dict),
+    ("created_at", _float),
+)
+
+_TASK: tuple[tuple[str, Check], ...] = (
+    ("task_id", _str),
+    ("raw", _dict),
+    ("workflow", _str),
+    ("reward_fn", _opt_str),
+    ("rollout_args", _dict),
+    ("workflow_args", _dict),
+    ("reward_fn_args", _dict),
+    ("repeat_times", _int),
+    ("is_eval", _bool),
+    ("taskset", _str),
+    ("index", _int),
+    ("epoch", _int),
+    ("format", _dict),
+)
+
+_SYNC: tuple[tuple[str, Check], ...] = (
+    ("kind", _str),
+    ("model_version", _int),
+    ("method", _str),
+    ("step", _int),
+    ("source", _str),
+    ("checkpoint_path", _opt_str),
+    ("rendezvous", _opt_str),
+    ("missing", _str_list),
+    ("info", _dict),
+    ("created_at", _float),
+)
+
+_METRIC: tuple[tuple[str, Check], ...] = (
+    ("role", _str),
+    ("step", _int),
+    ("kind", _str),
+    ("values", _float_dict),
+    ("taskset", _opt_str),
+    ("created_at", _float),
+)
+
+
+# Checks that differ on the encode side: arrays are packed to ext types while checked, and
+# nested experiences are flattened to payload maps.
+_ENCODE_SIDE: dict[Check, Check] = {
+    _array: _pack_array,
+    _opt_array: _pack_opt_array,
+    _experiences_in: _experiences_out,
+}
+
+
+class _Spec:
+    """Everything the codec needs about one schema, precomputed once."""
+
+    __slots__ = ("cls", "name", "names", "decode_fields", "encode_fields", "get")
+
+    def __init__(self, cls: type, name: str, spec: tuple[tuple[str, Check], ...]) -> None:
+        declared = fields(cls)
+        names = tuple(n for n, _ in spec)
+        if names != tuple(f.name for f in declared):  # a field added to data.py only
+            raise RuntimeError(f"codec spec for {cls.__name__} does not match its fields")
+        self.cls = cls
+        self.name = name
+        self.names = names
+        # Defaults as zero-argument callables, so mutable defaults are fresh per object.
+        defaults = tuple(
+            f.default_factory
+            if f.default_factory is not MISSING
+            else (None if f.default is MISSING else (lambda d=f.default: d))
+            for f in declared
+        )
+        self.decode_fields = tuple((n, c, d) for (n, c), d in zip(spec, defaults, strict=True))
+        self.encode_fields = tuple((n, _ENCODE_SIDE.get(c, c)) for n, c in spec)
+        self.get = attrgetter(*names)
+
+
+_SPECS: dict[type, _Spec] = {}
+for _name, _cls, _s in (
+    ("task", Task, _TASK),
+    ("experience", Experience, _EXPERIENCE),
+    ("experience_group", ExperienceGroup, _GROUP),
+    ("sync_event", SyncEvent, _SYNC),
+    ("metric", Metric, _METRIC),
+):
+    assert SCHEMAS[_name] is _cls
+    _SPECS[_cls] = _Spec(_cls, _name, _s)
+if set(_SPECS) != set(SCHEMAS.values()):
+    raise RuntimeError("every schema in SCHEMAS needs a codec spec")
+_SPEC_BY_NAME = {s.name: s for s in _SPECS.values()}
+
+
+def schema_name(obj: Any) -> str:
+    """Wire name of a schema instance or class (e.g. for a ``Trinity-Schema`` header)."""
+    spec = _SPECS.get(obj if isinstance(obj, type) else type(obj))
+    if spec is None:
+        raise CodecError(f"not a schema type: {_describe(obj)}")
+    return spec.name
+
+
+def _payload(obj: Any, where: str | None = None) -> dict[str, Any]:
+    """Check every field of ``obj`` and return its payload map (field name -> wire value)."""
+    spec = _SPECS[type(obj)]
+    where = where or spec.cls.__name__
+    return {
+        n: check(v, where, n)
+        for (n, check), v in zip(spec.encode_fields, spec.get(obj), strict=True)
+    }
+
+
+def _build(cls: type, payload: Any, where: str, validate: bool = True) -> Any:
+    """Construct ``cls`` from a decoded payload map, checking each field's type."""
+    spec = _SPECS[cls]
+    if type(payload) is not dict:
+        raise CodecError(f"{where}: expected a {cls.__name__} map, got {_describe(payload)}")
+    get = payload.get
+    args = []
+    found = 0
+    for name, check, default in spec.decode_fields:
+        v = get(name, MISSING)
+        if v is MISSING:
+            if default is None:
+                raise CodecError(f"{where}.{name}: required field is missing")
+            args.append(default())
+        else:
+            found += 1
+            args.append(check(v, where, name))
+    if found != len(payload):
+        unknown = sorted(repr(k) for k in payload if k not in spec.names)
+        raise CodecError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    obj = cls(*args)
+    if validate:
+        try:
+            obj.validate()
+        except ValueError as e:
+            raise CodecError(str(e)) from None
+    return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def encode(obj: Any) -> bytes:
+    """Encode a schema instance (Task, Experience, ExperienceGroup, SyncEvent, Metric).
+
+    Checks every field's type and calls ``validate()`` first, so a bad message fails at the
+    producer rather than poisoning a consumer. Raises CodecError naming the field.
+    """
+    spec = _SPECS.get(type(obj))
+    if spec is None:
+        raise CodecError(f"cannot encode {_describe(obj)}: not a schema type")
+    payload = _payload(obj)
+    try:
+        obj.validate()
+    except ValueError as e:
+        raise CodecError(str(e)) from None
+    envelope = {"schema": spec.name, "version": SCHEMA_VERSION, "payload": payload}
+    try:
+        return msgpack.packb(envelope, default=_default, use_bin_type=True)
+    except CodecError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise CodecError(f"{spec.cls.__name__}: cannot encode: {e}") from None
+
+
+def decode(data: bytes, expect: type | None = None, *, max_bytes: int = 64 << 20) -> Any:
+    """Decode a message produced by :func:`encode`.
+
+    ``expect`` (a schema class) rejects messages of any other schema. Anything malformed
+    (not msgpack, truncated, wrong field types, unknown schema or version, absurd array
+    shapes, more than ``max_bytes``) raises CodecError; nothing else escapes. numpy arrays in
+    the result are read-only views of ``data``.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CodecError(f"message: expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise CodecError(f"message: {len(data)} bytes exceeds max_bytes={max_bytes}")
+    try:
+        env = msgpack.unpackb(
+            data,
+            ext_hook=_ext_hook,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            timestamp=0,
+        )
+    except CodecError:
+        raise
+    except Exception as e:  # msgpack's own errors: truncated, extra data, bad utf-8, ...
+        raise CodecError(
+            f"message: not a valid msgpack message ({type(e).__name__}: {e})"
+        ) from None
+    if type(env) is not dict or set(env) != {"schema", "version", "payload"}:
+        keys = sorted(map(str, env)) if type(env) is dict else None
+        raise CodecError(
+            "message: expected a map with keys schema, version, payload; got "
+            + (f"keys {keys}" if keys is not None else _describe(env))
+        )
+    name, version = env["schema"], env["version"]
+    spec = _SPEC_BY_NAME.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise CodecError(f"message: unknown schema {_describe(name)}; known: {sorted(SCHEMAS)}")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise CodecError(
+            f"message: unsupported version {_short(version)} of schema {name!r} "
+            f"(this build reads version {SCHEMA_VERSION})"
+        )
+    if expect is not None and spec.cls is not expect:
+        exp = getattr(expect, "__name__", repr(expect))
+        raise CodecError(f"message: expected a {exp}, got a {spec.cls.__name__} ({name!r})")
+    try:
+        return _build(spec.cls, env["payload"], spec.cls.__name__)
+    except CodecError:
+        raise
+    except Exception as e:  # a bug here must still not take the consumer down
+        raise CodecError(f"{spec.cls.__name__}: cannot decode ({type(e).__name__}: {e})") from None

@@ -1,0 +1,292 @@
+"""The messages that flow between roles: Task, Experience, ExperienceGroup, SyncEvent, Metric.
+
+They are plain ``@dataclass(slots=True)`` classes rather than pydantic models because the hot
+path (an explorer publishing thousands of experiences a second, a buffer decoding them) must
+not pay for per-field validation machinery; :mod:`schemas.codec` checks field types once, on
+the wire boundary, and then calls :meth:`validate` for the cross-field rules.
+
+Arrays are ``numpy.ndarray`` (or ``torch.Tensor``, e.g. bfloat16 teacher logprobs). Arrays that
+come out of :func:`schemas.codec.decode` are read-only views of the message bytes (no copy);
+use ``np.array(a)`` / ``torch.tensor(a)`` when a writable copy is needed.
+
+The classes use ``eq=False`` (identity equality) because a generated ``__eq__`` would compare
+arrays element-wise and raise on truth-testing the result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Version of the wire layout of every schema below. Bump it when a field changes meaning or
+#: type; the codec rejects messages of any other version instead of misreading them.
+SCHEMA_VERSION = 1
+
+
+def _kind(a: Any) -> str:
+    """numpy-style dtype kind ('b', 'i', 'u', 'f', 'c') of a numpy array or torch tensor."""
+    dt = a.dtype
+    if isinstance(dt, np.dtype):
+        return dt.kind
+    # torch.dtype: no numpy kind, derive it from the dtype's own predicates.
+    if dt.is_complex:
+        return "c"
+    if dt.is_floating_point:
+        return "f"
+    name = str(dt)
+    if name == "torch.bool":
+        return "b"
+    return "u" if name.startswith("torch.uint") else "i"
+
+
+def _check_vector(
+    owner: str, name: str, a: Any, kinds: str, length: int | None, max_ndim: int = 1
+) -> None:
+    """Raise ValueError naming ``owner.name`` unless ``a`` is an array with the given kinds,
+    ``1 <= ndim <= max_ndim`` and (when ``length`` is given) ``len(a) == length``."""
+    shape = a.shape
+    if (
+        len(shape) == 1
+        and (length is None or shape[0] == length)
+        and type(a) is np.ndarray
+        and a.dtype.kind in kinds
+    ):
+        return  # the common case, checked in one expression (this runs per array per message)
+    shape = tuple(shape)
+    if not 1 <= len(shape) <= max_ndim:
+        dims = "1-D" if max_ndim == 1 else f"1-D to {max_ndim}-D"
+        raise ValueError(f"{owner}.{name}: expected a {dims} array, got shape {shape}")
+    k = _kind(a)
+    if k not in kinds:
+        want = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}
+        expected = " or ".join(want[c] for c in kinds)
+        raise ValueError(f"{owner}.{name}: expected {expected} dtype, got {a.dtype}")
+    if length is not None and shape[0] != length:
+        raise ValueError(
+            f"{owner}.{name}: length {shape[0]} != response length {length} "
+            f"(len(tokens) - prompt_length)"
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Task:
+    """One row of a taskset, resolved to what a workflow needs to run it.
+
+    ``raw`` is the dataset row as read (plain data: str/int/float/bool/bytes/None, lists and
+    str-keyed dicts); ``format`` records the format keys (prompt_key, response_key, ...) it was
+    read with, so a workflow can find the prompt and the reference answer in ``raw``.
+    """
+
+    task_id: str
+    raw: dict[str, Any]
+    workflow: str
+    reward_fn: str | None = None
+    rollout_args: dict[str, Any] = field(default_factory=dict)
+    workflow_args: dict[str, Any] = field(default_factory=dict)
+    reward_fn_args: dict[str, Any] = field(default_factory=dict)
+    repeat_times: int = 1
+    is_eval: bool = False
+    taskset: str = ""
+    index: int = 0
+    epoch: int = 0
+    format: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field if the task cannot be run as given."""
+        if self.repeat_times < 1:
+            raise ValueError(f"Task.repeat_times: must be >= 1, got {self.repeat_times}")
+        if self.index < 0:
+            raise ValueError(f"Task.index: must be >= 0, got {self.index}")
+        if self.epoch < 0:
+            raise ValueError(f"Task.epoch: must be >= 0, got {self.epoch}")
+
+
+@dataclass(slots=True, eq=False)
+class Experience:
+    """One rollout: prompt + response tokens and everything the trainer needs about them.
+
+    ``tokens`` holds prompt then response (int32 by convention; any integer dtype is accepted);
+    every per-token array (``logprobs``, ``action_mask``, ``token_level_reward``,
+    ``advantages``, ``returns``, ``teacher_logprobs``) has one entry per *response* token.
+    Multi-turn rollouts put the whole conversation after the prompt and zero the
+    ``action_mask`` on environment/tool tokens, so the loss ignores what the model did not say.
+    DPO experiences carry the shared prompt in ``tokens`` and the two responses in
+    ``chosen`` / ``rejected``.
+    """
+
+    id: str
+    task_id: str
+    group_id: str
+    run_id: str
+    tokens: np.ndarray
+    prompt_length: int
+    logprobs: np.ndarray | None = None
+    action_mask: np.ndarray | None = None
+    reward: float | None = None
+    token_level_reward: np.ndarray | None = None
+    advantages: np.ndarray | None = None
+    returns: np.ndarray | None = None
+    model_version: int = 0
+    prompt_truncated: bool = False
+    response_truncated: bool = False
+    messages: list[dict[str, Any]] | None = None
+    prompt_text: str | None = None
+    response_text: str | None = None
+    chosen: np.ndarray | None = None
+    rejected: np.ndarray | None = None
+    teacher_logprobs: np.ndarray | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def response_length(self) -> int:
+        """Number of response tokens: ``len(tokens) - prompt_length``."""
+        return len(self.tokens) - self.prompt_length
+
+    def validate(self, owner: str = "Experience") -> None:
+        """Raise ValueError naming the field if the arrays disagree in shape or kind.
+
+        ``owner`` prefixes the field name in the message (an ExperienceGroup passes
+        ``experiences[i]`` so the error says which experience is wrong).
+        """
+        _check_vector(owner, "tokens", self.tokens, "iu", None)
+        n = len(self.tokens)
+        if not 0 <= self.prompt_length <= n:
+            raise ValueError(
+                f"{owner}.prompt_length: {self.prompt_length} is outside [0, len(tokens)={n}]"
+            )
+        r = n - self.prompt_length
+        if self.logprobs is not None:
+            _check_vector(owner, "logprobs", self.logprobs, "f", r)
+        if self.action_mask is not None:
+            _check_vector(owner, "action_mask", self.action_mask, "b", r)
+        if self.token_level_reward is not None:
+            _check_vector(owner, "token_level_reward", self.token_level_reward, "f", r)
+        if self.advantages is not None:
+            _check_vector(owner, "advantages", self.advantages, "f", r)
+        if self.returns is not None:
+            _check_vector(owner, "returns", self.returns, "f", r)
+        if self.teacher_logprobs is not None:
+            # 2-D allows top-k teacher distributions: (response_length, k).
+            _check_vector(owner, "teacher_logprobs", self.teacher_logprobs, "f", r, max_ndim=2)
+        if (self.chosen is None) != (self.rejected is None):
+            missing = "rejected" if self.rejected is None else "chosen"
+            raise ValueError(f"{owner}.{missing}: DPO needs both chosen and rejected")
+        if self.chosen is not None:
+            _check_vector(owner, "chosen", self.chosen, "iu", None)
+            _check_vector(owner, "rejected", self.rejected, "iu", None)
+        if self.model_version < 0:
+            raise ValueError(f"{owner}.model_version: must be >= 0, got {self.model_version}")
+
+
+@dataclass(slots=True, eq=False)
+class ExperienceGroup:
+    """All rollouts of one task (the GRPO group): they travel together so group advantages can
+    be computed the moment the group arrives."""
+
+    group_id: str
+    task_id: str
+    run_id: str
+    model_version: int = 0
+    experiences: list[Experience] = field(default_factory=list)
+    is_eval: bool = False
+    taskset: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def reward_mean(self) -> float | None:
+        """Mean reward of the experiences that have one; None when none has."""
+        rewards = [e.reward for e in self.experiences if e.reward is not None]
+        return sum(rewards) / len(rewards) if rewards else None
+
+    @property
+    def token_count(self) -> int:
+        """Total tokens (prompt + response) over the group: what a batch budget counts."""
+        return sum(len(e.tokens) for e in self.experiences)
+
+    def msg_id(self) -> str:
+        """Deterministic id for ``Nats-Msg-Id``: the same group re-published (a retry after a
+        crash) gets the same id, so JetStream drops the duplicate. Built from identity only
+        (run, group, version), never from the wall clock or the content bytes."""
+        return f"{self.run_id}/{self.group_id}/v{self.model_version}"
+
+    def validate(self) -> None:
+        """Validate every experience and that they all belong to this group (ids agree and
+        are unique). Raises ValueError naming ``experiences[i].field``."""
+        seen: set[str] = set()
+        for i, e in enumerate(self.experiences):
+            owner = f"ExperienceGroup.experiences[{i}]"
+            e.validate(owner)
+            for name in ("group_id", "task_id", "run_id"):
+                mine, theirs = getattr(self, name), getattr(e, name)
+                if theirs != mine:
+                    raise ValueError(f"{owner}.{name}: {theirs!r} != the group's {mine!r}")
+            if e.id in seen:
+                raise ValueError(f"{owner}.id: duplicate experience id {e.id!r}")
+            seen.add(e.id)
+        if self.model_version < 0:
+            raise ValueError(
+                f"ExperienceGroup.model_version: must be >= 0, got {self.model_version}"
+            )
+
+
+@dataclass(slots=True, eq=False)
+class SyncEvent:
+    """One step of a weight synchronization, published by trainer, explorer or synchronizer.
+
+    ``kind`` is e.g. "request", "ready", "weights_sent", "loaded", "timeout", "failed";
+    ``method`` is "nccl" (a torch.distributed broadcast; gloo on CPU) or "checkpoint".
+    ``rendezvous`` ("host:port") is where the broadcast process group meets; ``missing`` lists
+    the roles that did not answer (for "timeout").
+    """
+
+    kind: str
+    model_version: int
+    method: str = "nccl"
+    step: int = 0
+    source: str = ""
+    checkpoint_path: str | None = None
+    rendezvous: str | None = None
+    missing: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field if the event is not meaningful."""
+        if not self.kind:
+            raise ValueError("SyncEvent.kind: must not be empty")
+        if self.model_version < 0:
+            raise ValueError(f"SyncEvent.model_version: must be >= 0, got {self.model_version}")
+        if self.step < 0:
+            raise ValueError(f"SyncEvent.step: must be >= 0, got {self.step}")
+
+
+@dataclass(slots=True, eq=False)
+class Metric:
+    """A set of scalar values a role reports for one step (train loss, rollout reward, ...)."""
+
+    role: str
+    step: int
+    kind: str
+    values: dict[str, float]
+    taskset: str | None = None
+    created_at: float = field(default_factory=time.time)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field if the metric cannot be logged."""
+        if not self.kind:
+            raise ValueError("Metric.kind: must not be empty")
+
+
+#: Wire name of each schema. Experience is also encodable on its own (e.g. in the replay store).
+SCHEMAS: dict[str, type] = {
+    "task": Task,
+    "experience": Experience,
+    "experience_group": ExperienceGroup,
+    "sync_event": SyncEvent,
+    "metric": Metric,
+}

@@ -1,0 +1,582 @@
+"""Schemas and codec: round-trips for arbitrary valid values, and fuzzing that shows malformed
+bytes only ever produce CodecError (or a valid value), never another exception or a huge
+allocation."""
+
+from __future__ import annotations
+
+import math
+import struct
+import subprocess
+import sys
+import tracemalloc
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas.codec import (
+    EXT_NUMPY,
+    MAX_NDIM,
+    CodecError,
+    decode,
+    decode_array,
+    encode,
+    encode_array,
+    schema_name,
+)
+from schemas.data import (
+    SCHEMA_VERSION,
+    SCHEMAS,
+    Experience,
+    ExperienceGroup,
+    Metric,
+    SyncEvent,
+    Task,
+)
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# ------------------------------------------------------------------------------------------
+# Deep comparison (the dataclasses use identity equality because of the arrays)
+# ------------------------------------------------------------------------------------------
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values, arrays equal in kind (numpy vs torch), dtype, shape and bytes."""
+    if isinstance(a, np.ndarray):
+        # The wire is little-endian: a big-endian input comes back as its little-endian twin.
+        return (
+            isinstance(b, np.ndarray)
+            and a.dtype.newbyteorder("<") == b.dtype
+            and a.shape == b.shape
+            and np.ascontiguousarray(a, b.dtype).tobytes() == b.tobytes()
+        )
+    if isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            == b.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        )
+    if type(a) in SCHEMAS.values():
+        return type(a) is type(b) and all(
+            same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__
+        )
+    if type(a) is int and type(b) is float:  # an int given for a float field
+        return a == b
+    if isinstance(a, float):
+        return isinstance(b, float) and (a == b or (math.isnan(a) and math.isnan(b)))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
+    return type(a) is type(b) and a == b
+
+
+# ------------------------------------------------------------------------------------------
+# Strategies
+# ------------------------------------------------------------------------------------------
+
+NP_DTYPES = ["?", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16"]
+TORCH_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+]
+
+text = st.text(max_size=12)  # arbitrary unicode, incl. surrogates-free astral chars
+floats = st.floats(allow_nan=True, allow_infinity=True)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | floats
+    | text
+    | st.binary(max_size=8)
+)
+plain = st.recursive(
+    scalars,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(text, c, max_size=3),
+    max_leaves=12,
+)
+plain_dict = st.dictionaries(text, plain, max_size=4)
+float_dict = st.dictionaries(text, floats, max_size=4)
+
+
+@st.composite
+def np_arrays(draw: Any, dtypes: list[str] = NP_DTYPES, shape: Any = None) -> np.ndarray:
+    dt = np.dtype(draw(st.sampled_from(dtypes)))
+    if shape is None:
+        shape = tuple(draw(st.lists(st.integers(0, 4), max_size=4)))
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = draw(st.binary(min_size=n, max_size=n))
+    a = np.frombuffer(raw, dt).reshape(shape)
+    if draw(st.booleans()) and dt.itemsize > 1:
+        a = a.astype(dt.newbyteorder(">"))  # big-endian input must come back little-endian
+    if draw(st.booleans()) and a.ndim >= 1:
+        a = a[::-1]  # non-contiguous input (negative stride)
+    return a
+
+
+@st.composite
+def torch_tensors(draw: Any, dtypes: list[Any] = TORCH_DTYPES, shape: Any = None) -> Any:
+    dt = draw(st.sampled_from(dtypes))
+    if shape is None:
+        shape = tuple(draw(st.lists(st.integers(0, 4), max_size=4)))
+    itemsize = torch.empty((), dtype=dt).element_size()
+    n = int(np.prod(shape, dtype=np.int64)) * itemsize
+    raw = bytearray(draw(st.binary(min_size=n, max_size=n)))
+    if dt == torch.bool:  # only 0/1 bytes are valid bools
+        raw = bytearray(b & 1 for b in raw)
+    if n == 0:
+        return torch.empty(shape, dtype=dt)
+    return torch.frombuffer(raw, dtype=dt).reshape(shape)
+
+
+def arrays(kinds: str, length: int, allow_torch: bool = True) -> Any:
+    """1-D arrays of one dtype kind and a given length, numpy or (optionally) torch."""
+    np_dts = {
+        "iu": ["i1", "u1", "i2", "i4", "i8", "u4"],
+        "f": ["f2", "f4", "f8"],
+        "b": ["?"],
+    }[kinds]
+    t_dts = {
+        "iu": [torch.int32, torch.int64, torch.uint8],
+        "f": [torch.float32, torch.bfloat16, torch.float16],
+        "b": [torch.bool],
+    }[kinds]
+    s = np_arrays(np_dts, shape=(length,))
+    if allow_torch:
+        s = s | torch_tensors(t_dts, shape=(length,))
+    return s
+
+
+@st.composite
+def experiences(
+    draw: Any, ids: tuple[str, str, str] | None = None, eid: str | None = None
+) -> Experience:
+    prompt = draw(st.integers(0, 6))
+    resp = draw(st.integers(0, 6))
+    task_id, group_id, run_id = ids or (draw(text), draw(text), draw(text))
+
+    def opt(s: Any) -> Any:
+        return draw(st.none() | s)
+
+    dpo = draw(st.booleans())
+    return Experience(
+        id=eid if eid is not None else draw(text),
+        task_id=task_id,
+        group_id=group_id,
+        run_id=run_id,
+        tokens=draw(arrays("iu", prompt + resp, allow_torch=False) | arrays("iu", prompt + resp)),
+        prompt_length=prompt,
+        logprobs=opt(arrays("f", resp)),
+        action_mask=opt(arrays("b", resp)),
+        reward=opt(floats | st.integers(-5, 5)),
+        token_level_reward=opt(arrays("f", resp)),
+        advantages=opt(arrays("f", resp)),
+        returns=opt(arrays("f", resp)),
+        model_version=draw(st.integers(0, 2**40)),
+        prompt_truncated=draw(st.booleans()),
+        response_truncated=draw(st.booleans()),
+        messages=opt(st.lists(plain_dict, max_size=3)),
+        prompt_text=opt(text),
+        response_text=opt(text),
+        chosen=draw(arrays("iu", 3)) if dpo else None,
+        rejected=draw(arrays("iu", 2)) if dpo else None,
+        teacher_logprobs=opt(
+            arrays("f", resp) | np_arrays(["f4"], shape=(resp, draw(st.integers(0, 3))))
+        ),
+        info=draw(plain_dict),
+        created_at=draw(floats),
+    )
+
+
+@st.composite
+def groups(draw: Any) -> ExperienceGroup:
+    ids = (draw(text), draw(text), draw(text))
+    n = draw(st.integers(0, 4))
+    return ExperienceGroup(
+        group_id=ids[1],
+        task_id=ids[0],
+        run_id=ids[2],
+        model_version=draw(st.integers(0, 1000)),
+        experiences=[draw(experiences(ids=ids, eid=f"{ids[1]}/{i}")) for i in range(n)],
+        is_eval=draw(st.booleans()),
+        taskset=draw(text),
+        metrics=draw(float_dict),
+        created_at=draw(floats),
+    )
+
+
+tasks = st.builds(
+    Task,
+    task_id=text,
+    raw=plain_dict,
+    workflow=text,
+    reward_fn=st.none() | text,
+    rollout_args=plain_dict,
+    workflow_args=plain_dict,
+    reward_fn_args=plain_dict,
+    repeat_times=st.integers(1, 64),
+    is_eval=st.booleans(),
+    taskset=text,
+    index=st.integers(0, 10**9),
+    epoch=st.integers(0, 100),
+    format=plain_dict,
+)
+sync_events = st.builds(
+    SyncEvent,
+    kind=st.sampled_from(["request", "ready", "weights_sent", "loaded", "timeout", "failed"]),
+    model_version=st.integers(0, 10**6),
+    method=st.sampled_from(["nccl", "checkpoint"]),
+    step=st.integers(0, 10**6),
+    source=text,
+    checkpoint_path=st.none() | text,
+    rendezvous=st.none() | st.just("127.0.0.1:29500"),
+    missing=st.lists(text, max_size=3),
+    info=plain_dict,
+    created_at=floats,
+)
+metrics = st.builds(
+    Metric,
+    role=text,
+    step=st.integers(-1, 10**6),
+    kind=st.sampled_from(["train", "rollout", "eval", "sync"]),
+    values=float_dict,
+    taskset=st.none() | text,
+    created_at=floats,
+)
+any_message = st.one_of(tasks, experiences(), groups(), sync_events, metrics)
+
+
+def small_group() -> ExperienceGroup:
+    exps = [
+        Experience(
+            id=f"g/{i}",
+            task_id="t",
+            group_id="g",
+            run_id="r",
+            tokens=np.arange(6, dtype=np.int32),
+            prompt_length=3,
+            logprobs=np.full(3, -0.5, np.float32),
+            action_mask=np.array([1, 0, 1], bool),
+            reward=float(i),
+            info={"acc": 1.0},
+        )
+        for i in range(2)
+    ]
+    return ExperienceGroup(group_id="g", task_id="t", run_id="r", model_version=3, experiences=exps)
+
+
+def decodes_or_codec_error(data: bytes) -> None:
+    """The fuzz contract: CodecError, or a value that is valid (re-encodes cleanly)."""
+    try:
+        obj = decode(data)
+    except CodecError:
+        return
+    encode(obj)  # a decoded value is a valid value
+
+
+# ------------------------------------------------------------------------------------------
+# Round-trips
+# ------------------------------------------------------------------------------------------
+
+
+@FAST
+@given(any_message)
+def test_roundtrip_any_message(obj: Any) -> None:
+    back = decode(encode(obj), type(obj))
+    assert same(obj, back)
+    assert type(back) is type(obj)
+
+
+@FAST
+@given(np_arrays() | torch_tensors())
+def test_roundtrip_arrays(a: Any) -> None:
+    assert same(a, decode_array(encode_array(a)))
+
+
+def test_numpy_decodes_zero_copy_read_only_and_torch_writable() -> None:
+    g = small_group()
+    g.experiences[0].teacher_logprobs = torch.tensor([1.5, -2.0, 0.25], dtype=torch.bfloat16)
+    back = decode(encode(g), ExperienceGroup)
+    tokens = back.experiences[0].tokens
+    assert not tokens.flags.writeable and not tokens.flags.owndata
+    t = back.experiences[0].teacher_logprobs
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16
+    t += 1  # writable
+    assert t.tolist() == [2.5, -1.0, 1.25]
+
+
+def test_group_helpers() -> None:
+    g = small_group()
+    assert g.reward_mean == 0.5 and g.token_count == 12
+    assert g.experiences[0].response_length == 3
+    assert g.msg_id() == small_group().msg_id() == "r/g/v3"
+    assert ExperienceGroup(group_id="g", task_id="t", run_id="r").reward_mean is None
+    assert schema_name(g) == schema_name(ExperienceGroup) == "experience_group"
+
+
+def test_numpy_scalars_encode_as_python_numbers() -> None:
+    m = Metric(role="trainer", step=np.int64(3), kind="train", values={"loss": np.float32(0.5)})
+    back = decode(encode(m), Metric)
+    assert back.step == 3 and type(back.step) is int and back.values == {"loss": 0.5}
+
+
+def test_schema_does_not_import_torch() -> None:
+    code = (
+        "import sys, numpy as np; from schemas.codec import encode, decode; "
+        "from schemas.data import Metric; decode(encode(Metric('r', 1, 'train', {'a': 1.0}))); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------------------
+# Fuzzing: only CodecError or a valid value
+# ------------------------------------------------------------------------------------------
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_random_bytes(data: bytes) -> None:
+    decodes_or_codec_error(data)
+
+
+@FUZZ
+@given(st.binary(max_size=64))
+def test_random_bytes_with_valid_prefix(tail: bytes) -> None:
+    # Get past the envelope so the fuzz reaches payload and array parsing.
+    head = b"".join(msgpack.packb(x) for x in ("schema", "experience", "version", 1, "payload"))
+    decodes_or_codec_error(b"\x83" + head + tail)
+
+
+@FUZZ
+@given(any_message, st.data())
+def test_mutated_messages(obj: Any, data: st.DataObject) -> None:
+    raw = bytearray(encode(obj))
+    op = data.draw(st.sampled_from(["flip", "truncate", "insert", "overwrite"]))
+    pos = data.draw(st.integers(0, len(raw) - 1))
+    if op == "flip":
+        raw[pos] ^= 1 << data.draw(st.integers(0, 7))
+    elif op == "truncate":
+        del raw[pos:]
+    elif op == "insert":
+        raw[pos:pos] = data.draw(st.binary(min_size=1, max_size=4))
+    else:
+        chunk = data.draw(st.binary(min_size=1, max_size=8))
+        raw[pos : pos + len(chunk)] = chunk
+    decodes_or_codec_error(bytes(raw))
+
+
+def test_truncation_and_bit_flips_at_every_position() -> None:
+    raw = encode(small_group())
+    for i in range(len(raw)):
+        with pytest.raises(CodecError):
+            decode(raw[:i])
+        for bit in (0, 3, 7):
+            flipped = bytearray(raw)
+            flipped[i] ^= 1 << bit
+            decodes_or_codec_error(bytes(flipped))
+
+
+# ------------------------------------------------------------------------------------------
+# Absurd arrays: rejected before allocation
+# ------------------------------------------------------------------------------------------
+
+
+def ext_message(ext_data: bytes, code: int = EXT_NUMPY) -> bytes:
+    """An Experience whose tokens field is the given raw ext payload."""
+    payload = {
+        "id": "e",
+        "task_id": "t",
+        "group_id": "g",
+        "run_id": "r",
+        "tokens": msgpack.ExtType(code, ext_data),
+        "prompt_length": 0,
+    }
+    return msgpack.packb({"schema": "experience", "version": SCHEMA_VERSION, "payload": payload})
+
+
+def header(dtype: bytes, shape: tuple[int, ...]) -> bytes:
+    return (
+        bytes([len(dtype)]) + dtype + bytes([len(shape)]) + struct.pack(f"<{len(shape)}q", *shape)
+    )
+
+
+@pytest.mark.parametrize(
+    "shape,match",
+    [
+        ((2**40,), "outside"),
+        ((2**31, 2**31), "needs"),
+        ((2**20, 2**20), "needs"),
+        ((-1,), "outside"),
+        ((0, 2**62), "outside"),
+    ],
+)
+@pytest.mark.parametrize("code", [1, 2])
+def test_absurd_shape_is_rejected_without_allocating(shape: tuple, match: str, code: int) -> None:
+    dtype = b"<i4" if code == 1 else b"int32"
+    msg = ext_message(header(dtype, shape) + b"\0" * 16, code)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError, match=match):
+            decode(msg)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_array_header_errors() -> None:
+    with pytest.raises(CodecError, match="ndim"):
+        decode(ext_message(header(b"<i4", (1,) * (MAX_NDIM + 1))))
+    with pytest.raises(CodecError, match="unsupported numpy dtype"):
+        decode(ext_message(header(b"|O8", (1,)) + b"\0" * 8))
+    with pytest.raises(CodecError, match="unsupported torch dtype"):
+        decode(ext_message(header(b"qint8", (1,)) + b"\0", code=2))
+    with pytest.raises(CodecError, match="truncated"):
+        decode(ext_message(b"\x03<i4\x02" + b"\0" * 9))
+    with pytest.raises(CodecError, match="unknown msgpack ext type 9"):
+        decode(ext_message(b"", code=9))
+
+
+def test_unsupported_array_dtypes_refused_on_encode() -> None:
+    for bad in (np.array(["a"]), np.array([object()]), np.zeros(2, np.longdouble)):
+        with pytest.raises(CodecError, match="unsupported numpy dtype"):
+            encode_array(bad)
+
+
+# ------------------------------------------------------------------------------------------
+# Envelope and field errors
+# ------------------------------------------------------------------------------------------
+
+
+def envelope(**over: Any) -> bytes:
+    env = msgpack.unpackb(encode(small_group()), raw=False, ext_hook=msgpack.ExtType)
+    env.update(over)
+    return msgpack.packb(env)
+
+
+def test_unknown_version_and_schema() -> None:
+    with pytest.raises(CodecError, match="unsupported version 2"):
+        decode(envelope(version=2))
+    with pytest.raises(CodecError, match="unknown schema"):
+        decode(envelope(schema="pickle"))
+    with pytest.raises(CodecError, match="keys"):
+        decode(msgpack.packb({"schema": "metric"}))
+    with pytest.raises(CodecError, match="max_bytes"):
+        decode(encode(small_group()), max_bytes=10)
+    with pytest.raises(CodecError, match="expected bytes"):
+        decode("text")  # type: ignore[arg-type]
+
+
+def test_wrong_expected_type() -> None:
+    with pytest.raises(CodecError, match="expected a Metric, got a ExperienceGroup"):
+        decode(encode(small_group()), Metric)
+
+
+def test_wrong_field_type_names_the_field() -> None:
+    env = msgpack.unpackb(encode(small_group()), raw=False, ext_hook=msgpack.ExtType)
+    env["payload"]["experiences"][1]["reward"] = "high"
+    with pytest.raises(
+        CodecError, match=r"ExperienceGroup.experiences\[1\].reward: expected float, got str"
+    ):
+        decode(msgpack.packb(env))
+    env = msgpack.unpackb(encode(small_group()), raw=False, ext_hook=msgpack.ExtType)
+    env["payload"]["experiences"][0]["tokens"] = [1, 2, 3]
+    with pytest.raises(CodecError, match=r"experiences\[0\].tokens: expected numpy array"):
+        decode(msgpack.packb(env))
+    env = msgpack.unpackb(encode(small_group()), raw=False, ext_hook=msgpack.ExtType)
+    env["payload"]["bogus"] = 1
+    with pytest.raises(CodecError, match="unknown field"):
+        decode(msgpack.packb(env))
+    del env["payload"]["bogus"], env["payload"]["group_id"]
+    with pytest.raises(CodecError, match="group_id: required field is missing"):
+        decode(msgpack.packb(env))
+
+
+def test_encode_checks_types_at_the_producer() -> None:
+    g = small_group()
+    g.experiences[0].tokens = [1, 2, 3]  # type: ignore[assignment]
+    with pytest.raises(CodecError, match=r"experiences\[0\].tokens"):
+        encode(g)
+    with pytest.raises(CodecError, match=r"Task.raw.a\[0\]: expected plain data"):
+        encode(Task(task_id="t", raw={"a": [{1, 2}]}, workflow="w"))
+    with pytest.raises(CodecError, match="keys must be str"):
+        encode(Task(task_id="t", raw={1: 2}, workflow="w"))  # type: ignore[dict-item]
+    with pytest.raises(CodecError, match="not a schema type"):
+        encode({"a": 1})
+    deep: Any = 1
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(CodecError, match="nested deeper"):
+        encode(Task(task_id="t", raw={"d": deep}, workflow="w"))
+
+
+def test_validate_errors_name_the_field() -> None:
+    def exp(**kw: Any) -> Experience:
+        base: dict[str, Any] = dict(
+            id="e",
+            task_id="t",
+            group_id="g",
+            run_id="r",
+            tokens=np.arange(5, dtype=np.int32),
+            prompt_length=2,
+        )
+        base.update(kw)
+        return Experience(**base)
+
+    cases = [
+        (dict(prompt_length=6), "Experience.prompt_length"),
+        (
+            dict(logprobs=np.zeros(2, np.float32)),
+            r"Experience.logprobs: length 2 != response length 3",
+        ),
+        (dict(action_mask=np.ones(3, np.int32)), "Experience.action_mask: expected bool dtype"),
+        (dict(advantages=np.zeros((3, 1), np.float32)), "Experience.advantages: expected a 1-D"),
+        (dict(tokens=np.zeros(5, np.float32)), "Experience.tokens: expected int or uint"),
+        (dict(chosen=np.zeros(2, np.int32)), "Experience.rejected: DPO needs both"),
+        (dict(model_version=-1), "Experience.model_version"),
+    ]
+    for kw, match in cases:
+        with pytest.raises(ValueError, match=match):
+            exp(**kw).validate()
+        with pytest.raises(CodecError, match=match):
+            encode(exp(**kw))
+    exp(teacher_logprobs=np.zeros((3, 4), np.float32)).validate()  # top-k teacher is fine
+
+    g = small_group()
+    g.experiences[1].group_id = "other"
+    with pytest.raises(ValueError, match=r"experiences\[1\].group_id"):
+        g.validate()
+    g = small_group()
+    g.experiences[1].id = g.experiences[0].id
+    with pytest.raises(ValueError, match="duplicate experience id"):
+        g.validate()
+    with pytest.raises(ValueError, match="Task.repeat_times"):
+        Task(task_id="t", raw={}, workflow="w", repeat_times=0).validate()
+    with pytest.raises(ValueError, match="SyncEvent.kind"):
+        SyncEvent(kind="", model_version=1).validate()
+
+
+def test_invalid_payload_is_codec_error_on_decode() -> None:
+    env = msgpack.unpackb(encode(small_group()), raw=False, ext_hook=msgpack.ExtType)
+    env["payload"]["experiences"][0]["prompt_length"] = 99
+    with pytest.raises(CodecError, match=r"experiences\[0\].prompt_length: 99 is outside"):
+        decode(msgpack.packb(env))
