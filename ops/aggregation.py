@@ -39,8 +39,13 @@ def _safe(count: Tensor) -> Tensor:
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Sum of ``values`` where ``mask`` is set (over ``dim``, or everything)."""
-    prod = values * mask.to(values.dtype)
+    """Sum of ``values`` where ``mask`` is set (over ``dim``, or everything).
+
+    Masked-out entries are *selected away*, not multiplied by 0, so an inf or NaN on a padding
+    token cannot leak into the sum.
+    """
+    mask = mask.to(values.dtype)
+    prod = torch.where(mask != 0, values * mask, torch.zeros_like(values))
     return prod.sum() if dim is None else prod.sum(dim=dim)
 
 
