@@ -1,0 +1,325 @@
+"""Rule-based rewards used by the built-in workflows.
+
+Each reward function is ``fn(response, truth, *, prompt=None, **options) -> dict[str, float]``:
+a plain function of the model's text and the task's ground truth returning named scores
+(the workflow sums them into the experience's reward and logs each one). Names follow
+Trinity-RFT's ``default_reward_fn_type`` values and are looked up through ``REWARD_FNS``.
+
+Answers are compared as numbers when both sides parse as numbers (``1,000`` = ``1000.0`` =
+``\\frac{2000}{2}``), otherwise as normalised strings (spaces, ``$``, ``\\text{}``,
+``\\left``/``\\right``, ``dfrac`` and a trailing period removed). No symbolic algebra: ``x+1``
+and ``1+x`` are different answers.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import operator
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ops.registry import parts, register
+
+RewardFn = Callable[..., dict[str, float]]
+
+# Name -> reward function (the registry's "reward_fn" map; add one with
+# ``@register("reward_fn", name)``).
+REWARD_FNS: dict[str, RewardFn] = parts("reward_fn")
+
+# The data arguments every reward function accepts (the rest are options).
+REWARD_DATA: tuple[str, ...] = ("response", "truth", "prompt")
+
+THINK_ANSWER_PATTERN = r".*?<think>.*?</think>\s*<answer>.*?</answer>\s*$"
+STRICT_FORMAT_PATTERN = r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$"
+
+# ------------------------------------------------------------------- extraction
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_GSM8K = re.compile(r"####\s*([-+]?\$?\s*[\d.,]*\d)")
+_NUMBER = re.compile(r"[-+]?(?:\d(?:[\d,]*\d)?(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+(?:\.\d+)?)?")
+
+
+def extract_answer_tag(text: str) -> str | None:
+    """Content of the last ``<answer>...</answer>``, stripped; ``None`` if there is none."""
+    found = _ANSWER_TAG.findall(text)
+    return found[-1].strip() if found else None
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The number after GSM8K's final ``#### `` marker (commas and ``$`` removed)."""
+    found = _GSM8K.findall(text)
+    if not found:
+        return None
+    return found[-1].replace(",", "").replace("$", "").replace(" ", "")
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, ``\\boxed 5``), braces balanced."""
+    starts = [m.start() for m in re.finditer(r"\\(?:boxed|fbox)", text)]
+    if not starts:
+        return None
+    start = starts[-1]
+    i = start + (6 if text.startswith("\\boxed", start) else 5)
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i >= len(text):
+        return None
+    if text[i] != "{":  # "\boxed 5": up to the next space or '$'
+        m = re.match(r"[^\s$]+", text[i:])
+        return m.group(0) if m else None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j].strip()
+    return None  # unbalanced braces: no answer
+
+
+def extract_last_number(text: str) -> str | None:
+    """The last number (integer, decimal, ``a/b``) in ``text``."""
+    found = _NUMBER.findall(text)
+    return found[-1].strip() if found else None
+
+
+def extract_math_answer(text: str) -> str | None:
+    """The model's final answer: inside the last ``<answer>`` tag if any (else the whole text),
+    the last ``\\boxed{}``, else a GSM8K ``#### n``, else the tag's content, else the last
+    number.
+    """
+    tag = extract_answer_tag(text)
+    region = text if tag is None else tag
+    for extract in (extract_boxed_answer, extract_gsm8k_answer):
+        found = extract(region)
+        if found is not None:
+            return found
+    if tag is not None and tag:
+        return tag
+    return extract_last_number(region)
+
+
+def extract_ground_truth(truth: str) -> str:
+    """A dataset's answer field: GSM8K's ``... #### 72`` -> ``72``; ``\\boxed{x}`` -> ``x``."""
+    for extract in (extract_gsm8k_answer, extract_boxed_answer):
+        found = extract(truth)
+        if found is not None:
+            return found
+    return truth.strip()
+
+
+# ------------------------------------------------------------------- comparison
+
+_TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_FRAC = re.compile(r"^\\frac\{([^{}]+)\}\{([^{}]+)\}$")
+
+
+def normalize_answer(answer: str) -> str:
+    """Canonical string form of an answer (see module docstring)."""
+    s = answer.strip()
+    s = _TEXT_WRAPPERS.sub(r"\1", s)
+    for old, new in (
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\;", ""),
+        ("\\ ", ""),
+        ("\\$", ""),
+        ("$", ""),
+        ("\\%", "%"),
+        ("^\\circ", ""),
+        ("^{\\circ}", ""),
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+    ):
+        s = s.replace(old, new)
+    s = re.sub(r"\s+", "", s)
+    s = re.sub(r"^[a-zA-Z]\s*=", "", s)  # "x=5" -> "5"
+    s = s.rstrip(".")
+    return s.lower()
+
+
+def parse_number(answer: str) -> float | None:
+    """``answer`` as a float (``1,000``, ``-3.5``, ``50%``, ``3/4``, ``\\frac{3}{4}``), else None."""
+    s = normalize_answer(answer)
+    percent = s.endswith("%")
+    s = s.rstrip("%")
+    if re.fullmatch(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    frac = _FRAC.match(s)
+    if frac:
+        s = f"{frac.group(1)}/{frac.group(2)}"
+    try:
+        if "/" in s:
+            num, den = s.split("/", 1)
+            value = float(num) / float(den)
+        else:
+            value = float(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+    if not math.isfinite(value):
+        return None
+    return value / 100.0 if percent else value
+
+
+def answers_match(prediction: str | None, truth: str | None, rel_tol: float = 1e-6) -> bool:
+    """True when both parse as numbers within ``rel_tol`` (or 1e-9 absolute), or normalise to
+    the same string."""
+    if prediction is None or truth is None:
+        return False
+    a, b = parse_number(prediction), parse_number(truth)
+    if a is not None and b is not None:
+        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-9)
+    return normalize_answer(prediction) == normalize_answer(truth) != ""
+
+
+def has_think_pattern(text: str) -> bool:
+    """Exactly one ``<think>`` and one ``</think>``, in that order."""
+    if text.count("<think>") != 1 or text.count("</think>") != 1:
+        return False
+    return text.index("<think>") < text.index("</think>")
+
+
+# ------------------------------------------------------------------- rewards
+
+
+@register("reward_fn", "format_reward")
+def format_reward(
+    response: str,
+    truth: Any = None,
+    *,
+    prompt: str | None = None,
+    pattern: str = STRICT_FORMAT_PATTERN,
+) -> dict[str, float]:
+    """``format_score`` 0.1 if ``response`` matches the regex ``pattern``, else -0.1.
+
+    The default is open-r1's strict layout: ``<think>``, reasoning, ``</think>``, ``<answer>``,
+    answer, ``</answer>``, each on its own line.
+    """
+    ok = re.match(pattern, response, re.DOTALL | re.MULTILINE) is not None
+    return {"format_score": 0.1 if ok else -0.1}
+
+
+@register("reward_fn", "accuracy_reward")
+def accuracy_reward(
+    response: str, truth: Any = None, *, prompt: str | None = None
+) -> dict[str, float]:
+    """``accuracy`` 1.0 if the final answer (``extract_math_answer``) matches the truth."""
+    if truth is None:
+        return {"accuracy": 0.0}
+    ok = answers_match(extract_math_answer(response), extract_ground_truth(str(truth)))
+    return {"accuracy": 1.0 if ok else 0.0}
+
+
+@register("reward_fn", "math_reward")
+def math_reward(
+    response: str,
+    truth: Any = None,
+    *,
+    prompt: str | None = None,
+    pattern: str = THINK_ANSWER_PATTERN,
+) -> dict[str, float]:
+    """GSM8K-style math reward (Trinity-RFT's ``math_workflow`` default).
+
+    ``accuracy``: 1.0 if the final answer equals the truth (GSM8K ``#### n``, ``\\boxed{}`` or
+    plain). ``format_score``: +0.1 if the response is ``<think>..</think> <answer>..</answer>``,
+    else -0.1.
+    """
+    scores = accuracy_reward(response, truth)
+    scores.update(format_reward(response, pattern=pattern))
+    return scores
+
+
+@register("reward_fn", "math_boxed_reward")
+def math_boxed_reward(
+    response: str,
+    truth: Any = None,
+    *,
+    prompt: str | None = None,
+    with_think: bool = False,
+    format_score_coef: float = 0.1,
+) -> dict[str, float]:
+    """Math reward for ``\\boxed{}`` answers (MATH-style prompts).
+
+    ``accuracy``: 1.0 if the last ``\\boxed{}`` in the response matches the truth (whose own
+    ``\\boxed{}`` is unwrapped if present). ``format_score``: ``-format_score_coef`` when
+    ``with_think`` and the response lacks one ``<think>...</think>``, else 0.
+    """
+    predicted = extract_boxed_answer(response)
+    ok = truth is not None and answers_match(predicted, extract_ground_truth(str(truth)))
+    format_score = 0.0
+    if with_think and not has_think_pattern(response):
+        format_score = -format_score_coef
+    return {"accuracy": 1.0 if ok else 0.0, "format_score": format_score}
+
+
+# ------------------------------------------------------------------- countdown
+
+_BINARY_OPS: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+
+
+def _eval_arithmetic(node: ast.AST) -> float:
+    """Evaluate +, -, *, / over number literals; anything else raises ``ValueError``."""
+    if isinstance(node, ast.Expression):
+        return _eval_arithmetic(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return float(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _eval_arithmetic(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
+        return _BINARY_OPS[type(node.op)](_eval_arithmetic(node.left), _eval_arithmetic(node.right))
+    raise ValueError(f"not plain arithmetic: {ast.dump(node)}")
+
+
+def evaluate_equation(equation: str) -> float | None:
+    """Value of an arithmetic expression (digits, ``+ - * /``, parentheses), else None.
+
+    Parsed with ``ast`` and walked by hand: no ``eval`` of model output.
+    """
+    if not re.fullmatch(r"[\d+\-*/().\s]+", equation):
+        return None
+    try:
+        return _eval_arithmetic(ast.parse(equation, mode="eval"))
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+@register("reward_fn", "countdown_reward")
+def countdown_reward(
+    response: str,
+    truth: Any = None,
+    *,
+    prompt: str | None = None,
+    format_score: float = 0.1,
+) -> dict[str, float]:
+    """Countdown (TinyZero): combine ``numbers`` with + - * / to reach ``target``.
+
+    ``truth`` is ``{"target": int, "numbers": [int, ...]}`` (or that as JSON). ``score``: 1.0
+    for a correct equation in the last ``<answer>`` tag using each number exactly once,
+    ``format_score`` for an answer that is wrong or uses other numbers, 0 with no answer.
+    """
+    if truth is None:
+        return {"score": 0.0}
+    spec = json.loads(truth) if isinstance(truth, str) else truth
+    target, numbers = spec["target"], spec["numbers"]
+    equation = extract_answer_tag(response)
+    if equation is None:
+        return {"score": 0.0}
+    used = sorted(int(n) for n in re.findall(r"\d+", equation))
+    if used != sorted(int(n) for n in numbers):
+        return {"score": format_score}
+    value = evaluate_equation(equation)
+    if value is None or abs(value - float(target)) >= 1e-5:
+        return {"score": format_score}
+    return {"score": 1.0}

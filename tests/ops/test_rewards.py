@@ -1,0 +1,137 @@
+"""Rule-based rewards: answer extraction, numeric equivalence, format and countdown scores."""
+
+import json
+
+import pytest
+
+from ops.rewards import (
+    REWARD_FNS,
+    accuracy_reward,
+    answers_match,
+    countdown_reward,
+    evaluate_equation,
+    extract_boxed_answer,
+    extract_ground_truth,
+    extract_gsm8k_answer,
+    extract_math_answer,
+    format_reward,
+    math_boxed_reward,
+    math_reward,
+    parse_number,
+)
+
+GSM8K_TRUTH = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 1,072"
+
+
+def test_reward_names_used_by_configs():
+    for name in ("math_reward", "math_boxed_reward", "countdown_reward", "format_reward"):
+        assert name in REWARD_FNS
+
+
+def test_gsm8k_and_boxed_extraction():
+    assert extract_gsm8k_answer(GSM8K_TRUTH) == "1072"
+    assert extract_gsm8k_answer("#### -3.5") == "-3.5"
+    assert extract_gsm8k_answer("#### $1,000") == "1000"
+    assert extract_gsm8k_answer("no marker 5") is None
+    assert extract_boxed_answer(r"so \boxed{\frac{1}{2}} and then \boxed{3}") == "3"
+    assert extract_boxed_answer(r"\boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert extract_boxed_answer(r"\fbox{7}") == "7"
+    assert extract_boxed_answer(r"$\boxed 42$") == "42"
+    assert extract_boxed_answer(r"\boxed{unbalanced") is None
+    assert extract_boxed_answer("nothing") is None
+    assert extract_ground_truth(GSM8K_TRUTH) == "1072"
+    assert extract_ground_truth(r"The answer is \boxed{12}") == "12"
+    assert extract_ground_truth(" 12 ") == "12"
+
+
+def test_final_answer_extraction_order():
+    assert extract_math_answer("<think>2+2=4, maybe 5</think><answer>4</answer>") == "4"
+    assert extract_math_answer(r"<answer>so \boxed{9}</answer>") == "9"
+    assert extract_math_answer("blah 3 then 17.") == "17"
+    assert extract_math_answer("total is 1,234 apples") == "1,234"
+    assert extract_math_answer("<answer>x+1</answer>") == "x+1"
+    assert extract_math_answer("no numbers") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1,000", 1000.0),
+        ("-3.5", -3.5),
+        ("$12", 12.0),
+        ("50%", 0.5),
+        ("3/4", 0.75),
+        (r"\frac{3}{4}", 0.75),
+        (r"\dfrac{1}{8}", 0.125),
+        ("x = 5", 5.0),
+        (r"10\text{ dollars}", None),
+        ("7.", 7.0),
+        ("1/0", None),
+        ("abc", None),
+    ],
+)
+def test_parse_number(text, value):
+    assert parse_number(text) == (pytest.approx(value) if value is not None else None)
+
+
+def test_answers_match_numeric_and_string():
+    assert answers_match("18", "18.0")
+    assert answers_match("1,072", "1072")
+    assert answers_match(r"\frac{1}{2}", "0.5")
+    assert answers_match("0.3333333", "1/3", rel_tol=1e-6)
+    assert not answers_match("18", "19")
+    assert answers_match(r"\text{(B)}", "(b)")
+    assert not answers_match("x+1", "1+x")  # no symbolic algebra
+    assert not answers_match(None, "1")
+    assert not answers_match("", "")
+
+
+def test_math_reward_gsm8k():
+    good = "<think>48/2 = 24, 48 + 24 = 72</think>\n<answer>72</answer>"
+    assert math_reward(good, "... #### 72") == {"accuracy": 1.0, "format_score": 0.1}
+    assert math_reward("The answer is 72", "#### 72") == {"accuracy": 1.0, "format_score": -0.1}
+    assert math_reward("<think>x</think><answer>71</answer>", "#### 72") == {
+        "accuracy": 0.0,
+        "format_score": 0.1,
+    }
+    assert math_reward("anything", None)["accuracy"] == 0.0
+    assert accuracy_reward(r"thus \boxed{1,072}", GSM8K_TRUTH) == {"accuracy": 1.0}
+
+
+def test_math_boxed_reward():
+    assert math_boxed_reward(r"so \boxed{\frac{1}{2}}", r"\boxed{0.5}") == {
+        "accuracy": 1.0,
+        "format_score": 0.0,
+    }
+    assert math_boxed_reward("0.5 without a box", "0.5")["accuracy"] == 0.0
+    no_think = math_boxed_reward(r"\boxed{2}", "2", with_think=True, format_score_coef=0.2)
+    assert no_think == {"accuracy": 1.0, "format_score": -0.2}
+    with_think = math_boxed_reward(r"<think>a</think> \boxed{2}", "2", with_think=True)
+    assert with_think["format_score"] == 0.0
+
+
+def test_format_reward():
+    assert format_reward("<think>\nok\n</think>\n<answer>\n1\n</answer>") == {"format_score": 0.1}
+    assert format_reward("<think>ok</think><answer>1</answer>") == {"format_score": -0.1}
+    assert format_reward("ANSWER: 1", pattern=r"^ANSWER: \d+$") == {"format_score": 0.1}
+
+
+def test_countdown_reward():
+    truth = {"target": 24, "numbers": [4, 6, 1]}
+    assert countdown_reward("<answer>4 * 6 * 1</answer>", truth) == {"score": 1.0}
+    assert countdown_reward("<answer>(6 - 1) * 4</answer>", json.dumps(truth)) == {"score": 0.1}
+    assert countdown_reward("<answer>4 * 6</answer>", truth) == {"score": 0.1}  # 1 unused
+    assert countdown_reward("<answer>4 * 6 * 1 * 1</answer>", truth) == {"score": 0.1}
+    assert countdown_reward("4 * 6 * 1", truth) == {"score": 0.0}  # no answer tag
+    assert countdown_reward("<answer>4 / (1 - 1) * 6</answer>", truth) == {"score": 0.1}
+    # no digits: not the given numbers, so only the format score (and nothing is executed)
+    assert countdown_reward("<answer>__import__('os')</answer>", truth) == {"score": 0.1}
+
+
+def test_evaluate_equation_is_safe_arithmetic():
+    assert evaluate_equation("(1 + 2) * 3 - 4 / 2") == pytest.approx(7.0)
+    assert evaluate_equation("-3 + 5") == 2.0
+    assert evaluate_equation("2 ** 10") is None  # power is not a countdown operation
+    assert evaluate_equation("1 / 0") is None
+    assert evaluate_equation("open('x')") is None
+    assert evaluate_equation("((1)") is None
