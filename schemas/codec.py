@@ -126,6 +126,8 @@ def _pack_numpy(a: np.ndarray) -> bytes:
         a = a.astype(le)
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
+    if dt.kind == "b" and a.size and a.view(np.uint8).max() > 1:
+        a = a.view(np.uint8) != 0  # bools built from raw bytes: send them as true bools
     # One copy: the header and the array's own buffer are joined straight into the ext data.
     return b"".join((_header(prefix, a.shape), a.data))
 
@@ -137,11 +139,14 @@ def _pack_torch(t: Any) -> bytes:
     prefix = _torch_prefix.get(t.dtype)
     if prefix is None:
         raise CodecError(f"tensor: unsupported torch dtype {t.dtype}")
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.resolve_conj().resolve_neg().contiguous()
-    raw = t.reshape(-1).view(torch.uint8).numpy()
+    try:
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.resolve_conj().resolve_neg().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy()
+    except (RuntimeError, NotImplementedError, TypeError) as e:  # e.g. a meta tensor
+        raise CodecError(f"tensor: cannot read the data of a {t.device} tensor: {e}") from None
     if _BIG_ENDIAN_HOST:  # pragma: no cover - no big-endian machines here
         raise CodecError("tensor: big-endian hosts are not supported")
     return b"".join((_header(prefix, tuple(t.shape)), raw))
@@ -176,6 +181,13 @@ def _parse_header(data: bytes) -> tuple[bytes, tuple[int, ...], int, int]:
     return wire, shape, count, offset
 
 
+def _check_bool_bytes(data: bytes, offset: int) -> None:
+    """A bool byte other than 0/1 is not a bool: numpy and torch would carry it silently and
+    give odd sums and comparisons. One vectorized pass over the (small) mask."""
+    if np.frombuffer(data, np.uint8, offset=offset).max() > 1:
+        raise CodecError("array: bool array holds bytes other than 0 and 1")
+
+
 def _unpack_numpy(data: bytes) -> np.ndarray:
     wire, shape, count, offset = _parse_header(data)
     dt = _NP_BY_WIRE.get(wire)
@@ -188,6 +200,8 @@ def _unpack_numpy(data: bytes) -> np.ndarray:
         )
     if count == 0:
         return np.empty(shape, dt)
+    if dt.kind == "b":
+        _check_bool_bytes(data, offset)
     # Zero-copy: a read-only view of the message bytes.
     a = np.frombuffer(data, dt, count, offset)
     return a if len(shape) == 1 else a.reshape(shape)
@@ -208,6 +222,8 @@ def _unpack_torch(data: bytes) -> Any:
         )
     if count == 0:
         return torch.empty(shape, dtype=dt)
+    if itemsize == 1 and wire == b"bool":
+        _check_bool_bytes(data, offset)
     # torch has no read-only tensors: copy into a bytearray so the tensor may be written.
     buf = bytearray(memoryview(data)[offset:])
     return torch.frombuffer(buf, dtype=dt).reshape(shape)
@@ -268,7 +284,12 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 
 def _short(v: Any) -> str:
-    r = repr(v)
+    """A bounded repr: a hostile 60 MB string or list must not become a 60 MB error message."""
+    if isinstance(v, str | bytes | bytearray):
+        return repr(v[:48]) + ("..." if len(v) > 48 else "")
+    if isinstance(v, list | tuple | dict):
+        return f"of length {len(v)}"
+    r = repr(v)  # scalars, Timestamp, arrays (numpy and torch summarize large ones)
     return r if len(r) <= 60 else r[:57] + "..."
 
 
@@ -604,8 +625,9 @@ def _build(cls: type, payload: Any, where: str, validate: bool = True) -> Any:
             found += 1
             args.append(check(v, where, name))
     if found != len(payload):
-        unknown = sorted(repr(k) for k in payload if k not in spec.names)
-        raise CodecError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        unknown = [_short(k) for k in payload if k not in spec.names]
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise CodecError(f"{where}: unknown field(s) {', '.join(unknown[:5])}{more}")
     obj = cls(*args)
     if validate:
         try:
@@ -671,11 +693,8 @@ def decode(data: bytes, expect: type | None = None, *, max_bytes: int = 64 << 20
             f"message: not a valid msgpack message ({type(e).__name__}: {e})"
         ) from None
     if type(env) is not dict or set(env) != {"schema", "version", "payload"}:
-        keys = sorted(map(str, env)) if type(env) is dict else None
-        raise CodecError(
-            "message: expected a map with keys schema, version, payload; got "
-            + (f"keys {keys}" if keys is not None else _describe(env))
-        )
+        got = f"keys {[_short(k) for k in list(env)[:5]]}" if type(env) is dict else _describe(env)
+        raise CodecError(f"message: expected a map with keys schema, version, payload; got {got}")
     name, version = env["schema"], env["version"]
     spec = _SPEC_BY_NAME.get(name) if isinstance(name, str) else None
     if spec is None:

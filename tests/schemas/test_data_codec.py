@@ -38,8 +38,12 @@ from schemas.data import (
     Task,
 )
 
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Budgets sized for two slow cores: generating whole experiences is the expensive part, so
+# the heavy fuzzing mutates a fixed corpus and only a few generated messages are mutated.
+_HC = [HealthCheck.too_slow, HealthCheck.data_too_large]
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=_HC)
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=_HC)
+FEW = settings(max_examples=15, deadline=None, suppress_health_check=_HC)
 
 # ------------------------------------------------------------------------------------------
 # Deep comparison (the dataclasses use identity equality because of the arrays)
@@ -124,6 +128,8 @@ def np_arrays(draw: Any, dtypes: list[str] = NP_DTYPES, shape: Any = None) -> np
         shape = tuple(draw(st.lists(st.integers(0, 4), max_size=4)))
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     raw = draw(st.binary(min_size=n, max_size=n))
+    if dt.kind == "b":  # only 0/1 bytes are bools (others are normalized on encode)
+        raw = bytes(b & 1 for b in raw)
     a = np.frombuffer(raw, dt).reshape(shape)
     if draw(st.booleans()) and dt.itemsize > 1:
         a = a.astype(dt.newbyteorder(">"))  # big-endian input must come back little-endian
@@ -366,10 +372,48 @@ def test_random_bytes_with_valid_prefix(tail: bytes) -> None:
     decodes_or_codec_error(b"\x83" + head + tail)
 
 
-@FUZZ
-@given(any_message, st.data())
-def test_mutated_messages(obj: Any, data: st.DataObject) -> None:
-    raw = bytearray(encode(obj))
+def rich_experience() -> Experience:
+    """Every optional field set: DPO pair, messages, unicode text, bf16 torch teacher."""
+    return Experience(
+        id="g/ü",
+        task_id="t",
+        group_id="g",
+        run_id="r",
+        tokens=np.arange(7, dtype=np.int32),
+        prompt_length=4,
+        logprobs=np.full(3, -1.0, np.float32),
+        action_mask=np.array([True, False, True]),
+        reward=0.5,
+        token_level_reward=np.zeros(3, np.float32),
+        advantages=np.ones(3, np.float32),
+        returns=np.ones(3, np.float64),
+        model_version=2,
+        prompt_truncated=True,
+        messages=[{"role": "user", "content": "2+2 ⇒ ?"}, {"role": "tool", "content": None}],
+        prompt_text="2+2",
+        response_text="4 🙂",
+        chosen=np.array([5, 6], np.int64),
+        rejected=np.array([7], np.int64),
+        teacher_logprobs=torch.tensor([-0.5, -1.0, -2.0], dtype=torch.bfloat16),
+        info={"parts": {"acc": 1.0, "fmt": [1, 2, None]}, "bytes": b"\x00"},
+        created_at=1.0,
+    )
+
+
+CORPUS = [
+    encode(small_group()),
+    encode(rich_experience()),
+    encode(Task(task_id="t/1", raw={"q": "1+1", "a": 2, "n": [{"x": 1.5}]}, workflow="math")),
+    encode(SyncEvent(kind="timeout", model_version=3, missing=["explorer"], info={"s": 1.0})),
+    encode(Metric(role="trainer", step=1, kind="train", values={"loss": 0.25}, taskset="x")),
+]
+
+
+def mutate(raw: bytes, data: st.DataObject) -> bytes:
+    """One random edit: bit flip, truncation, insertion or overwrite."""
+    if not raw:
+        return raw
+    raw = bytearray(raw)
     op = data.draw(st.sampled_from(["flip", "truncate", "insert", "overwrite"]))
     pos = data.draw(st.integers(0, len(raw) - 1))
     if op == "flip":
@@ -381,7 +425,42 @@ def test_mutated_messages(obj: Any, data: st.DataObject) -> None:
     else:
         chunk = data.draw(st.binary(min_size=1, max_size=8))
         raw[pos : pos + len(chunk)] = chunk
-    decodes_or_codec_error(bytes(raw))
+    return bytes(raw)
+
+
+def test_corpus_reencodes_byte_identical() -> None:
+    """Decoding then encoding gives the same bytes: the codec is deterministic."""
+    for raw in CORPUS:
+        assert encode(decode(raw)) == raw
+    back = decode(CORPUS[1], Experience)
+    assert same(rich_experience(), back) and back.response_length == 3
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=_HC)
+@given(st.sampled_from(CORPUS), st.data())
+def test_mutated_corpus(raw: bytes, data: st.DataObject) -> None:
+    for _ in range(data.draw(st.integers(1, 3))):
+        raw = mutate(raw, data)
+    decodes_or_codec_error(raw)
+
+
+@FEW
+@given(any_message, st.data())
+def test_mutated_generated_messages(obj: Any, data: st.DataObject) -> None:
+    decodes_or_codec_error(mutate(encode(obj), data))
+
+
+def test_error_messages_stay_short_for_huge_values() -> None:
+    env = msgpack.unpackb(CORPUS[0], raw=False, ext_hook=msgpack.ExtType)
+    env["payload"]["task_id"] = list(range(100_000))
+    with pytest.raises(CodecError) as e:
+        decode(msgpack.packb(env))
+    assert "ExperienceGroup.task_id: expected str, got list of length 100000" in str(e.value)
+    env = msgpack.unpackb(CORPUS[0], raw=False, ext_hook=msgpack.ExtType)
+    env["payload"].update({f"k{i}": i for i in range(10_000)})
+    with pytest.raises(CodecError, match="unknown field") as e:
+        decode(msgpack.packb(env))
+    assert len(str(e.value)) < 300
 
 
 def test_truncation_and_bit_flips_at_every_position() -> None:
@@ -452,8 +531,17 @@ def test_array_header_errors() -> None:
         decode(ext_message(header(b"qint8", (1,)) + b"\0", code=2))
     with pytest.raises(CodecError, match="truncated"):
         decode(ext_message(b"\x03<i4\x02" + b"\0" * 9))
+    with pytest.raises(CodecError, match="bytes other than 0 and 1"):
+        decode(ext_message(header(b"|b1", (2,)) + b"\x01\x02"))
+    with pytest.raises(CodecError, match="bytes other than 0 and 1"):
+        decode(ext_message(header(b"bool", (2,)) + b"\x00\x07", code=2))
     with pytest.raises(CodecError, match="unknown msgpack ext type 9"):
         decode(ext_message(b"", code=9))
+
+
+def test_bool_bytes_other_than_0_1_are_normalized_on_encode() -> None:
+    back = decode_array(encode_array(np.frombuffer(b"\x00\x02\x01", bool)))
+    assert back.view(np.uint8).tolist() == [0, 1, 1]
 
 
 def test_unsupported_array_dtypes_refused_on_encode() -> None:
