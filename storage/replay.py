@@ -51,7 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import lmdb
 import msgpack
@@ -198,9 +198,29 @@ class _Rec:
         "size",
     )
 
-    def __init__(self, *values: Any) -> None:
-        for name, v in zip(self.__slots__, values, strict=True):
-            setattr(self, name, v)
+    def __init__(
+        self,
+        order: int,
+        seq: int,
+        model_version: int,
+        use_count: int,
+        pending: int,
+        state: int,
+        priority: float,
+        last_used: float,
+        ready_at: float,
+        size: int,
+    ) -> None:
+        self.order = order
+        self.seq = seq
+        self.model_version = model_version
+        self.use_count = use_count
+        self.pending = pending
+        self.state = state
+        self.priority = priority
+        self.last_used = last_used
+        self.ready_at = ready_at
+        self.size = size
 
     @classmethod
     def unpack(cls, raw: bytes) -> _Rec:
@@ -230,6 +250,15 @@ class _Rec:
 # --------------------------------------------------------------------------------------------
 # results
 # --------------------------------------------------------------------------------------------
+
+
+class Taken(NamedTuple):
+    """One handed-out experience in its stored (codec) bytes, with its use count after this
+    take: what the buffer role can forward over the bus without decoding and re-encoding."""
+
+    id: str
+    use_count: int
+    data: bytes
 
 
 @dataclass
@@ -419,7 +448,13 @@ class ReplayStore:
             while True:
                 try:
                     with self.env.begin(write=True) as txn:
-                        return fn(txn)
+                        # counters touched many times per transaction are kept in memory
+                        # and written once, at the end of the transaction
+                        self._w_order: int | None = None
+                        self._w_vdelta: dict[int, int] = {}
+                        result = fn(txn)
+                        self._flush_counters(txn)
+                        return result
                 except lmdb.MapFullError:
                     self._grow()
                 except lmdb.MapResizedError:
@@ -434,11 +469,27 @@ class ReplayStore:
                 except lmdb.MapResizedError:
                     self.env.set_mapsize(0)
 
-    def _next_order(self, txn: lmdb.Transaction, n: int = 1) -> int:
-        meta = self._db["meta"]
-        (start,) = _U64.unpack(txn.get(b"next_order", db=meta))
-        txn.put(b"next_order", _U64.pack(start + n), db=meta)
-        return start
+    def _next_order(self, txn: lmdb.Transaction) -> int:
+        if self._w_order is None:
+            self._w_order = _U64.unpack(txn.get(b"next_order", db=self._db["meta"]))[0]
+        order = self._w_order
+        self._w_order += 1
+        return order
+
+    def _flush_counters(self, txn: lmdb.Transaction) -> None:
+        if self._w_order is not None:
+            txn.put(b"next_order", _U64.pack(self._w_order), db=self._db["meta"])
+        db = self._db["versions"]
+        for version, delta in self._w_vdelta.items():
+            if delta == 0:
+                continue
+            key = _vkey(version)
+            raw = txn.get(key, db=db)
+            n = (_U64.unpack(raw)[0] if raw else 0) + delta
+            if n > 0:
+                txn.put(key, _U64.pack(n), db=db)
+            elif raw is not None:
+                txn.delete(key, db=db)
 
     def _priority(self, rec: _Rec, exp_id: str) -> float:
         if self.mode == "fifo":
@@ -446,14 +497,8 @@ class ReplayStore:
         return self.priority_fn.priority(rec.model_version, rec.use_count, exp_id)
 
     def _bump_version(self, txn: lmdb.Transaction, version: int, delta: int) -> None:
-        db = self._db["versions"]
-        key = _vkey(version)
-        raw = txn.get(key, db=db)
-        n = (_U64.unpack(raw)[0] if raw else 0) + delta
-        if n > 0:
-            txn.put(key, _U64.pack(n), db=db)
-        elif raw is not None:
-            txn.delete(key, db=db)
+        """Count ready experiences per model version (applied at the end of the write)."""
+        self._w_vdelta[version] = self._w_vdelta.get(version, 0) + delta
 
     def _retire(self, txn: lmdb.Transaction, exp_id: bytes, rec: _Rec, state: State) -> None:
         """Move an experience out of circulation; drop its payload unless a batch holds it."""
@@ -559,8 +604,8 @@ class ReplayStore:
 
     def _select(
         self, txn: lmdb.Transaction, n: int, min_model_version: int | None, now: float, batch: bool
-    ) -> list[tuple[bytes, int, bytes]]:
-        """Pick up to ``n`` experiences, update their records, return (id, use count, bytes)."""
+    ) -> list[Taken]:
+        """Pick up to ``n`` experiences, update their records, return them as stored."""
         if self.mode == "priority" and self.reuse_cooldown_time is not None:
             self._promote_due(txn, now)
         ready, index, payload = self._db["ready"], self._db["index"], self._db["payload"]
@@ -602,15 +647,16 @@ class ReplayStore:
                 txn.put(exp_id, rec.pack(), db=index)
             else:
                 self._retire(txn, exp_id, rec, State.CONSUMED)
-            out.append((exp_id, rec.use_count, data))
+            out.append(Taken(exp_id.decode(), rec.use_count, data))
         return out
 
     @staticmethod
-    def _decode(items: Sequence[tuple[Any, int, bytes]]) -> list[Experience]:
+    def decode_taken(items: Sequence[Taken]) -> list[Experience]:
+        """Decode taken experiences, recording ``info["use_count"]`` as Trinity-RFT does."""
         exps = []
-        for _, use_count, data in items:
-            e = decode(data, expect=Experience)
-            e.info["use_count"] = use_count
+        for item in items:
+            e = decode(item.data, expect=Experience)
+            e.info["use_count"] = item.use_count
             exps.append(e)
         return exps
 
@@ -621,7 +667,7 @@ class ReplayStore:
         use, in one transaction. Not repeatable: use :meth:`take_batch` for exact resume."""
         t = time.time() if now is None else now
         items = self._write(lambda txn: self._select(txn, n, min_model_version, t, batch=False))
-        return self._decode(items)
+        return self.decode_taken(items)
 
     def take_batch(
         self,
@@ -636,11 +682,23 @@ class ReplayStore:
         time. Selection, use counts and the batch record commit together, so a trainer that
         crashed after taking batch k and before training it gets exactly batch k again. An
         empty selection is not recorded (ask again when more experience arrived)."""
+        taken = self.take_batch_encoded(batch_key, n, min_model_version=min_model_version, now=now)
+        return self.decode_taken(taken)
+
+    def take_batch_encoded(
+        self,
+        batch_key: str,
+        n: int,
+        *,
+        min_model_version: int | None = None,
+        now: float | None = None,
+    ) -> list[Taken]:
+        """:meth:`take_batch` without decoding: the stored codec bytes of each experience."""
         key = _key(batch_key, "batch_key")
         t = time.time() if now is None else now
         batches = self._db["batches"]
 
-        def fn(txn: lmdb.Transaction) -> list[tuple[bytes, int, bytes]]:
+        def fn(txn: lmdb.Transaction) -> list[Taken]:
             raw = txn.get(key, db=batches)
             if raw is not None:
                 rec = msgpack.unpackb(raw)
@@ -653,20 +711,20 @@ class ReplayStore:
                         raise ReplayError(
                             f"batch {batch_key!r}: experience {eid!r} lost its payload"
                         )
-                    out.append((eid, uc, data))
+                    out.append(Taken(eid, uc, data))
                 return out
             items = self._select(txn, n, min_model_version, t, batch=True)
             if items:
                 record = {
-                    "ids": [i.decode() for i, _, _ in items],
-                    "use_counts": [uc for _, uc, _ in items],
+                    "ids": [i.id for i in items],
+                    "use_counts": [i.use_count for i in items],
                     "committed": False,
                     "created_at": t,
                 }
                 txn.put(key, msgpack.packb(record), db=batches)
             return items
 
-        return self._decode(self._write(fn))
+        return self._write(fn)
 
     def commit_batch(self, batch_key: str) -> None:
         """Mark batch ``batch_key`` as trained for good (call it once the training that used it
