@@ -22,6 +22,7 @@ from ops.advantages import (
     rloo_advantage,
 )
 from ops.registry import get, names
+from tests.ops.helpers import assert_close
 
 # Five sequences of length 3: task "a" has three rollouts, "b" one (a group of one), "c" one.
 REWARDS = [1.0, 0.0, 0.5, 2.0, -1.0]
@@ -44,7 +45,7 @@ def _broadcast(scores):
 def _assert_tokens(result: AdvantageResult, expected, atol=1e-9):
     assert isinstance(result, AdvantageResult)
     got = result.advantages.double()
-    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
+    assert_close(got, torch.tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
     assert torch.isfinite(result.returns).all()
 
 
@@ -206,7 +207,7 @@ def test_gae_matches_reference_with_gaps_and_padding():
         [(a + v) * m for a, v, m in zip(ar, vr, mr, strict=True)]
         for ar, vr, mr in zip(raw, values, mask, strict=True)
     ]
-    torch.testing.assert_close(result.returns, torch.tensor(returns, dtype=torch.float64))
+    assert_close(result.returns, torch.tensor(returns, dtype=torch.float64))
     # hand check, row 1 (gamma = lam = 1 would be reward-to-go minus value): last token
     assert raw[1][2] == pytest.approx(2.0 - 0.5)
 
@@ -257,7 +258,7 @@ def test_reinforceplusplus_discounted_then_whitened():
         gamma=gamma,
     )
     _assert_tokens(result, expected)
-    torch.testing.assert_close(result.returns, torch.tensor(returns, dtype=torch.float64))
+    assert_close(result.returns, torch.tensor(returns, dtype=torch.float64))
 
 
 def test_remax_subtracts_greedy_baseline():

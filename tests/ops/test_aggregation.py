@@ -13,6 +13,7 @@ from ops.aggregation import (
     masked_whiten,
 )
 from ops.logits import entropy_from_logits, logprobs_from_logits
+from tests.ops.helpers import assert_close
 
 VALUES = [[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0], [5.0, 6.0, 7.0, 8.0]]
 MASK = [[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]]  # padding, a one-token row, an empty row
@@ -81,7 +82,7 @@ def test_masked_var_and_whiten():
     w = masked_whiten(v, m)
     expected = [[(1 - mean) / math.sqrt(var + 1e-8), (2 - mean) / math.sqrt(var + 1e-8)],
                 [(4 - mean) / math.sqrt(var + 1e-8), 0.0]]  # fmt: skip
-    torch.testing.assert_close(w, torch.tensor(expected, dtype=torch.float64))
+    assert_close(w, torch.tensor(expected, dtype=torch.float64))
 
 
 def test_whiten_degenerate_cases_are_zero():
@@ -107,7 +108,7 @@ def test_logprobs_and_entropy_from_logits():
     assert entropy_from_logits(logits)[0, 1].item() == pytest.approx(math.log(3))
     # temperature divides the logits before the softmax
     hot = logprobs_from_logits(logits, ids, temperature=2.0)
-    torch.testing.assert_close(hot, logprobs_from_logits(logits / 2, ids))
+    assert_close(hot, logprobs_from_logits(logits / 2, ids))
 
 
 def test_logits_helpers_upcast_half_precision():

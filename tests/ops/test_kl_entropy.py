@@ -8,6 +8,7 @@ import torch
 from ops.entropy import default_entropy_loss, mix_entropy_loss, no_entropy_loss
 from ops.kl import adaptive_kl_coef, kl_loss, kl_penalty
 from ops.registry import get, names
+from tests.ops.helpers import assert_close
 
 LP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]]
 REF = [[-1.5, -0.5, -0.1], [-0.2, -3.0, -40.0]]
@@ -41,7 +42,7 @@ def test_estimators_match_reference(name):
         [_per_token(name, a, b) for a, b in zip(ra, rb, strict=True)]
         for ra, rb in zip(LP, REF, strict=True)
     ]
-    torch.testing.assert_close(got, _t(expected))
+    assert_close(got, _t(expected))
 
 
 def test_low_var_kl_is_clamped_and_k3_is_not():
@@ -71,7 +72,7 @@ def test_kl_penalty_on_scalar_rewards():
     expected = [[-0.1 * k for k in row] for row in kl]
     expected[0][1] += 1.0  # reward on the last counted token
     expected[1][2] += 2.0
-    torch.testing.assert_close(token, _t(expected))
+    assert_close(token, _t(expected))
     per_seq = [sum(kl[0]) / 2, sum(kl[1]) / 3]
     assert metrics["kl"] == pytest.approx(sum(per_seq) / 2)
     assert metrics["kl_coef"] == 0.1 and metrics["next_kl_coef"] == 0.1
@@ -80,7 +81,7 @@ def test_kl_penalty_on_scalar_rewards():
 def test_kl_penalty_none_keeps_token_rewards():
     token_rewards = _t([[0.0, 1.0, 0.0], [0.0, 0.0, 0.5]])
     out, metrics = kl_penalty(token_rewards, _t(LP), _t(REF), torch.tensor(MASK), kl_fn="none")
-    torch.testing.assert_close(out, token_rewards)
+    assert_close(out, token_rewards)
     assert metrics == {}
 
 
