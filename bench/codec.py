@@ -54,14 +54,21 @@ def make_group(n_exp: int, n_tokens: int, prompt: int = 256) -> ExperienceGroup:
     )
 
 
-def best_of(fn: Callable[[], object], repeat: int, number: int) -> float:
-    """Best mean seconds per call over ``repeat`` rounds of ``number`` calls (least noisy)."""
-    best = float("inf")
+def best_of(fns: dict[str, Callable[[], object]], repeat: int, number: int) -> dict[str, float]:
+    """Best mean seconds per call of each function over ``repeat`` rounds of ``number`` calls.
+
+    The rounds are interleaved (a, b, c, a, b, c, ...) so that a busy machine slows every
+    candidate alike and the ratios stay meaningful; the minimum is the least-disturbed round.
+    Time is this process's CPU time (``process_time``): on a shared machine the wall clock
+    also counts the time other processes held the core; on an idle one the two agree.
+    """
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / number)
+        for name, fn in fns.items():
+            t0 = time.process_time()
+            for _ in range(number):
+                fn()
+            best[name] = min(best[name], (time.process_time() - t0) / number)
     return best
 
 
@@ -69,8 +76,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiences", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--number", type=int, default=300)
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--number", type=int, default=100)
     args = ap.parse_args()
 
     group = make_group(args.experiences, args.tokens)
@@ -99,19 +106,26 @@ def main() -> None:
             msgpack.packb([[getattr(e, a).tobytes() for a in ARRAYS] for e in group.experiences])
         )
 
-    r, k = args.repeat, args.number
-    t_codec = best_of(codec, r, k) / n
-    t_enc = best_of(codec_encode, r, k) / n
-    t_dec = best_of(codec_decode, r, k) / n
-    t_raw = best_of(raw, r, k) / n
-    t_raw_copy = best_of(raw_with_copy, r, k) / n
+    t = best_of(
+        {
+            "codec": codec,
+            "encode": codec_encode,
+            "decode": codec_decode,
+            "raw": raw,
+            "raw_copy": raw_with_copy,
+        },
+        args.repeat,
+        args.number,
+    )
+    t_codec, t_enc, t_dec = t["codec"] / n, t["encode"] / n, t["decode"] / n
+    t_raw, t_raw_copy = t["raw"] / n, t["raw_copy"] / n
 
     print(
         f"group: {n} experiences x {args.tokens} tokens, message {len(msg)} bytes "
         f"(raw arrays {len(raw_msg)} bytes, {len(msg) / len(raw_msg):.3f}x)"
     )
     print(
-        f"codec encode+decode : {t_codec * 1e6:8.2f} us/experience "
+        f"codec encode+decode (CPU time)      : {t_codec * 1e6:8.2f} us/experience "
         f"(encode {t_enc * 1e6:.2f}, decode {t_dec * 1e6:.2f})"
     )
     print(f"raw msgpack of the arrays' bytes      : {t_raw * 1e6:8.2f} us/experience")

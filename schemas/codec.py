@@ -612,6 +612,12 @@ def _build(cls: type, payload: Any, where: str, validate: bool = True) -> Any:
     spec = _SPECS[cls]
     if type(payload) is not dict:
         raise CodecError(f"{where}: expected a {cls.__name__} map, got {_describe(payload)}")
+    if tuple(payload) == spec.names:  # fast path: every field, in the order encode writes
+        args = [
+            check(v, where, name)
+            for (name, check, _), v in zip(spec.decode_fields, payload.values(), strict=True)
+        ]
+        return _construct(cls, args, validate)
     get = payload.get
     args = []
     found = 0
@@ -628,6 +634,10 @@ def _build(cls: type, payload: Any, where: str, validate: bool = True) -> Any:
         unknown = [_short(k) for k in payload if k not in spec.names]
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise CodecError(f"{where}: unknown field(s) {', '.join(unknown[:5])}{more}")
+    return _construct(cls, args, validate)
+
+
+def _construct(cls: type, args: list[Any], validate: bool) -> Any:
     obj = cls(*args)
     if validate:
         try:

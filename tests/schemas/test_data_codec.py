@@ -574,6 +574,15 @@ def test_unknown_version_and_schema() -> None:
         decode("text")  # type: ignore[arg-type]
 
 
+def test_hand_written_payload_fills_defaults_in_any_key_order() -> None:
+    tokens = msgpack.ExtType(EXT_NUMPY, header(b"<i4", (2,)) + b"\x01\0\0\0\x02\0\0\0")
+    payload = {"prompt_length": 1, "tokens": tokens, "run_id": "r", "group_id": "g"}
+    payload |= {"task_id": "t", "id": "e", "reward": 1}
+    exp = decode(msgpack.packb({"schema": "experience", "version": 1, "payload": payload}))
+    assert exp.tokens.tolist() == [1, 2] and exp.response_length == 1
+    assert exp.reward == 1.0 and exp.info == {} and exp.logprobs is None and exp.model_version == 0
+
+
 def test_wrong_expected_type() -> None:
     with pytest.raises(CodecError, match="expected a Metric, got a ExperienceGroup"):
         decode(encode(small_group()), Metric)
