@@ -118,7 +118,7 @@ def _token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
         return r
     if r.shape != (mask.shape[0],):
         raise ValueError(f"rewards must be (B,) or (B, T), got {tuple(rewards.shape)}")
-    positions = torch.arange(mask.shape[1], dtype=torch.float64)
+    positions = torch.arange(mask.shape[1], dtype=torch.float64, device=mask.device)
     last = torch.where(mask > 0, positions, torch.full_like(positions, -1.0)).amax(dim=-1)
     out = torch.zeros_like(mask)
     has = last >= 0
@@ -151,14 +151,19 @@ class _GroupStats:
 
 
 def _group_stats(r: Tensor, group_ids: GroupIds) -> _GroupStats:
-    idx = group_index(group_ids, r.shape[0])
+    idx = group_index(group_ids, r.shape[0]).to(r.device)
     n = int(idx.max()) + 1 if idx.numel() else 0
-    count = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, torch.ones_like(r))
-    total = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, r)
+    zeros = torch.zeros(n, dtype=torch.float64, device=r.device)
+    count = zeros.clone().index_add_(0, idx, torch.ones_like(r))
+    total = zeros.clone().index_add_(0, idx, r)
     mean = total / torch.where(count > 0, count, torch.ones_like(count))
-    sq = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, (r - mean[idx]) ** 2)
+    sq = zeros.clone().index_add_(0, idx, (r - mean[idx]) ** 2)
     std = torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq))
     return _GroupStats(idx, count[idx], mean[idx], std[idx], n)
+
+
+def _all_kept(mask: Tensor) -> Tensor:
+    return torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device)
 
 
 def _result(
@@ -171,7 +176,7 @@ def _result(
     """Broadcast per-sequence ``scores`` over the mask; returns equal advantages."""
     adv = (scores.unsqueeze(-1) * mask).to(dtype)
     if keep is None:
-        keep = torch.ones(mask.shape[0], dtype=torch.bool)
+        keep = _all_kept(mask)
     return AdvantageResult(adv, adv.clone(), keep, metrics)
 
 
@@ -210,8 +215,8 @@ def gae_advantage(
     r = _token_rewards(_require("rewards", rewards, "ppo"), mask)
     v = _require("values", values, "ppo").detach().to(torch.float64)
     batch, length = mask.shape
-    next_value = torch.zeros(batch, dtype=torch.float64)
-    last_gae = torch.zeros(batch, dtype=torch.float64)
+    next_value = torch.zeros(batch, dtype=torch.float64, device=mask.device)
+    last_gae = torch.zeros_like(next_value)
     adv = torch.zeros_like(mask)
     for t in reversed(range(length)):
         m = mask[:, t] > 0
@@ -225,7 +230,7 @@ def gae_advantage(
         adv = masked_whiten(adv, mask)
     dtype = _float_dtype(rewards, values)
     metrics = {"returns_mean": float(masked_mean(returns, mask))}
-    keep = torch.ones(batch, dtype=torch.bool)
+    keep = _all_kept(mask)
     return AdvantageResult(adv.to(dtype), returns.to(dtype), keep, metrics)
 
 
@@ -262,7 +267,7 @@ def grpo_advantage(
     r = _scalar_rewards(_require("rewards", rewards, "grpo"), mask.shape[0])
     stats = _group_stats(r, group_ids)
     if std_cal_level == "batch":
-        batch_std = r.std() if r.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+        batch_std = r.std() if r.numel() > 1 else r.new_zeros(())
         std = batch_std.expand_as(r)
     else:
         std = stats.std
@@ -336,10 +341,10 @@ def opmd_advantage(
         idx = stats.index
         n = stats.n_groups
         z = r / tau
-        gmax = torch.full((n,), -math.inf, dtype=torch.float64).scatter_reduce(
+        gmax = torch.full((n,), -math.inf, dtype=torch.float64, device=r.device).scatter_reduce(
             0, idx, z, reduce="amax"
         )
-        sums = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, (z - gmax[idx]).exp())
+        sums = torch.zeros_like(gmax).index_add_(0, idx, (z - gmax[idx]).exp())
         baseline = tau * (gmax[idx] + sums[idx].log() - stats.count.log())
     scores = torch.where(stats.count > 1, r - baseline, torch.zeros_like(r))
     metrics = _group_metrics(r, stats)
@@ -428,7 +433,7 @@ def reinforce_advantage(
 
 def _discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
     """``G_t = r_t + gamma G_{t+1}`` over counted tokens; masked tokens are transparent."""
-    running = torch.zeros(mask.shape[0], dtype=torch.float64)
+    running = torch.zeros(mask.shape[0], dtype=torch.float64, device=mask.device)
     out = torch.zeros_like(mask)
     for t in reversed(range(mask.shape[1])):
         m = mask[:, t] > 0
@@ -460,7 +465,7 @@ def reinforceplusplus_advantage(
     returns = _discounted_returns(r, mask, gamma)
     adv = masked_whiten(returns, mask)
     dtype = _float_dtype(rewards)
-    keep = torch.ones(mask.shape[0], dtype=torch.bool)
+    keep = _all_kept(mask)
     metrics = {"returns_mean": float(masked_mean(returns, mask))}
     return AdvantageResult(adv.to(dtype), returns.to(dtype), keep, metrics)
 
@@ -488,7 +493,7 @@ def remax_advantage(
     returns = _discounted_returns(r, mask, 1.0)
     adv = (returns - b.reshape(-1, 1)) * mask
     dtype = _float_dtype(rewards)
-    keep = torch.ones(mask.shape[0], dtype=torch.bool)
+    keep = _all_kept(mask)
     metrics = {"baseline_mean": float(b.mean()) if b.numel() else 0.0}
     return AdvantageResult(adv.to(dtype), returns.to(dtype), keep, metrics)
 
@@ -521,7 +526,7 @@ def on_policy_distill_advantage(
     adv = kl_coef * (teacher - student) * mask
     kl_seq = ((student - teacher) * mask).sum(dim=-1)
     dtype = _float_dtype(old_logprob, teacher_logprob)
-    keep = torch.ones(mask.shape[0], dtype=torch.bool)
+    keep = _all_kept(mask)
     metrics = {"kl_mean": float(kl_seq.mean()) if kl_seq.numel() else 0.0}
     return AdvantageResult(adv.to(dtype), adv.to(dtype).clone(), keep, metrics)
 
@@ -561,7 +566,7 @@ def jsd_advantage(
         jsd = beta * lt.exp() * (lt - log_m) + (1.0 - beta) * ls.exp() * (ls - log_m)
     adv = -kl_coef * jsd * mask
     dtype = _float_dtype(old_logprob, teacher_logprob)
-    keep = torch.ones(mask.shape[0], dtype=torch.bool)
+    keep = _all_kept(mask)
     jsd_seq = (jsd * mask).sum(dim=-1)
     metrics = {"jsd_mean": float(jsd_seq.mean()) if jsd_seq.numel() else 0.0}
     return AdvantageResult(adv.to(dtype), adv.to(dtype).clone(), keep, metrics)

@@ -220,3 +220,19 @@ def test_cli_prints_and_writes(tmp_path, capsys):
     target = tmp_path / "a.md"
     assert algorithms.main(["--write", str(target)]) == 0
     assert target.read_text(encoding="utf-8") == algorithms_markdown()
+
+
+def test_ops_imports_nothing_from_the_rest_of_the_project():
+    import ast
+
+    ops_dir = Path(algorithms.__file__).parent
+    for path in ops_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""]
+            else:
+                continue
+            for mod in mods:
+                assert mod.split(".")[0] not in ("schemas", "bus", "storage", "roles"), path
