@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -100,3 +101,31 @@ def test_kl_and_entropy_are_finite(batch):
             entropy, mask, expert_mask=batch["expert"], entropy_coef=0.01
         )
         assert torch.isfinite(term), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_every_part_runs_on_gpu_tensors():
+    dev = torch.device("cuda")
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], device=dev)
+    logprob = torch.full((4, 3), -1.0, device=dev, requires_grad=True)
+    old = torch.full((4, 3), -1.1, device=dev)
+    data = {
+        "action_mask": mask,
+        "rewards": torch.tensor([1.0, 0.0, 1.0, 2.0], device=dev),
+        "group_ids": torch.tensor([0, 0, 1, 2], device=dev),
+        "values": torch.zeros(4, 3, device=dev),
+        "old_logprob": old,
+        "teacher_logprob": old - 0.5,
+        "reward_baselines": torch.zeros(4, device=dev),
+    }
+    for name in names("advantage_fn"):
+        result = get("advantage_fn", name)(**data)
+        assert result.advantages.device.type == "cuda", name
+        assert result.keep.device.type == "cuda", name
+    adv = torch.ones(4, 3, device=dev)
+    extras = {"ref_logprob": old, "expert_mask": torch.tensor([0, 1, 0, 1], device=dev).bool()}
+    for name in names("policy_loss_fn"):
+        loss, _ = get("policy_loss_fn", name)(logprob, old, adv, mask, **extras)
+        loss.backward()
+        assert loss.device.type == "cuda" and torch.isfinite(logprob.grad).all(), name
