@@ -544,6 +544,16 @@ def test_bool_bytes_other_than_0_1_are_normalized_on_encode() -> None:
     assert back.view(np.uint8).tolist() == [0, 1, 1]
 
 
+def test_torch_grad_noncontiguous_and_meta_tensors() -> None:
+    t = torch.arange(6.0, requires_grad=True).reshape(2, 3).t()
+    back = decode_array(encode_array(t))
+    assert not back.requires_grad and back.is_contiguous() and torch.equal(back, t.detach())
+    with pytest.raises(CodecError, match="cannot read the data of a meta tensor"):
+        encode_array(torch.empty(3, device="meta"))
+    with pytest.raises(CodecError, match="only dense tensors"):
+        encode_array(torch.eye(2).to_sparse())
+
+
 def test_unsupported_array_dtypes_refused_on_encode() -> None:
     for bad in (np.array(["a"]), np.array([object()]), np.zeros(2, np.longdouble)):
         with pytest.raises(CodecError, match="unsupported numpy dtype"):
