@@ -41,8 +41,8 @@ from schemas.data import (
 # Budgets sized for two slow cores: generating whole experiences is the expensive part, so
 # the heavy fuzzing mutates a fixed corpus and only a few generated messages are mutated.
 _HC = [HealthCheck.too_slow, HealthCheck.data_too_large]
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=_HC)
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=_HC)
+FAST = settings(max_examples=30, deadline=None, suppress_health_check=_HC)
+FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=_HC)
 FEW = settings(max_examples=15, deadline=None, suppress_health_check=_HC)
 
 # ------------------------------------------------------------------------------------------
@@ -436,7 +436,7 @@ def test_corpus_reencodes_byte_identical() -> None:
     assert same(rich_experience(), back) and back.response_length == 3
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=_HC)
+@settings(max_examples=200, deadline=None, suppress_health_check=_HC)
 @given(st.sampled_from(CORPUS), st.data())
 def test_mutated_corpus(raw: bytes, data: st.DataObject) -> None:
     for _ in range(data.draw(st.integers(1, 3))):
