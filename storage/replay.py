@@ -361,9 +361,15 @@ class ReplayStore:
         if not readonly:
             self._write(self._init_meta)
         else:
-            fmt = self._read(lambda txn: txn.get(b"format", db=self._db["meta"]))
+            fmt, policy = self._read(
+                lambda txn: (
+                    txn.get(b"format", db=self._db["meta"]),
+                    txn.get(b"policy", db=self._db["meta"]),
+                )
+            )
             if fmt != FORMAT:
                 raise ReplayError(f"{self.path}: format {fmt!r}, this build reads {FORMAT!r}")
+            self._adopt_policy(policy or b"fifo")
 
     @classmethod
     def from_config(
@@ -408,6 +414,15 @@ class ReplayStore:
         if self.mode == "fifo":
             return b"fifo"
         return b"priority:" + self.priority_fn.signature()
+
+    def _adopt_policy(self, policy: bytes) -> None:
+        """A reader reports the writer's policy, whatever it was opened with."""
+        if policy == b"fifo":
+            self.mode = "fifo"
+            return
+        name, decay, limit, sigma, seed = msgpack.unpackb(policy[len(b"priority:") :])
+        self.mode = "priority"
+        self.priority_fn = PriorityFn(name, decay, limit, sigma, seed)
 
     def _init_meta(self, txn: lmdb.Transaction) -> None:
         meta = self._db["meta"]
@@ -830,7 +845,7 @@ class ReplayStore:
             if found:
                 for _, v in cur:
                     total += _U64.unpack(v)[0]
-            if self.mode == "priority" and self.reuse_cooldown_time is not None:
+            if txn.stat(self._db["cooling"])["entries"]:  # only a writer with cooldown fills it
                 limit = _fkey(t)
                 for key, exp_id in txn.cursor(db=self._db["cooling"]):
                     if key[:8] > limit:

@@ -274,7 +274,7 @@ READER = textwrap.dedent(
         print(type(e).__name__, flush=True)
     for _ in sys.stdin:  # one report per request, on the same open environment
         st = s.stats()
-        print(json.dumps([st.experiences, s.count_available(min_model_version=1), st.map_size]), flush=True)
+        print(json.dumps([st.experiences, s.count_available(min_model_version=1), st.map_size, st.mode]), flush=True)
     """
 )
 
@@ -283,7 +283,7 @@ def test_reader_in_another_process_while_the_map_grows(tmp_path: Path) -> None:
     path = str(tmp_path / "r")
     script = tmp_path / "reader.py"
     script.write_text(READER.format(root=str(ROOT), path=path))
-    with ReplayStore(path, map_size=1 << 20) as store:
+    with ReplayStore(path, map_size=1 << 20, mode="priority", reuse_cooldown_time=0.0) as store:
         store.put_groups([group("a", 0), group("b", 1)])
         reader = subprocess.Popen(
             [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -293,12 +293,14 @@ def test_reader_in_another_process_while_the_map_grows(tmp_path: Path) -> None:
             reader.stdin.write("report\n")
             reader.stdin.flush()
             assert json.loads(reader.stdout.readline())[:2] == [4, 2]
+            store.sample(1, now=0)  # b-0 (v1) used: cooling, due at once, still counted
             store.put_groups([group(f"g{i}", 1, 4, tokens=1024) for i in range(60)])  # grows
             assert store.stats().map_size > 1 << 20
             reader.stdin.write("report\n")
             reader.stdin.flush()
-            n, avail, map_size = json.loads(reader.stdout.readline())
-            assert (n, avail) == (244, 242) and map_size == store.stats().map_size
+            n, avail, map_size, mode = json.loads(reader.stdout.readline())
+            assert (n, avail, mode) == (244, 242, "priority")  # the writer's mode, not the default
+            assert map_size == store.stats().map_size
         finally:
             reader.stdin.close()
             reader.wait(timeout=30)
