@@ -16,27 +16,58 @@ Typical use in a role::
     await pub.publish_group(group)
 """
 
-from .connection import connect, jetstream, redact
-from .consume import Consumer, Delivery
-from .errors import (
-    BusConnectError,
-    BusError,
-    NoResponders,
-    PayloadTooLarge,
-    PublishError,
-    RemoteError,
-    RequestTimeout,
-    StreamConflict,
-)
-from .inspect import inspect_run, render_text
-from .kv import RunState, open_bucket
-from .publish import MAX_MESSAGE_BYTES, Publisher
-from .rpc import Message, request, serve
-from .server import EmbeddedServer, default_store_dir, ensure_server, free_port, serve_forever
-from .streams import ensure_streams
-from .subjects import KINDS, RunNames, names
+from __future__ import annotations
 
-__all__ = [
+import importlib
+from typing import Any
+
+# Names resolve lazily (PEP 562): ``import bus.server`` (the ``trinity server`` process) must
+# not pay for nats-py, numpy and the codec, which only the roles need.
+_WHERE = {
+    "connect": "connection",
+    "jetstream": "connection",
+    "redact": "connection",
+    "Consumer": "consume",
+    "Delivery": "consume",
+    "BusConnectError": "errors",
+    "BusError": "errors",
+    "NoResponders": "errors",
+    "PayloadTooLarge": "errors",
+    "PublishError": "errors",
+    "RemoteError": "errors",
+    "RequestTimeout": "errors",
+    "StreamConflict": "errors",
+    "inspect_run": "inspect",
+    "render_text": "inspect",
+    "RunState": "kv",
+    "open_bucket": "kv",
+    "MAX_MESSAGE_BYTES": "publish",
+    "Publisher": "publish",
+    "Message": "rpc",
+    "request": "rpc",
+    "serve": "rpc",
+    "EmbeddedServer": "server",
+    "default_store_dir": "server",
+    "ensure_server": "server",
+    "free_port": "server",
+    "serve_forever": "server",
+    "ensure_streams": "streams",
+    "KINDS": "subjects",
+    "RunNames": "subjects",
+    "names": "subjects",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'bus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [  # noqa: F822 (resolved by __getattr__)
     "KINDS",
     "MAX_MESSAGE_BYTES",
     "BusConnectError",

@@ -238,9 +238,9 @@ async def connect(
             await asyncio.wait_for(nc.connect(**kw), timeout=budget)
         except Exception as e:
             cause, retry = _classify(e, ev.seen)
-            try:
-                await nc.close()
-            except Exception:
+            try:  # a half-open TLS transport can make close() hang: bound it
+                await asyncio.wait_for(nc.close(), timeout=0.5)
+            except (Exception, asyncio.TimeoutError):
                 pass
             left = deadline - time.monotonic()
             if not retry or left <= 0:

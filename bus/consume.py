@@ -289,12 +289,31 @@ class Consumer:
             if items:
                 yield items
 
-    async def ack(self, items: list[Delivery]) -> None:
-        """Ack many deliveries and wait until the server has them (one round trip): call it
-        after the items' effects are durable."""
-        for d in items:
-            await d.ack()
-        await self.nc.flush(timeout=max(self.cfg.request_timeout, 1))
+    async def ack(self, items: list[Delivery], timeout: float = 5.0) -> bool:
+        """Ack many deliveries with one round trip: call it after their effects are durable.
+
+        All but the last message are acked fire-and-forget and the last with ``ack_sync``;
+        the server handles a consumer's acks in order, so its reply means all were applied.
+        Returns False (and logs) if that confirmation did not come: the messages may then be
+        delivered again, which an idempotent effect tolerates.
+        """
+        msgs = [m for d in items for m in d.msgs]
+        if not msgs:
+            return True
+        for m in msgs[:-1]:
+            await m.ack()
+        try:
+            await msgs[-1].ack_sync(timeout=timeout)
+            return True
+        except Exception as e:
+            log.warning(
+                "ack_unconfirmed",
+                stream=self.stream,
+                durable=self.durable,
+                n=len(msgs),
+                error=f"{type(e).__name__}: {e}",
+            )
+            return False
 
     # -- one message ----------------------------------------------------------------------
 

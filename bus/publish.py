@@ -167,13 +167,14 @@ async def publish_acked(
     payload: bytes,
     headers: dict[str, str],
     timeout: float,
+    attempt_timeout: float = ATTEMPT_TIMEOUT,
 ) -> api.PubAck:
     """Publish one message and wait for JetStream's ack, re-sending on lost acks, timeouts and
     reconnects until ``timeout`` seconds have passed. The caller's ``Nats-Msg-Id`` makes the
     re-sends harmless. Raises PublishError when the server refuses or never acks."""
     deadline = time.monotonic() + timeout
     attempt = 0
-    wait = ATTEMPT_TIMEOUT + len(payload) / (20 * 1024 * 1024)
+    wait = attempt_timeout + len(payload) / (20 * 1024 * 1024)
     last: BaseException | None = None
     while True:
         attempt += 1
@@ -216,13 +217,22 @@ class Publisher:
     failure. Nothing is ever dropped silently.
     """
 
-    def __init__(self, nc: NATS, cfg: NatsConfig, run_id: str, *, chunking: bool = True) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        cfg: NatsConfig,
+        run_id: str,
+        *,
+        chunking: bool = True,
+        attempt_timeout: float = ATTEMPT_TIMEOUT,
+    ) -> None:
         self.nc = nc
         self.js = jetstream(nc, cfg)
         self.cfg = cfg
         self.run_id = run_id
         self.names = names(run_id)
         self.chunking = chunking
+        self.attempt_timeout = attempt_timeout
         self._slots = asyncio.Semaphore(max(1, cfg.publish_concurrency))
         self._tasks: set[asyncio.Task[list[api.PubAck]]] = set()
         self._failed: list[BaseException] = []
@@ -266,11 +276,15 @@ class Publisher:
     ) -> list[api.PubAck]:
         timeout = self.cfg.publish_timeout
         if len(frames) == 1:
-            acks = [await publish_acked(self.js, subject, frames[0][0], frames[0][1], timeout)]
+            p, h = frames[0]
+            acks = [await publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout)]
         else:
             acks = list(
                 await asyncio.gather(
-                    *(publish_acked(self.js, subject, p, h, timeout) for p, h in frames)
+                    *(
+                        publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout)
+                        for p, h in frames
+                    )
                 )
             )
         self.published += 1

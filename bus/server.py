@@ -210,6 +210,7 @@ class EmbeddedServer:
         self.binary = binary or find_binary()
         self.config_path = self.store_dir / "nats-server.conf"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_offset: int | None = None
 
     @classmethod
     def from_config(
@@ -267,14 +268,18 @@ class EmbeddedServer:
         """
         if self.running:
             return self
+        if is_listening(self.host, self.port, timeout=0.2):
+            raise BusError(f"cannot start nats-server: {self.host}:{self.port} is already in use")
         self.write_config()
         cmd = [self.binary, "-c", str(self.config_path)]
         out: int | None
+        self._log_offset = None
         if inherit_output:
             out = None
         else:
-            log_path = self.log_file or (self.store_dir / "nats-server.log")
+            log_path = self.log_path
             out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._log_offset = os.fstat(out).st_size
         try:
             self.proc = subprocess.Popen(
                 cmd,
@@ -294,8 +299,29 @@ class EmbeddedServer:
         )
         return self
 
+    @property
+    def log_path(self) -> Path:
+        return self.log_file or (self.store_dir / "nats-server.log")
+
+    def _says_ready(self) -> bool:
+        """True once *this* process logged "Server is ready" (with a log file), else once the
+        port accepts connections. The log check matters when two starters race for one port:
+        the loser must not mistake the winner's listener for its own."""
+        if self._log_offset is None or self.proc is None:
+            return is_listening(self.host, self.port, timeout=0.2)
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                text = f.read()
+        except OSError:
+            return False
+        return any(
+            line.startswith(f"[{self.proc.pid}]".encode()) and b"Server is ready" in line
+            for line in text.splitlines()
+        )
+
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Block until the server accepts TCP connections (JetStream is up before that)."""
+        """Block until the server is ready for clients (JetStream is up before that)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -303,7 +329,7 @@ class EmbeddedServer:
                     f"nats-server exited with code {self.proc.returncode} while starting on "
                     f"{self.host}:{self.port}: {self.log_tail()}"
                 )
-            if is_listening(self.host, self.port, timeout=0.2):
+            if self._says_ready():
                 return
             time.sleep(0.01)
         self.stop()
@@ -313,9 +339,8 @@ class EmbeddedServer:
 
     def log_tail(self, n: int = 10) -> str:
         """Last lines of the server log (for error messages)."""
-        path = self.log_file or (self.store_dir / "nats-server.log")
         try:
-            lines = path.read_text(errors="replace").splitlines()[-n:]
+            lines = self.log_path.read_text(errors="replace").splitlines()[-n:]
         except OSError:
             return "(no server log)"
         return " | ".join(lines)

@@ -137,3 +137,14 @@ def make_group(
 def make_group_fixture() -> Callable[..., Any]:
     """The :func:`make_group` builder as a fixture."""
     return make_group
+
+
+@pytest.fixture
+async def nats_conn(nats_cfg: NatsConfig, run_id: str) -> Any:
+    """A client connected to the session server, with ``run_id``'s streams created."""
+    import bus
+
+    nc = await bus.connect(nats_cfg, name="test")
+    await bus.ensure_streams(bus.jetstream(nc, nats_cfg), nats_cfg, run_id)
+    yield nc
+    await nc.close()

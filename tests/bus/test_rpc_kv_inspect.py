@@ -1,0 +1,129 @@
+"""Request/reply, KV run state, streams' idempotency and `trinity inspect`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from nats.js import api
+
+import bus
+from bus.errors import NoResponders, RemoteError, RequestTimeout, StreamConflict
+from bus.publish import Publisher
+from bus.rpc import Message, request, serve
+from schemas.data import SyncEvent
+from tests.conftest import make_group
+
+
+async def test_request_reply(nats_conn, run_id) -> None:
+    subject = bus.names(run_id).rpc("batch")
+
+    async def handler(req: Message) -> bytes | Message:
+        if req.data == b"fail":
+            raise ValueError("no batch for you")
+        if req.data == b"slow":
+            await asyncio.sleep(1)
+        if req.data == b"big":  # bigger than max_payload: sent as chunks
+            return Message(bytes(range(256)) * (40 * 1024), {"Trinity-Count": "7"})
+        return b"re:" + req.data
+
+    sub = await serve(nats_conn, subject, handler)
+    assert (await request(nats_conn, subject, b"x", timeout=5)).data == b"re:x"
+    big = await request(nats_conn, subject, b"big", timeout=10)
+    assert big.data == bytes(range(256)) * (40 * 1024) and big.headers["Trinity-Count"] == "7"
+    with pytest.raises(RemoteError, match="no batch for you"):
+        await request(nats_conn, subject, b"fail", timeout=5)
+    t = time.monotonic()
+    with pytest.raises(RequestTimeout, match=subject):
+        await request(nats_conn, subject, b"slow", timeout=0.3)
+    assert time.monotonic() - t < 1
+    await sub.unsubscribe()
+    with pytest.raises(NoResponders, match=subject):
+        await request(nats_conn, subject, b"x", timeout=5)
+
+
+async def test_kv_run_state(nats_conn, nats_cfg, run_id) -> None:
+    js = bus.jetstream(nats_conn, nats_cfg)
+    st = await bus.RunState.open(js, run_id)
+    st2 = await bus.RunState.open(js, run_id)  # idempotent
+    assert await st.model_version("explorer") is None
+    await st.set_model_version("explorer", 3)
+    assert await st2.model_version("explorer") == 3
+    await st.heartbeat("trainer", step=5)
+    hb = await st2.heartbeats()
+    assert hb["trainer"]["step"] == 5 and hb["trainer"]["age"] < 5
+    t0 = time.time()
+
+    async def later() -> None:
+        await asyncio.sleep(0.2)
+        await st.set_rendezvous("weights", address="127.0.0.1:29500", world_size=2)
+
+    task = asyncio.ensure_future(later())
+    rv = await st2.wait_rendezvous("weights", timeout=5, newer_than=t0)
+    await task
+    assert rv["address"] == "127.0.0.1:29500"
+    with pytest.raises(RequestTimeout):
+        await st2.wait_rendezvous("nobody", timeout=0.2)
+    with pytest.raises(ValueError):
+        await st.heartbeat("bad role")
+    assert set(await st.snapshot()) == {
+        "version.explorer",
+        "heartbeat.trainer",
+        "rendezvous.weights",
+    }
+
+
+async def test_ensure_streams_idempotent_updates_and_conflicts(nats_conn, nats_cfg, run_id) -> None:
+    js = bus.jetstream(nats_conn, nats_cfg)
+    again = await bus.ensure_streams(js, nats_cfg, run_id)  # nats_conn already created them
+    assert again["exp"].config.storage == api.StorageType.FILE
+    assert again["exp"].config.duplicate_window == nats_cfg.duplicate_window
+    changed = nats_cfg.model_copy(update={"stream_max_bytes": 1 << 30, "duplicate_window": 30.0})
+    upd = await bus.ensure_streams(js, changed, run_id)
+    assert upd["exp"].config.max_bytes == 1 << 30 and upd["exp"].config.duplicate_window == 30.0
+    # A stream with our name but other subjects belongs to someone else.
+    other = f"{run_id}x"
+    await js.add_stream(name=bus.names(other).stream("exp"), subjects=["elsewhere.>"])
+    with pytest.raises(StreamConflict, match="elsewhere"):
+        await bus.ensure_streams(js, nats_cfg, other)
+
+
+async def test_inspect_run(nats_conn, nats_cfg, run_id) -> None:
+    js = bus.jetstream(nats_conn, nats_cfg)
+    pub = Publisher(nats_conn, nats_cfg, run_id)
+    for i in range(3):
+        await pub.publish_group(make_group(run_id, group_id=f"g{i}", n=2, tokens=16, prompt=4))
+    await pub.publish_event(SyncEvent(kind="ready", model_version=1))
+    await js.publish(bus.names(run_id).exp, b"junk")
+    c = await bus.Consumer(nats_conn, nats_cfg, run_id, "exp", "buffer").start()
+    items = await c.fetch(8, timeout=2)
+    await c.ack(items[:1])
+    await (await bus.RunState.open(js, run_id)).set_model_version("trainer", 1)
+
+    rep = await bus.inspect_run(nats_cfg, run_id, tail=2)
+    exp = rep["streams"]["exp"]
+    assert exp["messages"] == 4 and exp["bytes"] > 0
+    [cons] = exp["consumers"]
+    assert len(items) == 3 and cons["name"] == "buffer"
+    assert cons["ack_pending"] == 2 and cons["pending"] == 0
+    assert rep["streams"]["sync"]["messages"] == 1 and rep["dead_letters"] == 1
+    assert rep["kv"]["version.trainer"]["version"] == 1
+    tail = rep["tail"]["messages"]
+    assert [m["seq"] for m in tail] == [3, 4]
+    assert tail[0]["body"]["group_id"] == "g2" and tail[0]["headers"]["Trinity-Tokens"] == "32"
+    assert (
+        tail[0]["body"]["experiences"][0]["tokens"]
+        == make_group(run_id, "g2", 2, 16, 4).experiences[0].tokens.tolist()
+    )
+    assert "decode_error" in tail[1]
+    text = bus.render_text(rep)
+    assert (
+        bus.names(run_id).stream("exp") in text
+        and "dead letters: 1" in text
+        and "ack pending 2" in text
+    )
+    dlq = await bus.inspect_run(nats_cfg, run_id, tail=5, stream="dlq")
+    assert dlq["tail"]["messages"][0]["headers"]["Trinity-Error"].startswith("CodecError")
+    with pytest.raises(ValueError, match="unknown stream"):
+        await bus.inspect_run(nats_cfg, run_id, tail=1, stream="nope")
