@@ -1,8 +1,9 @@
-"""How a role process gets its configuration: the loader plus warnings said once.
+"""How a role process gets its configuration: the loader, the algorithm's parts, warnings once.
 
 Roles call :func:`load` with their parsed CLI arguments; it reads the same sources as
-``trinity config`` (so what you print is what runs) and logs each warning about ignored
-Trinity-RFT sections once, naming the key.
+``trinity config`` (so what you print is what runs), fills the algorithm parts that
+``algorithm_type`` implies from :mod:`ops.algorithms` (so a wrong part name fails before any
+process starts), and prints each warning about ignored Trinity-RFT sections once.
 """
 
 from __future__ import annotations
@@ -10,7 +11,34 @@ from __future__ import annotations
 import argparse
 import sys
 
-from schemas.loader import LoadedConfig, load_config
+from ops.algorithms import CONFIG_FIELDS, resolve
+from schemas.config import TrinityConfig
+from schemas.loader import DEFAULT, DERIVED, LoadedConfig, load_config
+
+
+def resolve_algorithm(cfg: TrinityConfig, sources: dict[str, str]) -> list[str]:
+    """Fill unset ``algorithm.*`` parts from ``algorithm_type``'s defaults; return problems.
+
+    ``repeat_times`` counts as set only when a source set it: the config default (1) must not
+    override an algorithm whose default group size is larger.
+    """
+    alg = cfg.algorithm
+    overrides = {f: getattr(alg, f) for f in CONFIG_FIELDS if f != "repeat_times"}
+    user_repeat = sources.get("algorithm.repeat_times", DEFAULT) not in (DEFAULT, DERIVED)
+    if user_repeat:
+        overrides["repeat_times"] = alg.repeat_times
+    try:
+        spec = resolve(alg.algorithm_type, **overrides)
+    except ValueError as e:
+        return [str(e)]
+    for f in CONFIG_FIELDS:
+        value = getattr(spec, f)
+        if f == "repeat_times" and user_repeat:
+            continue
+        if getattr(alg, f) is None or (f == "repeat_times" and value != alg.repeat_times):
+            setattr(alg, f, value)
+            sources[f"algorithm.{f}"] = DERIVED
+    return []
 
 
 def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
@@ -19,6 +47,7 @@ def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
         getattr(args, "config", None),
         getattr(args, "overrides", []) or [],
         dotenv_file=getattr(args, "dotenv", ".env"),
+        algorithm_resolver=resolve_algorithm,
     )
     if not quiet:
         for w in loaded.warnings:

@@ -23,6 +23,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -492,12 +493,24 @@ def _drop_ignored(raw: dict[str, Any], sources: dict[str, str], warnings: list[s
                 del sources[p]
 
 
-def _validate(raw: dict[str, Any], sources: dict[str, str], warnings: list[str], prefix: str = "") -> TrinityConfig:
+Resolver = Callable[[TrinityConfig, dict[str, str]], list[str]]
+
+
+def _validate(
+    raw: dict[str, Any],
+    sources: dict[str, str],
+    warnings: list[str],
+    prefix: str = "",
+    resolver: Resolver | None = None,
+) -> TrinityConfig:
     _drop_ignored(raw, sources, warnings, prefix)
     try:
         cfg = TrinityConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_explain(e, sources, prefix=prefix.rstrip("."))) from None
+    problems = resolver(cfg, sources) if resolver else []
+    if problems:
+        raise ConfigError([f"{prefix}{p}" for p in problems])
     problems = derive(cfg, sources, warnings)
     if problems:
         raise ConfigError([f"{prefix}{p}" for p in problems])
@@ -510,8 +523,12 @@ def load_config(
     *,
     environ: dict[str, str] | None = None,
     dotenv_file: str | os.PathLike[str] | None = ".env",
+    algorithm_resolver: Resolver | None = None,
 ) -> LoadedConfig:
     """Load, merge, validate and derive one experiment's configuration.
+
+    ``algorithm_resolver`` fills the algorithm parts an ``algorithm_type`` implies (the roles
+    pass one built on ``ops``; ``schemas`` itself knows no algorithms). It returns problems.
 
     ``config_file`` falls back to ``TRINITY_CONFIG`` (environment, then ``.env``). Raises
     :class:`ConfigError` naming every bad key or value with its source. Warnings (ignored
@@ -534,7 +551,7 @@ def load_config(
     warnings: list[str] = []
     stage_raw = raw.pop("stages", None) or []
     base_raw = copy.deepcopy(raw)
-    cfg = _validate(raw, sources, warnings)
+    cfg = _validate(raw, sources, warnings, resolver=algorithm_resolver)
 
     stages: list[TrinityConfig] = []
     if stage_raw:
@@ -548,6 +565,7 @@ def load_config(
         for i, stage in enumerate(cfg.stages):
             merged = copy.deepcopy(base_raw)
             stage_sources = dict(sources)
+            _drop_parts_of_other_algorithm(merged, stage.algorithm, stage_sources)
             for section in ("algorithm", "buffer", "explorer", "trainer", "synchronizer", "data_processor", "model"):
                 part = getattr(stage, section)
                 if part:
@@ -559,8 +577,37 @@ def load_config(
             trainer = merged.setdefault("trainer", {})
             if trainer.get("save_hf_checkpoint") != "always":
                 trainer["save_hf_checkpoint"] = "last"
-            stages.append(_validate(merged, stage_sources, warnings, prefix=f"stages[{i}]."))
+            stages.append(
+                _validate(merged, stage_sources, warnings, f"stages[{i}].", algorithm_resolver)
+            )
     return LoadedConfig(config=cfg, sources=sources, warnings=list(dict.fromkeys(warnings)), stages=stages)
+
+
+_ALGORITHM_PARTS = (
+    "advantage_fn", "policy_loss_fn", "kl_penalty_fn", "kl_loss_fn", "entropy_loss_fn", "sample_strategy",
+)
+
+
+def _drop_parts_of_other_algorithm(
+    merged: dict[str, Any], stage_alg: dict[str, Any] | None, sources: dict[str, str]
+) -> None:
+    """A stage that switches ``algorithm_type`` does not inherit the global algorithm's parts.
+
+    GRPO's ``policy_loss_fn_args`` mean nothing to an SFT warmup stage; everything else
+    (optimizer, repeat_times, ...) is still inherited.
+    """
+    glob = merged.get("algorithm") or {}
+    if not stage_alg or "algorithm_type" not in stage_alg:
+        return
+    if stage_alg["algorithm_type"] == glob.get("algorithm_type", "ppo"):
+        return
+    for part in _ALGORITHM_PARTS:
+        for key in (part, f"{part}_args"):
+            glob.pop(key, None)
+            for p in [p for p in sources if p == f"algorithm.{key}" or p.startswith(f"algorithm.{key}.")]:
+                del sources[p]
+    glob.pop("loss_agg_mode", None)
+    sources.pop("algorithm.loss_agg_mode", None)
 
 
 def _validate_stage_list(stage_raw: list[Any], sources: dict[str, str]) -> list[Any]:

@@ -198,3 +198,34 @@ def test_yaml_syntax_error_and_missing_file_name_the_file(tmp_path):
 def test_set_override_syntax_errors():
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load(overrides=["algorithm.repeat_times"])
+
+
+def test_algorithm_parts_resolved_from_ops_in_roles_settings(tmp_path):
+    from roles.settings import resolve_algorithm
+
+    p = write(tmp_path, "algorithm: {algorithm_type: grpo, policy_loss_fn_args: {clip_range: 0.1}}\n")
+    c = load_config(p, environ={}, dotenv_file=None, algorithm_resolver=resolve_algorithm).config
+    assert c.algorithm.repeat_times == 2  # grpo's default group size, not the config default 1
+    assert c.algorithm.advantage_fn == "grpo" and c.algorithm.policy_loss_fn == "ppo"
+    assert c.algorithm.policy_loss_fn_args["clip_range"] == 0.1
+    bad = write(tmp_path, "algorithm: {algorithm_type: grpo, kl_loss_fn: k9}\n", "bad.yaml")
+    with pytest.raises(ConfigError, match=r"algorithm\.kl_loss_fn: unknown kl_fn 'k9'; valid names: .*k3"):
+        load_config(bad, environ={}, dotenv_file=None, algorithm_resolver=resolve_algorithm)
+
+
+def test_stage_switching_algorithm_drops_global_parts(tmp_path):
+    from roles.settings import resolve_algorithm
+
+    p = write(tmp_path, """
+        algorithm: {algorithm_type: grpo, repeat_times: 4, policy_loss_fn_args: {clip_range: 0.1}, optimizer: {lr: 0.5}}
+        stages:
+          - stage_name: sft
+            mode: train
+            algorithm: {algorithm_type: sft}
+            buffer: {trainer_input: {experience_buffer: {path: /d}}}
+          - stage_name: rl
+    """)
+    loaded = load_config(p, environ={}, dotenv_file=None, algorithm_resolver=resolve_algorithm)
+    sft, rl = loaded.stages
+    assert sft.algorithm.policy_loss_fn == "sft" and sft.algorithm.optimizer.lr == 0.5
+    assert rl.algorithm.policy_loss_fn_args["clip_range"] == 0.1
