@@ -406,6 +406,12 @@ class Consumer:
         """Copy messages to the run's DLQ with the error, then terminate them. If the DLQ
         publish fails the originals are nak'ed instead (they come back; nothing is lost)."""
         text = header_value(f"{type(error).__name__}: {error}", limit=1000)
+        if self.kind == "dlq":  # never dead-letter a dead letter (it would loop forever)
+            for m in msgs:
+                await _quiet(m.term())
+                self.dead_letters += 1
+            log.warning("dead_letter_undecodable", stream=self.stream, n=len(msgs), error=text)
+            return
         for m in msgs:
             meta = _meta(m)
             stream, seq = (meta.stream, meta.sequence.stream) if meta else (self.stream, 0)

@@ -1,0 +1,312 @@
+"""End-to-end bus throughput: experience groups through ``bus`` vs raw nats-py, same bytes.
+
+    python bench/bus_throughput.py [--groups 1500] [--experiences 8] [--tokens 1024]
+
+Starts a private ``nats-server`` (JetStream, file storage, 127.0.0.1, free port), then for
+each path publishes N realistic experience groups (8 x 1024-token experiences: int32 tokens,
+float32 logprobs and a bool mask over the response) while a durable pull consumer on its own
+connection fetches and acks them. The clock runs from the first publish to the last ack.
+
+* bus:  ``Publisher.submit_group`` (codec encode, headers, Nats-Msg-Id, awaited acks with
+  bounded concurrency) -> ``Consumer.fetch`` (decode to ExperienceGroup) -> ``Consumer.ack``
+  (confirmed by the server, one round trip per batch).
+* raw:  the same encoded bytes, pre-encoded, through ``js.publish_async`` with the same
+  in-flight bound -> ``pull_subscribe`` ``fetch`` -> ``msg.ack()`` (unconfirmed), no decode.
+
+So the raw path is the ceiling of nats-py itself; the ratio is what the bus's safety
+(encode/decode, headers, dedup ids, confirmed acks) costs. Prints groups/s, MB/s and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import bus  # noqa: E402
+from bus.publish import describe  # noqa: E402
+from bus.server import EmbeddedServer, free_port  # noqa: E402
+from schemas import codec  # noqa: E402
+from schemas.config import NatsConfig  # noqa: E402
+from schemas.data import Experience, ExperienceGroup  # noqa: E402
+
+
+def make_groups(run_id: str, n: int, n_exp: int, tokens: int, prompt: int) -> list[ExperienceGroup]:
+    rng = np.random.default_rng(0)
+    r = tokens - prompt
+    out = []
+    for g in range(n):
+        gid = f"g{g}"
+        exps = [
+            Experience(
+                id=f"{gid}/{i}",
+                task_id=f"t{g}",
+                group_id=gid,
+                run_id=run_id,
+                tokens=rng.integers(0, 150_000, tokens, dtype=np.int32),
+                prompt_length=prompt,
+                logprobs=-rng.random(r, dtype=np.float32),
+                action_mask=np.ones(r, dtype=bool),
+                reward=float(rng.random()),
+                model_version=1,
+            )
+            for i in range(n_exp)
+        ]
+        out.append(
+            ExperienceGroup(
+                group_id=gid, task_id=f"t{g}", run_id=run_id, model_version=1, experiences=exps
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The four roles, each in its own process (explorer and buffer are separate processes too, so
+# encoding and decoding run in parallel as they would in a real run).
+# --------------------------------------------------------------------------------------------
+
+
+async def bus_produce(
+    cfg: NatsConfig, run_id: str, args: argparse.Namespace, go: asyncio.Event
+) -> None:
+    nc = await bus.connect(cfg, name="bench-pub")
+    await bus.ensure_streams(bus.jetstream(nc, cfg), cfg, run_id)
+    pub = bus.Publisher(nc, cfg, run_id)
+    groups = make_groups(run_id, args.groups, args.experiences, args.tokens, args.prompt)
+    encoded = [codec.encode(g) for g in groups] if args.no_codec else []
+    ready(go)
+    await go.wait()
+    if args.no_codec:  # the bus's own cost only: pre-encoded bytes, same headers and ids
+        for g, data in zip(groups, encoded, strict=True):
+            await pub.submit_encoded(data, "exp", g.msg_id(), describe(g, run_id))
+    else:
+        for g in groups:
+            await pub.submit_group(g)
+    await pub.flush()
+    await nc.close()
+
+
+async def bus_consume(
+    cfg: NatsConfig, run_id: str, args: argparse.Namespace, go: asyncio.Event
+) -> None:
+    nc = await bus.connect(cfg, name="bench-con")
+    await bus.ensure_streams(bus.jetstream(nc, cfg), cfg, run_id)
+    decode = (lambda b: b) if args.no_codec else None
+    con = await bus.Consumer(
+        nc, cfg, run_id, "exp", "bench", expect=ExperienceGroup, decode=decode
+    ).start()
+    ready(go)
+    await go.wait()
+    got = 0
+    while got < args.groups:
+        items = await con.fetch(args.batch, timeout=2)
+        got += len(items)
+        if items:
+            await con.ack(items)
+    print(f"DONE {time.time()}", flush=True)
+    await nc.close()
+
+
+def _raw_names(run_id: str) -> tuple[str, str]:
+    tag = run_id.replace(".", "_")
+    return f"rawbench.{tag}", f"RAWBENCH_{tag}"
+
+
+async def raw_produce(
+    cfg: NatsConfig, run_id: str, args: argparse.Namespace, go: asyncio.Event
+) -> None:
+    import nats
+    from nats.js import api
+
+    nc = await nats.connect(cfg.url)
+    js = nc.jetstream()
+    subject, stream = _raw_names(run_id)
+    await js.add_stream(name=stream, subjects=[subject], storage=api.StorageType.FILE)
+    payloads = [
+        codec.encode(g)
+        for g in make_groups(run_id, args.groups, args.experiences, args.tokens, args.prompt)
+    ]
+    window = asyncio.Semaphore(cfg.publish_concurrency)
+    ready(go)
+    await go.wait()
+    futs = []
+    for p in payloads:
+        await window.acquire()
+        f = await js.publish_async(subject, p)
+        f.add_done_callback(lambda _f: window.release())
+        futs.append(f)
+    await asyncio.gather(*futs)
+    await nc.close()
+
+
+async def raw_consume(
+    cfg: NatsConfig, run_id: str, args: argparse.Namespace, go: asyncio.Event
+) -> None:
+    import nats
+    from nats.js import api
+
+    nc = await nats.connect(cfg.url)
+    js = nc.jetstream()
+    subject, stream = _raw_names(run_id)
+    await js.add_stream(name=stream, subjects=[subject], storage=api.StorageType.FILE)
+    sub = await js.pull_subscribe(subject, durable="bench", stream=stream)
+    ready(go)
+    await go.wait()
+    got = 0
+    while got < args.groups:
+        try:
+            msgs = await sub.fetch(args.batch, timeout=2)
+        except nats.errors.TimeoutError:
+            continue
+        for m in msgs:
+            await m.ack()
+        got += len(msgs)
+    await nc.flush()
+    print(f"DONE {time.time()}", flush=True)
+    await nc.close()
+
+
+ROLES = {
+    "bus-produce": bus_produce,
+    "bus-consume": bus_consume,
+    "raw-produce": raw_produce,
+    "raw-consume": raw_consume,
+}
+
+
+def ready(go: asyncio.Event) -> None:
+    """Tell the parent we are set up, then wait for its GO line on stdin."""
+    print("READY", flush=True)
+    loop = asyncio.get_running_loop()
+    loop.add_reader(
+        sys.stdin.fileno(),
+        lambda: (sys.stdin.readline(), go.set(), loop.remove_reader(sys.stdin.fileno())),
+    )
+
+
+async def child(args: argparse.Namespace) -> None:
+    cfg = NatsConfig(url=args.url, publish_concurrency=args.concurrency)
+    await ROLES[args.role](cfg, args.run_id, args, asyncio.Event())
+
+
+async def one_path(args: argparse.Namespace, url: str, path: str, run_id: str) -> float:
+    """Run ``path``'s producer and consumer processes; seconds from GO to the last ack."""
+    common = [f"--url={url}", f"--run-id={run_id}", f"--groups={args.groups}", f"--experiences={args.experiences}",
+              f"--tokens={args.tokens}", f"--prompt={args.prompt}", f"--batch={args.batch}",
+              f"--concurrency={args.concurrency}"] + (["--no-codec"] if args.no_codec else [])  # fmt: skip
+    procs = []
+    for role in (f"{path}-consume", f"{path}-produce"):
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                os.path.abspath(__file__),
+                f"--role={role}",
+                *common,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+        )
+    for p in procs:
+        assert p.stdout is not None
+        line = (await p.stdout.readline()).decode().strip()
+        if line != "READY":
+            raise RuntimeError(f"bench child failed to start: {line!r}")
+    t0 = time.time()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(b"GO\n")
+        await p.stdin.drain()
+    assert procs[0].stdout is not None
+    line = (await procs[0].stdout.readline()).decode().strip()
+    for p in procs:
+        await p.wait()
+    if not line.startswith("DONE "):
+        raise RuntimeError(f"{path} consumer failed: {line!r}")
+    return float(line.split()[1]) - t0
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--groups", type=int, default=1500)
+    ap.add_argument("--experiences", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=64, help="fetch batch of both consumers")
+    ap.add_argument("--concurrency", type=int, default=64, help="publishes in flight, both paths")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="rounds (raw and bus alternate); best of each is reported",
+    )
+    ap.add_argument(
+        "--no-codec",
+        action="store_true",
+        help="bus path without encode/decode (the bus's own overhead)",
+    )
+    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--url", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role:
+        await child(args)
+        return
+
+    groups = make_groups(
+        "bench.size", min(args.groups, 50), args.experiences, args.tokens, args.prompt
+    )
+    per = sum(len(codec.encode(g)) for g in groups) / len(groups)
+    t = time.perf_counter()
+    enc = [codec.encode(g) for g in groups]
+    t_enc = (time.perf_counter() - t) / len(groups)
+    t = time.perf_counter()
+    for b in enc:
+        codec.decode(b)
+    t_dec = (time.perf_counter() - t) / len(groups)
+    mb = per * args.groups / 1e6
+    with tempfile.TemporaryDirectory() as d, EmbeddedServer(d, port=free_port()) as server:
+        raw_best = bus_best = float("inf")
+        for r in range(args.repeat):
+            tag = uuid.uuid4().hex[:8]
+            raw = await one_path(args, server.url, "raw", f"bench.raw{tag}")
+            bus_t = await one_path(args, server.url, "bus", f"bench.bus{tag}")
+            raw_best, bus_best = min(raw_best, raw), min(bus_best, bus_t)
+            print(
+                f"round {r + 1}: raw {args.groups / raw:8.0f} groups/s   bus {args.groups / bus_t:8.0f} groups/s",
+                flush=True,
+            )
+
+    print(
+        f"\n{args.groups} groups of {args.experiences} x {args.tokens} tokens ({per / 1024:.1f} KB each, "
+        f"{mb:.1f} MB); producer and consumer in separate processes; publish -> durable pull "
+        "consume -> ack; loopback, file storage"
+    )
+    print(
+        f"  raw nats-py : {args.groups / raw_best:8.0f} groups/s  {mb / raw_best:7.1f} MB/s  (pre-encoded bytes, no decode, unconfirmed acks)"
+    )
+    what = (
+        "no codec: headers, dedup id, confirmed acks"
+        if args.no_codec
+        else "encode, headers, dedup id, decode, confirmed acks"
+    )
+    print(
+        f"  trinity bus : {args.groups / bus_best:8.0f} groups/s  {mb / bus_best:7.1f} MB/s  ({what})"
+    )
+    print(f"  ratio bus/raw: {raw_best / bus_best:.2f}  (target >= 0.70)")
+    print(f"  codec alone in this process: encode {t_enc * 1e3:.2f} ms, decode {t_dec * 1e3:.2f} ms per group "
+          f"(a ceiling of {1 / max(t_enc, t_dec):.0f} groups/s per core)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings+
+    asyncio.run(main())
