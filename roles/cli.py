@@ -20,9 +20,6 @@ NOT_YET = {
     "trainer": "the trainer process lands with the buffer/trainer/synchronizer issue",
     "buffer": "the buffer process lands with the buffer/trainer/synchronizer issue",
     "synchronizer": "the synchronizer process lands with the buffer/trainer/synchronizer issue",
-    "server": "the embedded NATS server lands with the bus issue",
-    "inspect": "trinity inspect lands with the bus issue",
-    "convert": "trinity convert lands with the storage issue",
     "debug": "trinity debug --module workflow lands with the explorer issue",
 }
 
@@ -72,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "inspect":
             p.add_argument("--tail", type=int, default=None, metavar="N", help="print the last N messages decoded to JSON")
             p.add_argument("--stream", default=None, help="stream for --tail (exp, sync, metrics, ctl, dlq)")
+            p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+        if name == "server":
+            p.add_argument("--host", default=None, help="bind address (default: the host of nats.url)")
+            p.add_argument("--port", type=int, default=None, help="client port (default: the port of nats.url)")
+            p.add_argument("--monitor-port", type=int, default=None, help="HTTP monitor port (/jsz, /connz)")
         if name == "debug":
             p.add_argument("--module", default="workflow", choices=["workflow"])
             p.add_argument("--output-file", default=None)
@@ -91,7 +93,57 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"config": cmd_config}
+def cmd_server(args: argparse.Namespace) -> int:
+    """``trinity server``: the embedded nats-server in the foreground (the Procfile's nats line)."""
+    from bus.server import serve_forever
+    from roles.settings import load
+
+    cfg = load(args).config
+    return serve_forever(cfg.nats, cfg.nats.store_dir, args.host, args.port, args.monitor_port)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``trinity inspect``: streams, consumers, KV state and dead letters of one run."""
+    import asyncio
+    import json
+
+    from bus import BusError, inspect_run, render_text
+    from roles.settings import load
+
+    cfg = load(args).config
+    try:
+        report = asyncio.run(inspect_run(cfg.nats, cfg.run_id, args.tail, args.stream))
+    except BusError as e:
+        print(f"trinity inspect: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2, default=str) if args.json else render_text(report))
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """``trinity convert``: write ``huggingface/`` folders for trainer checkpoints."""
+    from storage.checkpoints import CheckpointError
+    from storage.convert import convert_checkpoints
+
+    try:
+        results = convert_checkpoints(args.checkpoint_dir, args.base_model_dir)
+    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        print(f"trinity convert: {e}", file=sys.stderr)
+        return 1
+    if not results:
+        print(f"trinity convert: no global_step_* checkpoint under {args.checkpoint_dir}", file=sys.stderr)
+        return 1
+    for r in results:
+        print(f"{r.status:9} global_step_{r.step}: {r.hf_dir} ({r.source})")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "config": cmd_config,
+    "server": cmd_server,
+    "inspect": cmd_inspect,
+    "convert": cmd_convert,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,3 +48,41 @@ def test_misspelled_key_fails_naming_it():
 def test_missing_config_file_fails_naming_it():
     r = trinity("config", "--config", "no/such.yaml")
     assert r.returncode == 2 and "no/such.yaml" in r.stderr
+
+
+def test_server_then_inspect_then_sigterm(tmp_path):
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
+    env.update(TRINITY_NATS__URL=f"nats://127.0.0.1:{port}", TRINITY_CHECKPOINT_ROOT_DIR=str(tmp_path))
+    server = subprocess.Popen([sys.executable, "-m", "roles.cli", "server"], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        r = trinity("inspect", env={k: env[k] for k in ("TRINITY_NATS__URL", "TRINITY_CHECKPOINT_ROOT_DIR")})
+        assert r.returncode == 0, r.stderr
+        assert "Trinity-RFT" in r.stdout or "Trinity-RFT.rft" in r.stdout
+        assert (tmp_path / "nats").is_dir()  # JetStream store under <checkpoint_root_dir>/nats
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+
+
+def test_inspect_without_a_server_says_which_url():
+    r = trinity("inspect", env={"TRINITY_NATS__URL": "nats://127.0.0.1:1", "TRINITY_NATS__CONNECT_WAIT": "0.5"})
+    assert r.returncode == 1 and "127.0.0.1:1" in r.stderr
+
+
+def test_convert_reports_a_missing_dir(tmp_path):
+    r = trinity("convert", "--checkpoint-dir", str(tmp_path / "nope"))
+    assert r.returncode == 1 and "nope" in r.stderr
