@@ -118,3 +118,36 @@ async def test_tls_right_and_wrong_ca(nats_server_factory, certs: Path) -> None:
 async def test_missing_tls_file_is_named() -> None:
     with pytest.raises(BusConnectError, match="TLS CA file '/nope/ca.pem' does not exist"):
         await bus.connect(nats_settings("tls://127.0.0.1:4222", tls_ca_file="/nope/ca.pem"))
+
+
+async def test_nkey_seed_file_auth(nats_binary: str, tmp_path: Path) -> None:
+    """A user authenticated by an nkey seed file connects; a different key is refused."""
+    import os
+    import signal
+
+    import nkeys
+
+    def new_user() -> tuple[bytes, str]:
+        seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+        return seed, nkeys.from_seed(bytearray(seed)).public_key.decode()
+
+    seed, public = new_user()
+    other_seed, _ = new_user()
+    port = free_port()
+    conf = tmp_path / "nkey.conf"
+    conf.write_text(f'port: {port}\nhost: "127.0.0.1"\nauthorization {{ users = [ {{ nkey: "{public}" }} ] }}\n')
+    good, bad = tmp_path / "user.nk", tmp_path / "other.nk"
+    good.write_bytes(seed)
+    bad.write_bytes(other_seed)
+    proc = subprocess.Popen([nats_binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"nats://127.0.0.1:{port}"
+        nc = await bus.connect(nats_settings(url, nkey_seed_file=str(good), connect_wait=10))
+        assert nc.is_connected
+        await nc.close()
+        with pytest.raises(BusConnectError) as e:
+            await bus.connect(nats_settings(url, nkey_seed_file=str(bad), connect_wait=5))
+        assert url in str(e.value)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
