@@ -17,9 +17,6 @@ from schemas.loader import ConfigError, to_yaml
 NOT_YET = {
     "run": "trinity run (all roles for one experiment) lands with the run/quickstart issue",
     "explorer": "the explorer process lands with the explorer issue",
-    "trainer": "the trainer process lands with the buffer/trainer/synchronizer issue",
-    "buffer": "the buffer process lands with the buffer/trainer/synchronizer issue",
-    "synchronizer": "the synchronizer process lands with the buffer/trainer/synchronizer issue",
     "debug": "trinity debug --module workflow lands with the explorer issue",
 }
 
@@ -138,11 +135,49 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_role(role: str, args: argparse.Namespace) -> int:
+    """Run one role process (``trinity buffer|trainer|synchronizer``) until it finishes or is
+    signalled; logs go to the terminal and ``<job_dir>/log/<role>.log``."""
+    import asyncio
+    import importlib
+    import os
+
+    from roles.logs import setup_logging
+    from roles.settings import load
+
+    cfg = load(args).config
+    setup_logging(role, cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
+    mod = importlib.import_module(f"roles.{role}.main")
+    try:
+        return asyncio.run(getattr(mod, f"run_{role}")(cfg))
+    except (ValueError, FileNotFoundError, NotImplementedError) as e:
+        print(f"trinity {role}: {e}", file=sys.stderr)
+        return 2
+
+
+def cmd_buffer(args: argparse.Namespace) -> int:
+    """``trinity buffer``: experience pipeline, LMDB replay store, training batches."""
+    return _run_role("buffer", args)
+
+
+def cmd_trainer(args: argparse.Namespace) -> int:
+    """``trinity trainer``: batches -> policy updates, metrics and checkpoints."""
+    return _run_role("trainer", args)
+
+
+def cmd_synchronizer(args: argparse.Namespace) -> int:
+    """``trinity synchronizer``: publishes the sync plan, referees timeouts, monitor files."""
+    return _run_role("synchronizer", args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "config": cmd_config,
     "server": cmd_server,
     "inspect": cmd_inspect,
     "convert": cmd_convert,
+    "buffer": cmd_buffer,
+    "trainer": cmd_trainer,
+    "synchronizer": cmd_synchronizer,
 }
 
 

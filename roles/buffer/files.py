@@ -1,0 +1,94 @@
+"""File-based experience buffers (``storage_type: file``): SFT and DPO datasets as experiences.
+
+Why deterministic by step: the batch for train step N is rows ``[N*k, (N+1)*k)`` of the
+reader's epoch order, a pure function of the step, so a trainer restarted from a checkpoint
+asks for step N again and gets the same rows, without any cursor state to keep in sync.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+from schemas.config import ExperienceBufferConfig
+from schemas.data import Experience
+from storage.tasksets import DatasetReader, FormattedRow, dataset_reader_from_config
+
+
+def _plain_template(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    return text + ("assistant: " if add_generation_prompt else "")
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+    """Token ids of ``messages`` with the tokenizer's chat template (a plain ``role: text``
+    layout when it has none, e.g. a tiny test tokenizer)."""
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+        )
+        if isinstance(out, dict) or hasattr(out, "input_ids"):
+            out = out["input_ids"]
+        return list(out)
+    return list(tokenizer(_plain_template(messages, add_generation_prompt))["input_ids"])
+
+
+class FileBuffer:
+    """Serves an SFT or DPO dataset as Experience batches, one fixed slice per step."""
+
+    def __init__(
+        self,
+        cfg: ExperienceBufferConfig,
+        tokenizer: Any,
+        *,
+        batch_size: int,
+        kind: Literal["sft", "dpo"] = "sft",
+        total_epochs: int = 1,
+        max_length: int | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.kind = kind
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        # total_steps is not bounded here: the trainer's total_steps is the limit.
+        self.reader: DatasetReader[FormattedRow] = dataset_reader_from_config(
+            cfg, batch_size=batch_size, kind=kind, total_epochs=max(total_epochs, 1)
+        )
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def batch(self, step: int, n: int) -> list[Experience]:
+        """The ``n`` rows of train step ``step`` (1-based) as experiences; [] past the end."""
+        self.reader.seek((step - 1) * n)
+        rows = self.reader.peek_indices(n)
+        return [self._experience(idx, epoch, self.reader.transform(idx, self.reader.rows[idx], epoch))
+                for idx, epoch in rows]
+
+    def _cut(self, ids: list[int]) -> list[int]:
+        return ids[: self.max_length] if self.max_length else ids
+
+    def _experience(self, idx: int, epoch: int, row: FormattedRow) -> Experience:
+        name = self.cfg.name or "dataset"
+        eid = f"{name}/{epoch}/{idx}"
+        if self.kind == "dpo":
+            prompt = render(self.tokenizer, row.messages, True)
+            chosen = render(self.tokenizer, row.messages + (row.chosen or []), False)[len(prompt):]
+            rejected = render(self.tokenizer, row.messages + (row.rejected or []), False)[len(prompt):]
+            return Experience(
+                id=eid, task_id=eid, group_id=eid, run_id=name,
+                tokens=np.asarray(prompt, dtype=np.int32), prompt_length=len(prompt),
+                chosen=np.asarray(self._cut(chosen), dtype=np.int32),
+                rejected=np.asarray(self._cut(rejected), dtype=np.int32),
+                info={"is_expert": True},
+            )
+        prompt = render(self.tokenizer, row.messages[:-1], True)
+        full = self._cut(render(self.tokenizer, row.messages, False))
+        p = min(len(prompt), max(len(full) - 1, 0))
+        return Experience(
+            id=eid, task_id=eid, group_id=eid, run_id=name,
+            tokens=np.asarray(full, dtype=np.int32), prompt_length=p,
+            action_mask=np.ones(len(full) - p, dtype=bool),
+            info={"is_expert": True},
+        )

@@ -1,0 +1,140 @@
+"""``trinity buffer``: the buffer process loop.
+
+Two concurrent jobs on one connection: a durable consumer that moves experience groups from
+the bus into the replay store (ack after commit), and two request/reply endpoints the trainer
+calls (``batch``, ``commit``). It runs until SIGTERM/SIGINT or a ``stop`` control message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import msgpack
+import structlog
+
+import bus
+from bus.rpc import Message
+from schemas.config import TrinityConfig
+from schemas.data import ExperienceGroup, Metric
+from storage.replay import ReplayStore
+
+from .files import FileBuffer
+from .pipeline import Pipeline
+from .protocol import BATCH_RPC, COMMIT_RPC, BatchRequest
+from .service import BufferService
+
+log = structlog.get_logger(__name__)
+
+
+def build_service(cfg: TrinityConfig) -> BufferService:
+    """The service a config describes: replay store (``storage_type: queue``) or a file
+    dataset as the main trainer input, auxiliary file buffers, pipeline, sample strategy."""
+    from ops.algorithms import resolve
+
+    alg = cfg.algorithm
+    spec = resolve(alg.algorithm_type, **{k: getattr(alg, k) for k in (
+        "advantage_fn", "advantage_fn_args", "policy_loss_fn", "policy_loss_fn_args",
+        "kl_penalty_fn", "kl_penalty_fn_args", "kl_loss_fn", "kl_loss_fn_args",
+        "entropy_loss_fn", "entropy_loss_fn_args", "loss_agg_mode", "sample_strategy")})
+    eb = cfg.buffer.trainer_input.experience_buffer
+    job = cfg.checkpoint_job_dir
+    n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * alg.repeat_times
+    tokenizer = None
+
+    def tok() -> Any:
+        nonlocal tokenizer
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            if not cfg.model.model_path:
+                raise ValueError("model.model_path: needed to tokenize file buffers")
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
+        return tokenizer
+
+    store = main_file = None
+    max_len = cfg.model.max_model_len
+    if eb is not None and eb.storage_type == "file":
+        kind = "dpo" if spec.schema == "dpo" else "sft"
+        main_file = FileBuffer(eb, tok(), batch_size=n, kind=kind, total_epochs=cfg.buffer.total_epochs,
+                               max_length=max_len)
+    else:
+        from schemas.config import ExperienceBufferConfig
+
+        eb = eb or ExperienceBufferConfig(name="experience_buffer")
+        store = ReplayStore.from_config(eb, os.path.join(job, "buffer", eb.name or "experience_buffer"))
+    aux = {
+        name: FileBuffer(b, tok(), batch_size=n, kind="sft", total_epochs=10**6, max_length=max_len)
+        for name, b in cfg.buffer.trainer_input.auxiliary_buffers.items()
+    }
+    pipeline = Pipeline.from_config(cfg.data_processor.experience_pipeline.operators, spec)
+    return BufferService(
+        store, pipeline, main_file=main_file, aux=aux, sample_strategy=spec.sample_strategy,
+        sample_args=alg.sample_strategy_args,
+        max_read_timeout=(eb.max_read_timeout if eb is not None else 1800.0),
+    )
+
+
+async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> int:
+    stop = stop or asyncio.Event()
+    service = build_service(cfg)
+    nc = await bus.connect(cfg.nats, name="buffer")
+    js = bus.jetstream(nc, cfg.nats)
+    await bus.ensure_streams(js, cfg.nats, cfg.run_id)
+    names = bus.names(cfg.run_id)
+    pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
+    state = await bus.RunState.open(js, cfg.run_id)
+
+    async def on_batch(m: Message) -> bytes:
+        req = BatchRequest.unpack(m.data)
+        reply = await service.batch(req)
+        log.info("batch_served", step=req.step, n=len(reply.items), wanted=req.n)
+        return reply.pack()
+
+    async def on_commit(m: Message) -> bytes:
+        upto = int(msgpack.unpackb(m.data)["upto"])
+        done = await asyncio.to_thread(service.commit, upto)
+        return msgpack.packb({"committed": done})
+
+    subs = [await bus.serve(nc, names.rpc(BATCH_RPC), on_batch),
+            await bus.serve(nc, names.rpc(COMMIT_RPC), on_commit)]
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    consumer = None
+    if service.store is not None:
+        consumer = await bus.Consumer(nc, cfg.nats, cfg.run_id, "exp", "buffer", expect=ExperienceGroup).start()
+    log.info("buffer_started", run=cfg.run_id, main="file" if service.main_file else "replay")
+    last_beat = 0.0
+    try:
+        while not stop.is_set():
+            if consumer is None:
+                await asyncio.sleep(0.5)
+            else:
+                items = await consumer.fetch(timeout=0.5)
+                if items:
+                    added = await asyncio.to_thread(service.ingest, [d.obj for d in items])
+                    await consumer.ack(items)
+                    log.debug("ingested", groups=len(items), experiences=added)
+            if time.monotonic() - last_beat > 2.0:
+                last_beat = time.monotonic()
+                ready = service.store.count_ready() if service.store is not None else 0
+                await state.heartbeat("buffer", stored=service.stored, ready=ready)
+                await pub.publish_event(Metric(role="buffer", step=0, kind="buffer", values={
+                    "stored": float(service.stored), "ready": float(ready), "groups_in": float(service.groups_in),
+                    **{f"dropped/{k}": float(v) for k, v in service.pipeline.dropped.items()}}))
+    finally:
+        for s in subs:
+            await s.unsubscribe()
+        if consumer is not None:
+            await consumer.close()
+        await nc.drain()
+        if service.store is not None:
+            service.store.close()
+    return 0

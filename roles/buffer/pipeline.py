@@ -1,0 +1,140 @@
+"""The experience pipeline: what happens to a group between the bus and the replay store.
+
+Operators come from ``data_processor.experience_pipeline.operators`` (name + args) and run in
+order on each :class:`ExperienceGroup`; an operator returns the (possibly changed) group or
+None to drop it. After them, when the algorithm's advantage needs only one group (GRPO, RLOO,
+OPMD, ...: ``not spec.compute_advantage_in_trainer``), the group's advantages are computed
+here, the moment the group arrives, with the function from :mod:`ops`. Keeping this a plain
+function of the group (no I/O) is why a redelivered message gives the same stored result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+import ops
+from ops.algorithms import AlgorithmSpec
+from schemas.data import ExperienceGroup
+
+Operator = Callable[[ExperienceGroup], ExperienceGroup | None]
+
+
+def reward_shaping(group: ExperienceGroup, *, scale: float = 1.0, bias: float = 0.0,
+                   clip: list[float] | None = None) -> ExperienceGroup:
+    """``r' = clip(scale * r + bias)``: rescale rewards (e.g. map {0, 1} to {-1, 1})."""
+    for e in group.experiences:
+        if e.reward is None:
+            continue
+        r = scale * float(e.reward) + bias
+        if clip is not None:
+            r = min(max(r, float(clip[0])), float(clip[1]))
+        e.reward = r
+    return group
+
+
+def drop_equal_reward_groups(group: ExperienceGroup, *, min_size: int = 2) -> ExperienceGroup | None:
+    """Drop a group whose rewards are all equal: a group baseline gives every member advantage
+    0, so it costs a training slot and teaches nothing (DAPO's dynamic sampling)."""
+    rewards = [e.reward for e in group.experiences if e.reward is not None]
+    if len(rewards) >= min_size and max(rewards) == min(rewards):
+        return None
+    return group
+
+
+def drop_truncated(group: ExperienceGroup) -> ExperienceGroup | None:
+    """Drop experiences whose response was cut at max_tokens (their reward is unreliable)."""
+    group.experiences = [e for e in group.experiences if not e.response_truncated]
+    return group if group.experiences else None
+
+
+OPERATORS: dict[str, Callable[..., ExperienceGroup | None]] = {
+    "reward_shaping": reward_shaping,
+    "reward_shaping_mapper": reward_shaping,
+    "reward_filter": drop_equal_reward_groups,
+    "drop_equal_reward_groups": drop_equal_reward_groups,
+    "drop_truncated": drop_truncated,
+}
+
+
+def group_advantages(group: ExperienceGroup, spec: AlgorithmSpec) -> ExperienceGroup | None:
+    """Fill ``advantages``/``returns`` of every experience with ``spec.advantage_fn`` over the
+    group (responses padded to the longest); rows the function does not keep are dropped."""
+    exps = group.experiences
+    if not exps:
+        return None
+    lengths = [e.response_length for e in exps]
+    t = max(max(lengths), 1)
+    mask = torch.zeros(len(exps), t, dtype=torch.bool)
+    old = torch.zeros(len(exps), t, dtype=torch.float32)
+    for i, e in enumerate(exps):
+        n = lengths[i]
+        mask[i, :n] = torch.as_tensor(np.asarray(e.action_mask)) if e.action_mask is not None else True
+        if e.logprobs is not None:
+            old[i, :n] = torch.as_tensor(np.asarray(e.logprobs, dtype=np.float32))
+    rewards = torch.tensor([0.0 if e.reward is None else float(e.reward) for e in exps], dtype=torch.float32)
+    fn = ops.get("advantage_fn", spec.advantage_fn)
+    res = fn(action_mask=mask, rewards=rewards, group_ids=[group.group_id] * len(exps),
+             old_logprob=old, **spec.advantage_fn_args)
+    keep = res.keep.reshape(-1).bool() if res.keep.numel() == len(exps) else torch.ones(len(exps), dtype=torch.bool)
+    kept = []
+    for i, e in enumerate(exps):
+        if not bool(keep[i]):
+            continue
+        n = lengths[i]
+        e.advantages = res.advantages[i, :n].to(torch.float32).numpy().copy()
+        e.returns = res.returns[i, :n].to(torch.float32).numpy().copy()
+        kept.append(e)
+    group.experiences = kept
+    return group if kept else None
+
+
+@dataclass
+class Pipeline:
+    """Operators in order, then group advantages when the algorithm computes them per group."""
+
+    operators: list[tuple[str, Operator]] = field(default_factory=list)
+    spec: AlgorithmSpec | None = None
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, operators: list[Any], spec: AlgorithmSpec | None) -> Pipeline:
+        """Build from ``experience_pipeline.operators`` (objects with ``name`` and ``args``);
+        an unknown name or argument is an error naming the operator."""
+        ops_: list[tuple[str, Operator]] = []
+        for i, op in enumerate(operators):
+            name, args = op.name, dict(op.args or {})
+            if name not in OPERATORS:
+                raise ValueError(
+                    f"data_processor.experience_pipeline.operators[{i}].name: unknown {name!r}; "
+                    f"valid names: {', '.join(sorted(OPERATORS))}"
+                )
+            fn = OPERATORS[name]
+            try:
+                import inspect
+
+                inspect.signature(fn).bind(None, **args)
+            except TypeError as e:
+                raise ValueError(
+                    f"data_processor.experience_pipeline.operators[{i}] ({name}).args: {e}"
+                ) from e
+            ops_.append((name, lambda g, fn=fn, args=args: fn(g, **args)))
+        return cls(ops_, spec)
+
+    def __call__(self, group: ExperienceGroup) -> ExperienceGroup | None:
+        g: ExperienceGroup | None = group
+        for name, op in self.operators:
+            g = op(g)
+            if g is None:
+                self.dropped[name] = self.dropped.get(name, 0) + 1
+                return None
+        spec = self.spec
+        if spec is not None and spec.advantage_fn and not spec.compute_advantage_in_trainer:
+            g = group_advantages(g, spec)
+            if g is None:
+                self.dropped["advantage"] = self.dropped.get("advantage", 0) + 1
+        return g

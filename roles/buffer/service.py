@@ -1,0 +1,138 @@
+"""What the buffer process does, minus the process: ingest groups, answer batch requests.
+
+Ingest: groups pass the pipeline, are written to LMDB in one transaction, and only then are
+their messages acked, so a buffer killed mid-way loses nothing and a redelivered group is
+stored once (``put_groups`` is idempotent per experience id). Eval groups are not training
+data and are acked without storing.
+
+Batches follow the algorithm's ``sample_strategy``: ``default`` (the store's FIFO or priority
+order), ``staleness_control`` (no experience older than ``trainer_version - max_staleness``)
+and ``mix`` (a share ``expert_data_ratio`` of each batch from the auxiliary SFT buffer, marked
+``info["is_expert"]``, as CHORD trains on). A request waits at most ``max_read_timeout`` for a
+full batch and then returns what there is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+
+from schemas import codec
+from schemas.data import ExperienceGroup
+from storage.replay import ReplayStore, staleness_floor
+
+from .files import FileBuffer
+from .pipeline import Pipeline
+from .protocol import BatchReply, BatchRequest, batch_key
+
+log = structlog.get_logger(__name__)
+
+
+class BufferService:
+    def __init__(
+        self,
+        store: ReplayStore | None,
+        pipeline: Pipeline,
+        *,
+        main_file: FileBuffer | None = None,
+        aux: dict[str, FileBuffer] | None = None,
+        sample_strategy: str = "default",
+        sample_args: dict[str, Any] | None = None,
+        max_read_timeout: float = 1800.0,
+    ) -> None:
+        if store is None and main_file is None:
+            raise ValueError("buffer: neither a replay store nor a file buffer to serve")
+        self.store = store
+        self.pipeline = pipeline
+        self.main_file = main_file
+        self.aux = aux or {}
+        self.strategy = sample_strategy
+        self.args = dict(sample_args or {})
+        self.max_read_timeout = max_read_timeout
+        self.stored = 0
+        self.groups_in = 0
+        if self.strategy == "mix" and not self.aux:
+            raise ValueError(
+                "algorithm.sample_strategy 'mix' needs buffer.trainer_input.auxiliary_buffers "
+                "(e.g. an SFT dataset named sft_dataset)"
+            )
+
+    # -- ingest -------------------------------------------------------------------------------
+
+    def ingest(self, groups: list[ExperienceGroup]) -> int:
+        """Run the pipeline and store the surviving groups in one transaction; returns the
+        number of experiences newly stored. Synchronous: call it from a thread."""
+        keep = []
+        for g in groups:
+            self.groups_in += 1
+            if g.is_eval:
+                continue
+            out = self.pipeline(g)
+            if out is not None:
+                keep.append(out)
+        if not keep or self.store is None:
+            return 0
+        res = self.store.put_groups(keep)
+        added = res.experiences
+        self.stored += added
+        return added
+
+    # -- batches ------------------------------------------------------------------------------
+
+    def _floor(self, trainer_version: int) -> int | None:
+        if self.strategy != "staleness_control":
+            return None
+        return staleness_floor(trainer_version, self.args.get("max_staleness"))
+
+    def _split(self, n: int) -> tuple[int, int]:
+        """(usual, expert) sizes of a batch of ``n``."""
+        if self.strategy != "mix":
+            return n, 0
+        ratio = float(self.args.get("expert_data_ratio", 0.5))
+        expert = int(round(n * ratio))
+        return n - expert, expert
+
+    async def batch(self, req: BatchRequest) -> BatchReply:
+        """Answer one batch request (see the module doc)."""
+        if self.main_file is not None:
+            exps = await asyncio.to_thread(self.main_file.batch, req.step, req.n)
+            return BatchReply(req.step, [codec.encode(e) for e in exps], [1] * len(exps), req.n)
+        assert self.store is not None
+        usual, expert = self._split(req.n)
+        key = batch_key(req.step)
+        floor = self._floor(req.trainer_version)
+        taken = await asyncio.to_thread(self.store.take_batch_encoded, key, 0)  # a retake?
+        if not taken and usual > 0:
+            timeout = self.max_read_timeout if req.timeout is None else min(req.timeout, self.max_read_timeout)
+            deadline = time.monotonic() + timeout
+            pause = 0.01
+            while self.store.count_available(floor) < usual and time.monotonic() < deadline:
+                await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+                pause = min(pause * 2, 0.2)
+            taken = await asyncio.to_thread(
+                self.store.take_batch_encoded, key, usual, min_model_version=floor
+            )
+        items = [t.data for t in taken]
+        counts = [t.use_count for t in taken]
+        if expert:
+            aux = next(iter(self.aux.values()))
+            exps = await asyncio.to_thread(aux.batch, req.step, expert)
+            items += [codec.encode(e) for e in exps]
+            counts += [1] * len(exps)
+        if len(items) < req.n:
+            log.info("partial_batch", step=req.step, got=len(items), wanted=req.n)
+        return BatchReply(req.step, items, counts, req.n)
+
+    def commit(self, upto: int) -> list[str]:
+        """Commit every pending batch of a step <= ``upto`` (the trainer checkpointed them)."""
+        if self.store is None:
+            return []
+        done = []
+        for key in self.store.pending_batches():
+            if key.startswith("step-") and int(key[5:]) <= upto:
+                self.store.commit_batch(key)
+                done.append(key)
+        return done

@@ -1,0 +1,253 @@
+"""The two ends of a weight sync, used inside the trainer and explorer loops.
+
+They meet through the run's KV bucket (``bus.RunState``):
+
+* ``sync.offer``: the trainer has weights of ``version`` ready (``method``; for checkpoints
+  the HF folder ``path``);
+* ``rendezvous.<group_name>``: where the broadcast group meets (``Rendezvous.to_dict()``);
+* ``sync.join``: the explorer's engines are about to receive ``version`` (broadcast only);
+* ``sync.want``: under ``explorer_driven``, the explorer asks for the current weights;
+* ``version.trainer`` / ``version.explorer``: who holds what.
+
+Every event also goes to the sync subject as a :class:`SyncEvent`. Every wait is bounded by
+``sync_timeout``; a timeout is published with the missing role, and then the run goes on with
+the old weights (``on_timeout: continue``) or :class:`SyncTimeout` is raised (``stop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import structlog
+
+from schemas.config import TrinityConfig
+from schemas.data import SyncEvent
+
+from .policy import SyncPlan, explorer_requests, required_version, trainer_offers
+
+log = structlog.get_logger(__name__)
+
+OFFER, JOIN, WANT = "sync.offer", "sync.join", "sync.want"
+
+
+class SyncTimeout(RuntimeError):
+    """A sync did not complete within ``sync_timeout`` and ``on_timeout`` is ``stop``."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+async def poll(fn: Callable[[], Awaitable[Any]], timeout: float, pause: float = 0.02) -> Any:
+    """Await ``fn()`` until it returns something truthy; None after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = await fn()
+        if v:
+            return v
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        await asyncio.sleep(min(pause, left))
+        pause = min(pause * 2, 0.25)
+
+
+class _Side:
+    role = ""
+
+    def __init__(self, cfg: TrinityConfig, nc: Any, state: Any, pub: Any) -> None:
+        self.cfg = cfg
+        self.plan = SyncPlan.from_config(cfg.synchronizer)
+        self.nc, self.state, self.pub = nc, state, pub
+
+    async def event(self, kind: str, version: int, step: int = 0, **kw: Any) -> None:
+        ev = SyncEvent(kind=kind, model_version=version, method=self.plan.method, step=step,
+                       source=self.role, **kw)
+        try:
+            await self.pub.publish_event(ev)
+        except Exception as e:  # an event is a report; never let it break a sync
+            log.warning("sync_event_failed", kind=kind, error=str(e))
+
+    async def timed_out(self, what: str, version: int, step: int, missing: list[str]) -> None:
+        log.warning("sync_timeout", what=what, version=version, missing=missing, on_timeout=self.plan.on_timeout)
+        await self.event("timeout", version, step, missing=missing, info={"what": what})
+        if self.plan.on_timeout == "stop":
+            raise SyncTimeout(f"{self.role}: {what} for version {version} timed out after "
+                              f"{self.plan.timeout:.0f}s; missing: {', '.join(missing)}")
+
+
+class TrainerSyncClient(_Side):
+    """Trainer end: offers weights when the plan says so and sends them (broadcast) or writes
+    the HF folder (checkpoint)."""
+
+    role = "trainer"
+
+    def __init__(self, cfg: TrinityConfig, nc: Any, state: Any, pub: Any, receivers: int | None = None) -> None:
+        super().__init__(cfg, nc, state, pub)
+        rm = cfg.explorer.rollout_model
+        self.receivers = receivers if receivers is not None else rm.engine_num * rm.tensor_parallel_size
+        self.sender: Any = None
+        self.seq = 0
+        self.want_served = 0.0
+
+    async def after_step(self, step: int, trainer: Any) -> None:
+        """Call after every train step (``trainer`` has ``engine``, ``tokenizer``, ``job``)."""
+        p = self.plan
+        if p.style == "explorer_driven":
+            want = await self.state.get(WANT)
+            if not (want and float(want.get("ts", 0)) > self.want_served):
+                return
+            self.want_served = float(want["ts"])
+        elif not trainer_offers(step, p.trainer_interval, p.style):
+            return
+        await self.offer(step, trainer)
+
+    async def offer(self, version: int, trainer: Any) -> None:
+        if self.plan.method == "checkpoint":
+            await self._offer_checkpoint(version, trainer)
+        else:
+            await self._offer_broadcast(version, trainer)
+
+    async def _offer_checkpoint(self, version: int, trainer: Any) -> None:
+        from storage.checkpoints import save_state_dict_checkpoint
+
+        t0 = time.perf_counter()
+        path = await asyncio.to_thread(
+            save_state_dict_checkpoint, trainer.job, version,
+            state_dict=dict(trainer.engine.named_tensors()), config=trainer.engine.model.config,
+            tokenizer=trainer.tokenizer,
+        )
+        self.seq += 1
+        await self.state.put(OFFER, {"version": version, "method": "checkpoint", "path": str(path),
+                                     "seq": self.seq, "ts": time.time()})
+        await self.event("weights_ready", version, version, checkpoint_path=str(path),
+                         info={"seconds": time.perf_counter() - t0})
+
+    async def _offer_broadcast(self, version: int, trainer: Any) -> None:
+        from .weights import Rendezvous, WeightSender
+
+        p = self.plan
+        backend = "nccl" if _cuda() else "gloo"
+        fresh = self.sender is None
+        if fresh:
+            host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")  # a reachable address on multi-node
+            rdv = Rendezvous(host, _free_port(), 1 + self.receivers, backend, p.group_name)
+            self.sender = await asyncio.to_thread(WeightSender, rdv, p.timeout)
+            await self.state.set_rendezvous(p.group_name, **rdv.to_dict())
+        self.seq += 1
+        await self.state.put(OFFER, {"version": version, "method": "nccl", "seq": self.seq, "ts": time.time()})
+        await self.event("weights_ready", version, version, rendezvous=f"{self.sender.rdv.host}:{self.sender.rdv.port}")
+        try:
+            if fresh:
+                await asyncio.wait_for(asyncio.to_thread(self.sender.connect), p.timeout + 5)
+            joined = await poll(lambda: self._joined(version), p.timeout)
+            if not joined:
+                raise TimeoutError("explorer did not join")
+            t0 = time.perf_counter()
+            sent = await asyncio.to_thread(self.sender.send, list(trainer.engine.named_tensors()), version)
+            dt = time.perf_counter() - t0
+            await self.event("weights_sent", version, version, info={"bytes": sent, "seconds": dt})
+            log.info("weights_sent", version=version, mb=round(sent / 2**20, 1), seconds=round(dt, 3))
+        except (TimeoutError, asyncio.TimeoutError, RuntimeError) as e:
+            self.sender = None  # the group is unusable after a failed collective: rebuild next time
+            await self.state.clear_rendezvous(p.group_name)
+            await self.timed_out(f"broadcast ({e})", version, version, ["explorer"])
+
+    async def _joined(self, version: int) -> bool:
+        j = await self.state.get(JOIN)
+        return bool(j and int(j.get("version", -1)) == version)
+
+    async def close(self) -> None:
+        self.sender = None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class ExplorerSyncClient(_Side):
+    """Explorer end: ``before_step`` blocks until the explorer may run a step, loading new
+    weights into every engine when they are due."""
+
+    role = "explorer"
+
+    def __init__(self, cfg: TrinityConfig, nc: Any, state: Any, pub: Any) -> None:
+        super().__init__(cfg, nc, state, pub)
+        self.version = 0
+        self.seq_loaded = 0
+        self.joined_ts: float | None = None
+
+    async def before_step(self, step: int, engines: Sequence[Any]) -> int:
+        """Returns the model version the step runs on."""
+        p = self.plan
+        if p.style == "trainer_driven":
+            offer = await self.state.get(OFFER)
+            if offer and int(offer["version"]) > self.version:
+                await self._load(offer, engines, step)
+            return self.version
+        if p.style == "explorer_driven":
+            if not explorer_requests(step, p.explorer_interval, p.offset, p.style):
+                return self.version
+            asked = time.time()
+            await self.state.put(WANT, {"step": step, "ts": asked})
+            offer = await poll(lambda: self._offer_after(asked), p.timeout)
+        else:
+            need = required_version(step, p.explorer_interval, p.offset)
+            if self.version >= need:
+                return self.version
+            offer = await poll(lambda: self._offer_at_least(need), p.timeout)
+        if offer is None:
+            await self.timed_out("waiting for weights", self.version, step, ["trainer"])
+            return self.version
+        await self._load(offer, engines, step)
+        return self.version
+
+    async def after_step(self, step: int) -> None:
+        await self.state.set_model_version("explorer", self.version, step=step)
+
+    async def _offer_at_least(self, version: int) -> dict | None:
+        o = await self.state.get(OFFER)
+        return o if o and int(o["version"]) >= version else None
+
+    async def _offer_after(self, ts: float) -> dict | None:
+        o = await self.state.get(OFFER)
+        return o if o and float(o["ts"]) > ts else None
+
+    async def _load(self, offer: dict, engines: Sequence[Any], step: int) -> None:
+        version = int(offer["version"])
+        t0 = time.perf_counter()
+        if offer["method"] == "checkpoint":
+            await asyncio.gather(*(e.load_checkpoint(offer["path"], version) for e in engines))
+        else:
+            p = self.plan
+            rdv = await self.state.wait_rendezvous(p.group_name, p.timeout)
+            if self.joined_ts != float(rdv["ts"]):
+                d = {k: v for k, v in rdv.items() if k != "ts"}
+                offsets, r = [], 1
+                for e in engines:
+                    offsets.append(r)
+                    r += int(getattr(e, "tensor_parallel_size", 1) or 1)
+                await asyncio.gather(*(e.init_weight_group(d, o, p.timeout) for e, o in zip(engines, offsets)))
+                self.joined_ts = float(rdv["ts"])
+            await self.state.put(JOIN, {"version": version, "ts": time.time()})
+            try:
+                got = await asyncio.wait_for(asyncio.gather(*(e.receive_weights() for e in engines)), p.timeout)
+            except (asyncio.TimeoutError, RuntimeError) as e:
+                self.joined_ts = None
+                await self.timed_out(f"receiving weights ({e})", version, step, ["trainer"])
+                return
+            version = min(int(v) for v in got)
+        self.version = version
+        dt = time.perf_counter() - t0
+        await self.state.set_model_version("explorer", version, step=step)
+        await self.event("loaded", version, step, info={"seconds": dt})
+        log.info("weights_loaded", version=version, method=offer["method"], seconds=round(dt, 3))

@@ -1,0 +1,103 @@
+"""``trinity synchronizer``: the run's sync referee and monitor.
+
+The trainer and explorer clients (``client.py``) move weights themselves, following the
+pure policy in ``policy.py``; this process publishes that plan to KV (``sync.plan``) so
+``trinity inspect`` shows it, watches every offer, and when an offer is not taken within
+``sync_timeout`` publishes a ``timeout`` event naming who did not arrive (from heartbeats and
+versions) and, with ``on_timeout: stop``, a ``stop`` control message. It also appends sync
+events and metrics to ``<job_dir>/monitor/*.jsonl`` (tensorboard/wandb come later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+import time
+from pathlib import Path
+
+import structlog
+
+import bus
+from schemas.config import TrinityConfig
+from schemas.data import Metric, SyncEvent
+
+from .client import OFFER
+from .policy import SyncPlan
+
+log = structlog.get_logger(__name__)
+
+
+def _jsonable(obj: object) -> dict:
+    return {k: v for k, v in dataclasses.asdict(obj).items()}  # type: ignore[arg-type]
+
+
+def overdue(offer: dict | None, explorer_version: int | None, now: float, timeout: float) -> bool:
+    """An offer nobody took within ``timeout`` seconds (pure, unit-tested)."""
+    if not offer:
+        return False
+    taken = explorer_version is not None and explorer_version >= int(offer["version"])
+    return not taken and now - float(offer["ts"]) > timeout
+
+
+def missing_roles(heartbeats: dict[str, dict], now: float, stale_after: float) -> list[str]:
+    """Roles among trainer/explorer whose heartbeat is absent or older than ``stale_after``."""
+    out = []
+    for role in ("explorer", "trainer"):
+        hb = heartbeats.get(role)
+        if hb is None or now - float(hb.get("ts", 0)) > stale_after:
+            out.append(role)
+    return out or ["explorer"]
+
+
+async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> int:
+    stop = stop or asyncio.Event()
+    plan = SyncPlan.from_config(cfg.synchronizer)
+    nc = await bus.connect(cfg.nats, name="synchronizer")
+    js = bus.jetstream(nc, cfg.nats)
+    await bus.ensure_streams(js, cfg.nats, cfg.run_id)
+    state = await bus.RunState.open(js, cfg.run_id)
+    pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
+    await state.put("sync.plan", dataclasses.asdict(plan))
+    mon = Path(cfg.checkpoint_job_dir) / "monitor"
+    mon.mkdir(parents=True, exist_ok=True)
+    events = await bus.Consumer(nc, cfg.nats, cfg.run_id, "sync", "synchronizer", expect=SyncEvent).start()
+    metrics = await bus.Consumer(nc, cfg.nats, cfg.run_id, "metrics", "synchronizer-monitor", expect=Metric).start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    flagged: set[int] = set()
+    log.info("synchronizer_started", **dataclasses.asdict(plan))
+    try:
+        while not stop.is_set():
+            for consumer, fname in ((events, "sync_events.jsonl"), (metrics, "metrics.jsonl")):
+                items = await consumer.fetch(timeout=0.2)
+                if items:
+                    with open(mon / fname, "a") as f:
+                        for d in items:
+                            f.write(json.dumps(_jsonable(d.obj), default=str) + "\n")
+                    await consumer.ack(items)
+            await state.heartbeat("synchronizer")
+            offer = await state.get(OFFER)
+            now = time.time()
+            if offer and int(offer.get("seq", 0)) not in flagged and overdue(
+                offer, await state.model_version("explorer"), now, plan.timeout
+            ):
+                flagged.add(int(offer.get("seq", 0)))
+                missing = missing_roles(await state.heartbeats(), now, max(plan.timeout / 2, 10.0))
+                log.warning("sync_overdue", version=offer["version"], missing=missing)
+                await pub.publish_event(SyncEvent(kind="timeout", model_version=int(offer["version"]),
+                                                  method=plan.method, source="synchronizer", missing=missing))
+                if plan.on_timeout == "stop":
+                    await pub.publish_event(SyncEvent(kind="stop", model_version=int(offer["version"]),
+                                                      method=plan.method, source="synchronizer",
+                                                      missing=missing), kind="ctl")
+    finally:
+        await events.close()
+        await metrics.close()
+        await nc.drain()
+    return 0

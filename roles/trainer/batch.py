@@ -1,0 +1,140 @@
+"""From a list of experiences to padded tensors, and from a batch to micro-batches.
+
+Layout: ``input_ids`` (B x L, right padded) holds prompt + response; the response part of the
+per-token quantities is ``B x T`` (T = longest response) and ``resp_index`` says where in the
+``L-1`` next-token predictions each response token sits (position ``prompt_length - 1 + t``
+predicts response token ``t``). DPO experiences become two rows each (chosen, rejected), which
+is the pairing :func:`ops.policy_losses.dpo_loss` expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from schemas.data import Experience
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # B x L
+    attention_mask: torch.Tensor  # B x L
+    resp_index: torch.Tensor  # B x T, index into the L-1 predictions
+    action_mask: torch.Tensor  # B x T bool
+    old_logprob: torch.Tensor  # B x T
+    advantages: torch.Tensor  # B x T
+    returns: torch.Tensor  # B x T
+    rewards: torch.Tensor  # B
+    expert_mask: torch.Tensor  # B bool
+    group_ids: list[str]
+    ids: list[str]
+    has_old: torch.Tensor  # B bool: the rollout engine's logprobs are known
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def select(self, rows: Sequence[int]) -> Batch:
+        """Rows ``rows`` as their own batch, trimmed to their longest sequence/response."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        am = self.attention_mask[idx]
+        L = max(int(am.sum(-1).max()), 2)
+        return Batch(
+            self.input_ids[idx, :L], am[:, :L], self.resp_index[idx].clamp(max=L - 2), self.action_mask[idx],
+            self.old_logprob[idx], self.advantages[idx], self.returns[idx],
+            self.rewards[idx], self.expert_mask[idx],
+            [self.group_ids[i] for i in rows], [self.ids[i] for i in rows], self.has_old[idx],
+        )
+
+
+def _rows(exps: Sequence[Experience]) -> list[tuple[Experience, np.ndarray, int, str]]:
+    """(experience, tokens, prompt_length, row id) per training row."""
+    rows = []
+    for e in exps:
+        if e.chosen is not None and e.rejected is not None:
+            p = np.asarray(e.tokens)[: e.prompt_length]
+            rows.append((e, np.concatenate([p, np.asarray(e.chosen)]), e.prompt_length, e.id + "#chosen"))
+            rows.append((e, np.concatenate([p, np.asarray(e.rejected)]), e.prompt_length, e.id + "#rejected"))
+        else:
+            rows.append((e, np.asarray(e.tokens), e.prompt_length, e.id))
+    return rows
+
+
+def collate(exps: Sequence[Experience], pad_token_id: int = 0) -> Batch:
+    """Pad experiences into a :class:`Batch` (raises ValueError naming an experience without
+    response tokens)."""
+    rows = _rows(exps)
+    if not rows:
+        raise ValueError("collate: empty batch")
+    B = len(rows)
+    L = max(len(t) for _, t, _, _ in rows)
+    T = max(max(len(t) - p for _, t, p, _ in rows), 1)
+    ids = torch.full((B, L), pad_token_id, dtype=torch.long)
+    am = torch.zeros(B, L, dtype=torch.long)
+    ri = torch.zeros(B, T, dtype=torch.long)
+    act = torch.zeros(B, T, dtype=torch.bool)
+    old = torch.zeros(B, T)
+    adv = torch.zeros(B, T)
+    ret = torch.zeros(B, T)
+    rew = torch.zeros(B)
+    expert = torch.zeros(B, dtype=torch.bool)
+    has_old = torch.zeros(B, dtype=torch.bool)
+    for i, (e, tok, p, _) in enumerate(rows):
+        n, r = len(tok), len(tok) - p
+        if r <= 0 or p <= 0:
+            raise ValueError(f"experience {e.id!r}: needs >= 1 prompt and >= 1 response token (prompt {p}, total {n})")
+        ids[i, :n] = torch.as_tensor(tok.astype(np.int64))
+        am[i, :n] = 1
+        ri[i, :r] = torch.arange(p - 1, n - 1)
+        is_pair = e.chosen is not None
+        act[i, :r] = True if (e.action_mask is None or is_pair) else torch.from_numpy(np.array(e.action_mask, dtype=bool))
+        if e.logprobs is not None and not is_pair:
+            old[i, :r] = torch.from_numpy(np.array(e.logprobs, dtype=np.float32))
+            has_old[i] = True
+        if e.advantages is not None:
+            adv[i, :r] = torch.from_numpy(np.array(e.advantages, dtype=np.float32))
+        if e.returns is not None:
+            ret[i, :r] = torch.from_numpy(np.array(e.returns, dtype=np.float32))
+        rew[i] = 0.0 if e.reward is None else float(e.reward)
+        expert[i] = bool(e.info.get("is_expert", False))
+    return Batch(ids, am, ri, act, old, adv, ret, rew, expert, [r[0].group_id for r in rows], [r[3] for r in rows], has_old)
+
+
+def micro_batches(
+    lengths: Sequence[int],
+    *,
+    use_dynamic_bsz: bool,
+    max_token_len: int | None,
+    micro_batch_size: int,
+    pair: bool = False,
+) -> list[list[int]]:
+    """Split rows into micro-batches: by a token budget (``use_dynamic_bsz``: consecutive rows
+    while the padded size ``rows * longest`` stays within ``max_token_len``; a row longer
+    than the budget goes alone) or by ``micro_batch_size`` rows. ``pair`` keeps rows 2k and
+    2k+1 together (DPO). Pure, so it is unit-tested on lengths alone."""
+    unit = 2 if pair else 1
+    units = [list(range(i, min(i + unit, len(lengths)))) for i in range(0, len(lengths), unit)]
+    out: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for u in units:
+        ul = max(lengths[i] for i in u)
+        if use_dynamic_bsz and max_token_len:
+            fits = (len(cur) + len(u)) * max(longest, ul) <= max_token_len
+        else:
+            fits = len(cur) + len(u) <= max(micro_batch_size, unit)
+        if cur and not fits:
+            out.append(cur)
+            cur, longest = [], 0
+        cur += u
+        longest = max(longest, ul)
+    if cur:
+        out.append(cur)
+    return out

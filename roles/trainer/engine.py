@@ -1,0 +1,118 @@
+"""Train engines behind one interface: log-probs of a batch, backward, optimizer step,
+weights for a sync, save and load.
+
+``TorchEngine`` is plain PyTorch (the CPU default; also fine on one GPU). The DeepSpeed ZeRO
+engine (``deepspeed_engine.py``) has the same methods, so the step logic in ``step.py`` never
+asks which one it drives.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from schemas.config import OptimizerConfig
+
+
+def lr_factor(step: int, *, total_steps: int, warmup_steps: int, scheduler: str, min_lr_ratio: float) -> float:
+    """Multiplier of ``lr`` after ``step`` optimizer steps: linear warmup over
+    ``warmup_steps``, then constant or cosine down to ``min_lr_ratio`` at ``total_steps``."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if scheduler == "cosine" and total_steps > warmup_steps:
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return 1.0
+
+
+def warmup_steps(opt: OptimizerConfig, total_steps: int) -> int:
+    return opt.lr_warmup_steps if opt.lr_warmup_steps >= 0 else int(opt.lr_warmup_steps_ratio * total_steps)
+
+
+class TrainEngine(Protocol):
+    model: Any
+
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def step(self) -> float: ...
+    @property
+    def lr(self) -> float: ...
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+    def optimizer_state(self) -> dict[str, Any]: ...
+    def load_optimizer_state(self, state: dict[str, Any]) -> None: ...
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+class TorchEngine:
+    """One process, plain ``torch.optim.AdamW`` and ``LambdaLR``."""
+
+    def __init__(self, model: Any, opt: OptimizerConfig, *, total_steps: int, grad_clip: float) -> None:
+        self.model = model
+        self.model.train()
+        self.grad_clip = grad_clip
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=opt.lr, betas=tuple(opt.betas),
+            weight_decay=opt.weight_decay,
+        )
+        ws = warmup_steps(opt, total_steps)
+        sched = opt.warmup_style or opt.lr_scheduler_type
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, total_steps=total_steps, warmup_steps=ws, scheduler=sched,
+                                min_lr_ratio=opt.min_lr_ratio),
+        )
+
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        dev = next(self.model.parameters()).device
+        return self.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).logits
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        """Clip, step, schedule; returns the gradient norm before clipping. A non-finite norm
+        skips the update (one bad batch must not destroy the weights)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else float("inf"))
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return float(norm)
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a weight sync sends: every parameter and buffer of the state dict (tied
+        weights once), as stored."""
+        seen: set[int] = set()
+        for name, t in self.model.state_dict().items():
+            if t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            yield name, t
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,190 @@
+"""``trinity trainer``: the trainer process loop.
+
+Per step N: ask the buffer for batch N (the same experiences again if N was taken before a
+crash), train on it, publish the step's metrics, record the model version, checkpoint every
+``save_interval`` steps (then tell the buffer that every batch up to N is final), and give the
+synchronizer client its chance to move weights. Resuming loads the latest checkpoint's model,
+optimizer, scheduler, RNG and step, so a SIGKILLed trainer redoes exactly the steps after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import structlog
+import torch
+
+import bus
+from ops.algorithms import AlgorithmSpec, resolve
+from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchReply, BatchRequest
+from schemas.config import TrinityConfig
+from schemas.data import Metric
+from storage import checkpoints as ckpt
+
+from .engine import TorchEngine, load_model
+from .step import StepRunner
+
+log = structlog.get_logger(__name__)
+
+STEPS_LOG = "trainer_steps.jsonl"
+
+
+def algorithm_spec(cfg: TrinityConfig) -> AlgorithmSpec:
+    alg = cfg.algorithm
+    from ops.algorithms import CONFIG_FIELDS
+
+    return resolve(alg.algorithm_type, **{f: getattr(alg, f) for f in CONFIG_FIELDS if f != "repeat_times"})
+
+
+def total_steps(cfg: TrinityConfig) -> int | None:
+    return cfg.trainer.total_steps or cfg.buffer.total_steps
+
+
+def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str) -> Any:
+    """The engine ``trainer.trainer_type`` names (``auto``: DeepSpeed when a GPU is present)."""
+    kind = cfg.trainer.trainer_type
+    if kind == "auto":
+        kind = "deepspeed" if torch.cuda.is_available() else "pytorch"
+    steps = total_steps(cfg) or 10**9
+    if kind == "deepspeed":
+        from .deepspeed_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine.from_config(cfg, model_path, total_steps=steps)
+    if kind != "pytorch":
+        raise ValueError(f"trainer.trainer_type: {kind!r} is not available here (pytorch, deepspeed)")
+    model = load_model(model_path, gradient_checkpointing=cfg.trainer.deepspeed.gradient_checkpointing and torch.cuda.is_available())
+    return TorchEngine(model, cfg.algorithm.optimizer, total_steps=steps, grad_clip=cfg.trainer.grad_clip)
+
+
+class Trainer:
+    """Engine + step runner + checkpoints; the process loop lives in :func:`run_trainer`."""
+
+    def __init__(self, cfg: TrinityConfig) -> None:
+        if not cfg.model.model_path:
+            raise ValueError("model.model_path: the trainer needs a model to train")
+        self.cfg = cfg
+        self.spec = algorithm_spec(cfg)
+        self.job = Path(cfg.checkpoint_job_dir)
+        self.step = 0
+        self.consumed = 0
+        loaded = None
+        if cfg.continue_from_checkpoint:
+            latest = ckpt.read_latest(self.job, "checkpoint")
+            if latest is not None:
+                loaded = ckpt.load_checkpoint(self.job, latest)
+        self.engine = build_engine(cfg, self.spec, cfg.model.model_path)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
+        ref = None
+        if self.spec.use_reference:
+            ref = load_model(cfg.model.model_path).eval()
+            for p in ref.parameters():
+                p.requires_grad_(False)
+        if loaded is not None:
+            self.engine.model.load_state_dict(loaded.state_dict, strict=False)
+            ts = loaded.trainer_state or {}
+            if "engine" in ts:
+                self.engine.load_optimizer_state(ts["engine"])
+            if "rng" in ts:
+                ckpt.restore_rng_state(ts["rng"])
+            self.step = int(ts.get("step", loaded.step))
+            self.consumed = int(ts.get("consumed", 0))
+            log.info("resumed", step=self.step, consumed=self.consumed, path=str(loaded.actor_dir))
+        t = cfg.trainer
+        self.runner = StepRunner(
+            self.engine, self.spec, ref_model=ref, temperature=cfg.model.temperature or 1.0,
+            use_dynamic_bsz=t.use_dynamic_bsz, max_token_len=t.max_token_len_per_gpu,
+            micro_batch_size=t.micro_batch_size_per_gpu,
+            pad_token_id=self.tokenizer.pad_token_id or 0,
+        )
+
+    def train(self, exps: list[Any], step: int) -> dict[str, float]:
+        metrics = self.runner.run(exps, step)
+        self.step = step
+        self.consumed += len(exps)
+        with open(self.job / STEPS_LOG, "a") as f:
+            f.write(json.dumps({"step": step, "ids": [e.id for e in exps], "pid": os.getpid()}) + "\n")
+        return metrics
+
+    def save(self, final: bool) -> Path:
+        t = self.cfg.trainer
+        hf = t.save_hf_checkpoint == "always" or (t.save_hf_checkpoint == "last" and final)
+        state = {"engine": self.engine.optimizer_state(), "rng": ckpt.capture_rng_state(),
+                 "step": self.step, "consumed": self.consumed}
+        return ckpt.save_checkpoint(
+            self.job, self.step, state_dict=self.engine.state_dict(), config=self.engine.model.config,
+            tokenizer=self.tokenizer, trainer_state=state, save_hf=hf,
+            max_checkpoints_to_keep=t.max_checkpoints_to_keep,
+            trainer_meta={"latest_iteration": self.step, "consumed": self.consumed},
+        )
+
+
+async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, timeout: float) -> BatchReply:
+    """Ask the buffer for step ``step``'s batch (waits up to ``timeout`` for a full one)."""
+    req = BatchRequest(step, n, version, timeout)
+    msg = await bus.request(nc, bus.names(run_id).rpc(BATCH_RPC), req.pack(), timeout=timeout + 30)
+    return BatchReply.unpack(msg.data)
+
+
+async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> int:
+    from roles.synchronizer.client import TrainerSyncClient
+
+    stop = stop or asyncio.Event()
+    trainer = await asyncio.to_thread(Trainer, cfg)
+    trainer.job.mkdir(parents=True, exist_ok=True)
+    nc = await bus.connect(cfg.nats, name="trainer")
+    js = bus.jetstream(nc, cfg.nats)
+    await bus.ensure_streams(js, cfg.nats, cfg.run_id)
+    pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
+    state = await bus.RunState.open(js, cfg.run_id)
+    sync = TrainerSyncClient(cfg, nc, state, pub)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times
+    eb = cfg.buffer.trainer_input.experience_buffer
+    read_timeout = min(eb.max_read_timeout if eb else 1800.0, 30.0)
+    last = total_steps(cfg)
+    await state.set_model_version("trainer", trainer.step)
+    log.info("trainer_started", step=trainer.step, total_steps=last, batch=n)
+    try:
+        while not stop.is_set() and (last is None or trainer.step < last):
+            step = trainer.step + 1
+            await state.heartbeat("trainer", step=trainer.step)
+            try:
+                reply = await fetch_batch(nc, cfg.run_id, step, n, trainer.step, read_timeout)
+            except (bus.NoResponders, bus.RequestTimeout) as e:
+                log.warning("no_batch", step=step, error=str(e))
+                await asyncio.sleep(1.0)
+                continue
+            if not reply.items:
+                if cfg.mode == "train" and trainer.spec.schema != "experience":
+                    log.info("dataset_exhausted", step=trainer.step)
+                    break
+                continue
+            exps = reply.experiences()
+            metrics = await asyncio.to_thread(trainer.train, exps, step)
+            await pub.publish_event(Metric(role="trainer", step=step, kind="train", values=metrics))
+            await state.set_model_version("trainer", step)
+            log.info("step", step=step, n=len(exps), loss=round(metrics.get("loss", 0.0), 5))
+            final = last is not None and step >= last
+            si = cfg.trainer.save_interval
+            if (si and step % si == 0) or final:
+                await asyncio.to_thread(trainer.save, final)
+                await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": step}), timeout=30)
+            await sync.after_step(step, trainer)
+    finally:
+        await sync.close()
+        await nc.drain()
+    return 0

@@ -1,0 +1,119 @@
+"""Pure parts of the buffer, trainer and synchronizer: policy, micro-batches, schedule,
+pipeline operators, batch collation, the batch protocol."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ops.algorithms import resolve
+from roles.buffer.pipeline import Pipeline, drop_equal_reward_groups, reward_shaping
+from roles.buffer.protocol import BatchReply, BatchRequest
+from roles.synchronizer.main import missing_roles, overdue
+from roles.synchronizer.policy import explorer_requests, required_version, trainer_offers
+from roles.trainer.batch import collate, micro_batches
+from roles.trainer.engine import lr_factor
+from schemas.config import OperatorConfig
+from schemas.data import Experience, ExperienceGroup
+
+
+def test_required_version_fixed_interval_and_offset():
+    assert [required_version(s, 2, 0) for s in range(7)] == [0, 0, 2, 2, 4, 4, 6]
+    assert [required_version(s, 2, 1) for s in range(7)] == [0, 0, 0, 2, 2, 4, 4]
+    assert [required_version(s, 1, 0) for s in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="sync_interval"):
+        required_version(3, 0)
+
+
+def test_who_offers_and_who_asks():
+    assert [trainer_offers(s, 3, "fixed") for s in range(7)] == [False, False, False, True, False, False, True]
+    assert not trainer_offers(3, 3, "explorer_driven")
+    assert trainer_offers(2, 2, "trainer_driven")
+    assert [explorer_requests(s, 2, 1, "explorer_driven") for s in range(6)] == [False, False, False, True, False, True]
+    assert not explorer_requests(4, 2, 0, "fixed")
+
+
+def test_synchronizer_overdue_and_missing():
+    offer = {"version": 4, "ts": 100.0, "seq": 1}
+    assert overdue(offer, 2, 200.0, 50.0)
+    assert not overdue(offer, 4, 200.0, 50.0)
+    assert not overdue(offer, 2, 120.0, 50.0)
+    assert not overdue(None, 0, 1e9, 1.0)
+    hb = {"trainer": {"ts": 190.0}, "explorer": {"ts": 10.0}}
+    assert missing_roles(hb, 200.0, 30.0) == ["explorer"]
+    assert missing_roles({}, 200.0, 30.0) == ["explorer", "trainer"]
+
+
+def test_micro_batches_by_tokens_rows_and_pairs():
+    lengths = [10, 10, 30, 5, 5, 5]
+    assert micro_batches(lengths, use_dynamic_bsz=True, max_token_len=40, micro_batch_size=1) == [[0, 1], [2], [3, 4, 5]]
+    assert micro_batches(lengths, use_dynamic_bsz=False, max_token_len=None, micro_batch_size=4) == [[0, 1, 2, 3], [4, 5]]
+    assert micro_batches([50, 50], use_dynamic_bsz=True, max_token_len=10, micro_batch_size=1) == [[0], [1]]
+    assert micro_batches(lengths, use_dynamic_bsz=False, max_token_len=None, micro_batch_size=3, pair=True) == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_lr_schedule_warmup_then_cosine_to_floor():
+    f = [lr_factor(s, total_steps=10, warmup_steps=2, scheduler="cosine", min_lr_ratio=0.1) for s in range(11)]
+    assert f[0] == pytest.approx(0.5) and f[1] == pytest.approx(1.0) and f[2] == pytest.approx(1.0)
+    assert f[10] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(f[2:], f[3:]))
+    assert lr_factor(7, total_steps=10, warmup_steps=0, scheduler="constant", min_lr_ratio=0.1) == 1.0
+
+
+def _group(rewards, gid="g"):
+    exps = [Experience(id=f"{gid}/{i}", task_id="t", group_id=gid, run_id="r",
+                       tokens=np.arange(6 + i, dtype=np.int32), prompt_length=3,
+                       logprobs=np.full(3 + i, -1.0, np.float32), action_mask=np.ones(3 + i, bool), reward=r)
+            for i, r in enumerate(rewards)]
+    return ExperienceGroup(group_id=gid, task_id="t", run_id="r", experiences=exps)
+
+
+def test_pipeline_shapes_filters_and_computes_grpo_advantages():
+    pipe = Pipeline.from_config(
+        [OperatorConfig(name="reward_shaping", args={"scale": 2.0, "bias": -1.0}),
+         OperatorConfig(name="drop_equal_reward_groups")], resolve("grpo"))
+    g = pipe(_group([0.0, 1.0, 1.0, 0.0]))
+    assert [e.reward for e in g.experiences] == [-1.0, 1.0, 1.0, -1.0]
+    adv = [float(e.advantages[0]) for e in g.experiences]
+    assert adv[0] < 0 < adv[1] and adv[0] == pytest.approx(-adv[1])
+    assert all(len(e.advantages) == e.response_length for e in g.experiences)
+    assert pipe(_group([1.0, 1.0])) is None and pipe.dropped == {"drop_equal_reward_groups": 1}
+    assert drop_equal_reward_groups(_group([0.5])) is not None
+    assert reward_shaping(_group([3.0]), clip=[0, 1]).experiences[0].reward == 1.0
+
+
+def test_pipeline_rejects_unknown_operator_and_args():
+    with pytest.raises(ValueError, match=r"operators\[0\].name: unknown 'nope'"):
+        Pipeline.from_config([OperatorConfig(name="nope")], None)
+    with pytest.raises(ValueError, match=r"operators\[0\] \(reward_shaping\).args"):
+        Pipeline.from_config([OperatorConfig(name="reward_shaping", args={"scael": 1})], None)
+
+
+def test_collate_aligns_response_positions_and_dpo_pairs():
+    g = _group([0.0, 1.0])
+    b = collate(g.experiences)
+    assert b.input_ids.shape == (2, 7) and b.action_mask.sum().item() == 3 + 4
+    # response token t of row 1 is predicted at position prompt_length - 1 + t
+    assert b.resp_index[1].tolist() == [2, 3, 4, 5]
+    assert b.has_old.all()
+    dpo = Experience(id="d", task_id="d", group_id="d", run_id="r", tokens=np.arange(4, dtype=np.int32),
+                     prompt_length=4, chosen=np.array([7, 8], np.int32), rejected=np.array([9], np.int32))
+    b = collate([dpo])
+    assert b.size == 2 and b.input_ids[0, 4:6].tolist() == [7, 8] and b.input_ids[1, 4].item() == 9
+    assert b.action_mask.sum(-1).tolist() == [2, 1]
+    with pytest.raises(ValueError, match="experience 'x'"):
+        collate([Experience(id="x", task_id="x", group_id="x", run_id="r", tokens=np.arange(3, dtype=np.int32), prompt_length=3)])
+
+
+def test_batch_protocol_round_trip_and_errors():
+    req = BatchRequest.unpack(BatchRequest(3, 8, 2, 1.5).pack())
+    assert (req.step, req.n, req.trainer_version, req.timeout) == (3, 8, 2, 1.5)
+    with pytest.raises(ValueError, match="batch request"):
+        BatchRequest.unpack(b"\x01garbage")
+    from schemas import codec
+
+    e = _group([1.0]).experiences[0]
+    rep = BatchReply.unpack(BatchReply(3, [codec.encode(e)], [2], 8).pack())
+    assert rep.partial and rep.experiences()[0].id == e.id and rep.experiences()[0].info["use_count"] == 2
+    assert np.array_equal(rep.experiences()[0].tokens, e.tokens)
