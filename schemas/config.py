@@ -119,7 +119,9 @@ class AlgorithmConfig(Section):
     entropy_loss_fn_args: dict[str, Any] | None = None
     """Arguments of the entropy loss (e.g. ``entropy_coef``)."""
     loss_agg_mode: (
-        Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+        Literal[
+            "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+        ]
         | None
     ) = None
     """How token losses are reduced. None: token-mean."""
@@ -263,7 +265,9 @@ class DataSelectorConfig(Section):
 class ReplayBufferConfig(Section):
     enable: bool = False
     """Reuse experiences by priority instead of reading each once (FIFO)."""
-    priority_fn: Literal["linear_decay", "linear_decay_use_count_control_randomization", "decay_limit_randomization"] = "linear_decay"
+    priority_fn: Literal[
+        "linear_decay", "linear_decay_use_count_control_randomization", "decay_limit_randomization"
+    ] = "linear_decay"
     """Priority of an experience: linear_decay is ``model_version - decay * use_count``."""
     reuse_cooldown_time: float | None = None
     """Seconds before a used experience may be sampled again; None: never reused."""
@@ -502,7 +506,9 @@ class TrainerConfig(Section):
     """Training steps; None: ``buffer.total_steps`` or derived from the taskset."""
     save_interval: int = 0
     """Save a checkpoint every this many steps; 0: only at the end."""
-    save_strategy: Literal["single_thread", "single_process", "single_node", "unrestricted"] = "unrestricted"
+    save_strategy: Literal["single_thread", "single_process", "single_node", "unrestricted"] = (
+        "unrestricted"
+    )
     """Accepted for compatibility; saves are always made by trainer rank 0."""
     save_hf_checkpoint: Literal["last", "always", "never"] = "last"
     """When to write the Hugging Face ``huggingface/`` folder."""

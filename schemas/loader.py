@@ -75,7 +75,9 @@ class LoadedConfig:
 _INTERP = re.compile(r"\$\{([^${}]+)\}")
 
 
-def read_yaml(path: str | os.PathLike[str], environ: dict[str, str] | None = None) -> dict[str, Any]:
+def read_yaml(
+    path: str | os.PathLike[str], environ: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Read a YAML config file and resolve its OmegaConf-style interpolations."""
     p = Path(path)
     if not p.is_file():
@@ -87,7 +89,9 @@ def read_yaml(path: str | os.PathLike[str], environ: dict[str, str] | None = Non
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError([f"config file {str(p)!r}: top level must be a mapping, got {type(data).__name__}"])
+        raise ConfigError(
+            [f"config file {str(p)!r}: top level must be a mapping, got {type(data).__name__}"]
+        )
     data = _none_strings(data)
     return resolve_interpolations(data, origin=str(p), environ=environ)
 
@@ -210,7 +214,9 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError([f"--set {item!r}: expected KEY=VALUE, e.g. algorithm.repeat_times=4"])
+            raise ConfigError(
+                [f"--set {item!r}: expected KEY=VALUE, e.g. algorithm.repeat_times=4"]
+            )
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
@@ -220,7 +226,9 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError([f"--set {item!r}: {part!r} is set both as a value and a section"])
+                raise ConfigError(
+                    [f"--set {item!r}: {part!r} is set both as a value and a section"]
+                )
         node[parts[-1]] = _none_strings(value)
     return out
 
@@ -230,7 +238,13 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def _merge(base: dict[str, Any], top: dict[str, Any], source: str, sources: dict[str, str], prefix: str = "") -> None:
+def _merge(
+    base: dict[str, Any],
+    top: dict[str, Any],
+    source: str,
+    sources: dict[str, str],
+    prefix: str = "",
+) -> None:
     """Deep-merge ``top`` into ``base`` in place, recording ``source`` for every leaf it sets.
 
     Lists are leaves: a list from a higher source replaces the lower one whole, as in OmegaConf.
@@ -258,7 +272,12 @@ def _record(value: Any, path: str, source: str, sources: dict[str, str]) -> None
 def _is_free_dict(path: str) -> bool:
     """Fields typed ``dict[str, Any]`` (args, env_vars): merged whole, recorded as one leaf."""
     last = re.sub(r"\[\d+\]$", "", path.rsplit(".", 1)[-1])
-    return last.endswith("_args") or last in {"env_vars", "extra_engine_args", "rope_scaling", "args"}
+    return last.endswith("_args") or last in {
+        "env_vars",
+        "extra_engine_args",
+        "rope_scaling",
+        "args",
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,13 +295,18 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _model_at(loc: tuple[Any, ...], root: type[BaseModel] = TrinityConfig) -> type[BaseModel] | None:
+def _model_at(
+    loc: tuple[Any, ...], root: type[BaseModel] = TrinityConfig
+) -> type[BaseModel] | None:
     """The model class a location points into (to list its known fields for "did you mean")."""
     cls: Any = root
     for part in loc:
         if isinstance(part, int) or cls is None:
             continue
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
+        if (
+            not (isinstance(cls, type) and issubclass(cls, BaseModel))
+            or part not in cls.model_fields
+        ):
             if isinstance(cls, type) and issubclass(cls, BaseModel):
                 return None
             continue
@@ -304,14 +328,25 @@ def _unwrap(tp: Any) -> Any:
     return tp
 
 
-def _explain(err: ValidationError, sources: dict[str, str], root: type[BaseModel] = TrinityConfig, prefix: str = "") -> list[str]:
+def _explain(
+    err: ValidationError,
+    sources: dict[str, str],
+    root: type[BaseModel] = TrinityConfig,
+    prefix: str = "",
+) -> list[str]:
     problems = []
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "literal["))))
+        loc = tuple(
+            p
+            for p in e["loc"]
+            if not (isinstance(p, str) and p.startswith(("function-", "literal[")))
+        )
         path = _dotted(loc)
         full = f"{prefix}{path}" if not prefix or not path else f"{prefix}.{path}"
-        src = sources.get(full) or sources.get(path) or next(
-            (s for p, s in sources.items() if p.startswith((full + ".", full + "["))), None
+        src = (
+            sources.get(full)
+            or sources.get(path)
+            or next((s for p, s in sources.items() if p.startswith((full + ".", full + "["))), None)
         )
         where = f" (from {src})" if src and src != DEFAULT else ""
         if e["type"] == "extra_forbidden":
@@ -327,7 +362,9 @@ def _explain(err: ValidationError, sources: dict[str, str], root: type[BaseModel
         else:
             value = e.get("input")
             shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
-            problems.append(f"{full}: got {shown}{where}; expected {e['msg'][0].lower() + e['msg'][1:]}")
+            problems.append(
+                f"{full}: got {shown}{where}; expected {e['msg'][0].lower() + e['msg'][1:]}"
+            )
     return problems
 
 
@@ -350,22 +387,61 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
     def user_set(path: str) -> bool:
         return path in sources and sources[path] not in (DEFAULT, DERIVED)
 
-    m, alg, buf, tr, sy, ex = cfg.model, cfg.algorithm, cfg.buffer, cfg.trainer, cfg.synchronizer, cfg.explorer
+    m, alg, buf, tr, sy, ex = (
+        cfg.model,
+        cfg.algorithm,
+        cfg.buffer,
+        cfg.trainer,
+        cfg.synchronizer,
+        cfg.explorer,
+    )
 
     # model token limits: any two of (max_model_len, max_prompt_tokens, max_response_tokens) give the third
-    if m.max_model_len is None and m.max_prompt_tokens is not None and m.max_response_tokens is not None:
+    if (
+        m.max_model_len is None
+        and m.max_prompt_tokens is not None
+        and m.max_response_tokens is not None
+    ):
         put(m, "max_model_len", m.max_prompt_tokens + m.max_response_tokens, "model.max_model_len")
-    elif m.max_model_len is not None and m.max_response_tokens is not None and m.max_prompt_tokens is None:
-        put(m, "max_prompt_tokens", m.max_model_len - m.max_response_tokens, "model.max_prompt_tokens")
-    elif m.max_model_len is not None and m.max_prompt_tokens is not None and m.max_response_tokens is None:
-        put(m, "max_response_tokens", m.max_model_len - m.max_prompt_tokens, "model.max_response_tokens")
+    elif (
+        m.max_model_len is not None
+        and m.max_response_tokens is not None
+        and m.max_prompt_tokens is None
+    ):
+        put(
+            m,
+            "max_prompt_tokens",
+            m.max_model_len - m.max_response_tokens,
+            "model.max_prompt_tokens",
+        )
+    elif (
+        m.max_model_len is not None
+        and m.max_prompt_tokens is not None
+        and m.max_response_tokens is None
+    ):
+        put(
+            m,
+            "max_response_tokens",
+            m.max_model_len - m.max_prompt_tokens,
+            "model.max_response_tokens",
+        )
     if m.max_prompt_tokens is not None and m.max_prompt_tokens <= 0:
-        problems.append(f"model.max_prompt_tokens: got {m.max_prompt_tokens}; expected > 0 (max_model_len must exceed max_response_tokens)")
+        problems.append(
+            f"model.max_prompt_tokens: got {m.max_prompt_tokens}; expected > 0 (max_model_len must exceed max_response_tokens)"
+        )
     if m.max_response_tokens is not None and m.min_response_tokens >= m.max_response_tokens:
-        problems.append(f"model.min_response_tokens: got {m.min_response_tokens}; expected less than model.max_response_tokens ({m.max_response_tokens})")
-    if m.max_model_len is not None and m.max_prompt_tokens is not None and m.max_response_tokens is not None:
+        problems.append(
+            f"model.min_response_tokens: got {m.min_response_tokens}; expected less than model.max_response_tokens ({m.max_response_tokens})"
+        )
+    if (
+        m.max_model_len is not None
+        and m.max_prompt_tokens is not None
+        and m.max_response_tokens is not None
+    ):
         if m.max_prompt_tokens + m.max_response_tokens > m.max_model_len:
-            warnings.append(f"model: max_prompt_tokens + max_response_tokens ({m.max_prompt_tokens} + {m.max_response_tokens}) exceeds max_model_len ({m.max_model_len}); long responses will be cut at max_model_len")
+            warnings.append(
+                f"model: max_prompt_tokens + max_response_tokens ({m.max_prompt_tokens} + {m.max_response_tokens}) exceeds max_model_len ({m.max_model_len}); long responses will be cut at max_model_len"
+            )
     if not m.critic_model_path:
         put(m, "critic_model_path", m.model_path, "model.critic_model_path")
 
@@ -387,14 +463,17 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
     # tasksets
     ei = buf.explorer_input
     tasksets = ([("buffer.explorer_input.taskset", ei.taskset, False)] if ei.taskset else []) + [
-        (f"buffer.explorer_input.eval_tasksets[{i}]", ts, True) for i, ts in enumerate(ei.eval_tasksets)
+        (f"buffer.explorer_input.eval_tasksets[{i}]", ts, True)
+        for i, ts in enumerate(ei.eval_tasksets)
     ]
     seen_names: dict[str, str] = {}
     for path, ts, is_eval in tasksets:
         if not ts.name:
             put(ts, "name", "taskset" if not is_eval else f"eval_{path[-2]}", f"{path}.name")
         if ts.name in seen_names:
-            problems.append(f"{path}.name: {ts.name!r} is also the name of {seen_names[ts.name]}; taskset names must be unique")
+            problems.append(
+                f"{path}.name: {ts.name!r} is also the name of {seen_names[ts.name]}; taskset names must be unique"
+            )
         seen_names[ts.name] = path
         if is_eval:
             if ts.repeat_times is None:
@@ -402,19 +481,31 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
             wf = ei.default_eval_workflow_type or ei.default_workflow_type
         else:
             if ts.repeat_times is not None and ts.repeat_times != alg.repeat_times:
-                warnings.append(f"{path}.repeat_times ({ts.repeat_times}) is overridden by algorithm.repeat_times ({alg.repeat_times})")
+                warnings.append(
+                    f"{path}.repeat_times ({ts.repeat_times}) is overridden by algorithm.repeat_times ({alg.repeat_times})"
+                )
             if ts.repeat_times != alg.repeat_times:
                 put(ts, "repeat_times", alg.repeat_times, f"{path}.repeat_times")
             wf = ei.default_workflow_type
         if ts.default_workflow_type is None and wf is not None:
             put(ts, "default_workflow_type", wf, f"{path}.default_workflow_type")
         if ts.default_reward_fn_type is None and ei.default_reward_fn_type is not None:
-            put(ts, "default_reward_fn_type", ei.default_reward_fn_type, f"{path}.default_reward_fn_type")
+            put(
+                ts,
+                "default_reward_fn_type",
+                ei.default_reward_fn_type,
+                f"{path}.default_reward_fn_type",
+            )
         if ts.task_selector is not None:
             warnings.append(f"{path}.task_selector is deprecated; use data_selector")
             put(ts, "data_selector", ts.task_selector, f"{path}.data_selector")
         ra = ts.rollout_args
-        for attr, value in (("temperature", m.temperature), ("top_p", m.top_p), ("logprobs", m.logprobs), ("max_tokens", m.max_response_tokens)):
+        for attr, value in (
+            ("temperature", m.temperature),
+            ("top_p", m.top_p),
+            ("logprobs", m.logprobs),
+            ("max_tokens", m.max_response_tokens),
+        ):
             if getattr(ra, attr) is None and value is not None:
                 put(ra, attr, value, f"{path}.rollout_args.{attr}")
         if ra.n != ts.repeat_times:
@@ -423,22 +514,42 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
     # experience buffer
     ti = buf.trainer_input
     if ti.experience_buffer is None:
-        put(ti, "experience_buffer", ExperienceBufferConfig(name="experience_buffer"), "buffer.trainer_input.experience_buffer")
+        put(
+            ti,
+            "experience_buffer",
+            ExperienceBufferConfig(name="experience_buffer"),
+            "buffer.trainer_input.experience_buffer",
+        )
     eb = ti.experience_buffer
     ebp = "buffer.trainer_input.experience_buffer"
     if not eb.name:
         put(eb, "name", "experience_buffer", f"{ebp}.name")
-    if alg.algorithm_type in ("sft", "dpo") and eb.storage_type == "queue" and not user_set(f"{ebp}.storage_type"):
+    if (
+        alg.algorithm_type in ("sft", "dpo")
+        and eb.storage_type == "queue"
+        and not user_set(f"{ebp}.storage_type")
+    ):
         put(eb, "storage_type", "file", f"{ebp}.storage_type")
     if eb.storage_type == "queue" and eb.path and "://" in eb.path:
-        warnings.append(f"{ebp}.path {eb.path!r}: SQL/remote queue backups are not implemented; the replay store lives under the run directory")
+        warnings.append(
+            f"{ebp}.path {eb.path!r}: SQL/remote queue backups are not implemented; the replay store lives under the run directory"
+        )
         put(eb, "path", None, f"{ebp}.path")
     if eb.storage_type == "file" and not eb.path:
-        problems.append(f"{ebp}.path: required when storage_type is 'file' (the {alg.algorithm_type} dataset)")
+        problems.append(
+            f"{ebp}.path: required when storage_type is 'file' (the {alg.algorithm_type} dataset)"
+        )
 
     # rollout engine inherits the model's limits
     rm = ex.rollout_model
-    for attr in ("max_model_len", "max_prompt_tokens", "max_response_tokens", "min_response_tokens", "enable_prompt_truncation", "repetition_penalty"):
+    for attr in (
+        "max_model_len",
+        "max_prompt_tokens",
+        "max_response_tokens",
+        "min_response_tokens",
+        "enable_prompt_truncation",
+        "repetition_penalty",
+    ):
         if getattr(rm, attr) is None and getattr(m, attr) is not None:
             put(rm, attr, getattr(m, attr), f"explorer.rollout_model.{attr}")
     if rm.model_path is None and m.model_path:
@@ -448,10 +559,17 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
 
     # trainer
     if tr.trainer_type == "verl":
-        warnings.append("trainer.trainer_type 'verl': trinity has no veRL backend; using 'auto' (DeepSpeed on GPU, PyTorch on CPU)")
+        warnings.append(
+            "trainer.trainer_type 'verl': trinity has no veRL backend; using 'auto' (DeepSpeed on GPU, PyTorch on CPU)"
+        )
         put(tr, "trainer_type", "auto", "trainer.trainer_type")
     if tr.max_token_len_per_gpu is None and m.max_model_len is not None:
-        put(tr, "max_token_len_per_gpu", ceil_div(2 * m.max_model_len, tr.ulysses_sequence_parallel_size), "trainer.max_token_len_per_gpu")
+        put(
+            tr,
+            "max_token_len_per_gpu",
+            ceil_div(2 * m.max_model_len, tr.ulysses_sequence_parallel_size),
+            "trainer.max_token_len_per_gpu",
+        )
     if tr.param_offload and not tr.deepspeed.offload_param:
         put(tr.deepspeed, "offload_param", True, "trainer.deepspeed.offload_param")
     if tr.optimizer_offload and not tr.deepspeed.offload_optimizer:
@@ -463,7 +581,9 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
             put(sy, attr, sy.sync_interval, f"synchronizer.{attr}")
     if sy.sync_method == "nccl" and cfg.mode in ("train", "explore", "bench"):
         if user_set("synchronizer.sync_method"):
-            warnings.append(f"synchronizer.sync_method 'nccl' needs trainer and explorer together; mode {cfg.mode!r} uses 'checkpoint'")
+            warnings.append(
+                f"synchronizer.sync_method 'nccl' needs trainer and explorer together; mode {cfg.mode!r} uses 'checkpoint'"
+            )
         put(sy, "sync_method", "checkpoint", "synchronizer.sync_method")
 
     # bus
@@ -477,7 +597,9 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
 # --------------------------------------------------------------------------------------------
 
 
-def _drop_ignored(raw: dict[str, Any], sources: dict[str, str], warnings: list[str], prefix: str = "") -> None:
+def _drop_ignored(
+    raw: dict[str, Any], sources: dict[str, str], warnings: list[str], prefix: str = ""
+) -> None:
     for dotted, why in IGNORED_PATHS.items():
         node: Any = raw
         parts = dotted.split(".")
@@ -486,7 +608,9 @@ def _drop_ignored(raw: dict[str, Any], sources: dict[str, str], warnings: list[s
         if isinstance(node, dict) and parts[-1] in node:
             value = node.pop(parts[-1])
             if value not in (None, {}, [], ""):
-                where = sources.get(dotted) or next((s for p, s in sources.items() if p.startswith(dotted + ".")), "")
+                where = sources.get(dotted) or next(
+                    (s for p, s in sources.items() if p.startswith(dotted + ".")), ""
+                )
                 origin = f" (from {where})" if where else ""
                 warnings.append(f"{prefix}{dotted} is ignored{origin}: {why}")
             for p in [p for p in sources if p == dotted or p.startswith(dotted + ".")]:
@@ -556,20 +680,34 @@ def load_config(
     stages: list[TrinityConfig] = []
     if stage_raw:
         if not isinstance(stage_raw, list):
-            raise ConfigError([f"stages: got {type(stage_raw).__name__}; expected a list of stages"])
+            raise ConfigError(
+                [f"stages: got {type(stage_raw).__name__}; expected a list of stages"]
+            )
         cfg.stages = _validate_stage_list(stage_raw, sources)
         names = [s.stage_name for s in cfg.stages]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
-            raise ConfigError([f"stages: stage_name {sorted(dup)[0]!r} is used twice; stage names must be unique"])
+            raise ConfigError(
+                [f"stages: stage_name {sorted(dup)[0]!r} is used twice; stage names must be unique"]
+            )
         for i, stage in enumerate(cfg.stages):
             merged = copy.deepcopy(base_raw)
             stage_sources = dict(sources)
             _drop_parts_of_other_algorithm(merged, stage.algorithm, stage_sources)
-            for section in ("algorithm", "buffer", "explorer", "trainer", "synchronizer", "data_processor", "model"):
+            for section in (
+                "algorithm",
+                "buffer",
+                "explorer",
+                "trainer",
+                "synchronizer",
+                "data_processor",
+                "model",
+            ):
                 part = getattr(stage, section)
                 if part:
-                    _merge(merged.setdefault(section, {}), part, f"stages[{i}]", stage_sources, section)
+                    _merge(
+                        merged.setdefault(section, {}), part, f"stages[{i}]", stage_sources, section
+                    )
             if stage.mode:
                 merged["mode"] = stage.mode
             merged["name"] = f"{cfg.name}/{stage.stage_name}"
@@ -580,11 +718,18 @@ def load_config(
             stages.append(
                 _validate(merged, stage_sources, warnings, f"stages[{i}].", algorithm_resolver)
             )
-    return LoadedConfig(config=cfg, sources=sources, warnings=list(dict.fromkeys(warnings)), stages=stages)
+    return LoadedConfig(
+        config=cfg, sources=sources, warnings=list(dict.fromkeys(warnings)), stages=stages
+    )
 
 
 _ALGORITHM_PARTS = (
-    "advantage_fn", "policy_loss_fn", "kl_penalty_fn", "kl_loss_fn", "entropy_loss_fn", "sample_strategy",
+    "advantage_fn",
+    "policy_loss_fn",
+    "kl_penalty_fn",
+    "kl_loss_fn",
+    "entropy_loss_fn",
+    "sample_strategy",
 )
 
 
@@ -604,7 +749,9 @@ def _drop_parts_of_other_algorithm(
     for part in _ALGORITHM_PARTS:
         for key in (part, f"{part}_args"):
             glob.pop(key, None)
-            for p in [p for p in sources if p == f"algorithm.{key}" or p.startswith(f"algorithm.{key}.")]:
+            for p in [
+                p for p in sources if p == f"algorithm.{key}" or p.startswith(f"algorithm.{key}.")
+            ]:
                 del sources[p]
     glob.pop("loss_agg_mode", None)
     sources.pop("algorithm.loss_agg_mode", None)
@@ -629,7 +776,9 @@ def _merge_env(raw: dict[str, Any], env_layer: dict[str, Any], sources: dict[str
     _merge(raw, env_layer, "env", sources)
     for path, src in sources.items():
         if src == "env":
-            sources[path] = "env TRINITY_" + "__".join(re.sub(r"\[\d+\]", "", path).split(".")).upper()
+            sources[path] = (
+                "env TRINITY_" + "__".join(re.sub(r"\[\d+\]", "", path).split(".")).upper()
+            )
 
 
 def _dotenv_value(path: str | os.PathLike[str] | None, key: str) -> str | None:
@@ -658,10 +807,22 @@ def to_yaml(loaded: LoadedConfig, with_sources: bool = False) -> str:
 
 
 def _scalar(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+    return (
+        yaml.safe_dump(value, default_flow_style=True, width=10**6)
+        .strip()
+        .removesuffix("...")
+        .strip()
+    )
 
 
-def _emit(node: Any, path: str, indent: int, loaded: LoadedConfig, lines: list[str], first_prefix: str | None = None) -> None:
+def _emit(
+    node: Any,
+    path: str,
+    indent: int,
+    loaded: LoadedConfig,
+    lines: list[str],
+    first_prefix: str | None = None,
+) -> None:
     pad = " " * indent
     for i, (key, value) in enumerate(node.items()):
         lead = first_prefix if (first_prefix is not None and i == 0) else pad
@@ -670,7 +831,9 @@ def _emit(node: Any, path: str, indent: int, loaded: LoadedConfig, lines: list[s
             lines.append(f"{lead}{key}:")
             _emit(value, p, indent + 2, loaded, lines)
         elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            lines.append(f"{lead}{key}:  # {loaded.source_of(p)}" if p in loaded.sources else f"{lead}{key}:")
+            lines.append(
+                f"{lead}{key}:  # {loaded.source_of(p)}" if p in loaded.sources else f"{lead}{key}:"
+            )
             for j, item in enumerate(value):
                 _emit(item, f"{p}[{j}]", indent + 4, loaded, lines, first_prefix=f"{pad}  - ")
         else:

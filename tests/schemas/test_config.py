@@ -57,14 +57,17 @@ def test_seed_gsm8k_config_loads_unchanged_with_derived_defaults():
 
 
 def test_oc_env_and_node_interpolation(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
         model:
           model_path: ${oc.env:MY_MODEL,/models/default}
           critic_model_path: ${model.model_path}
           max_model_len: 100
           max_response_tokens: 40
         name: run_${model.max_model_len}
-    """)
+    """,
+    )
     c = load(p, env={"MY_MODEL": "/m/x"}).config
     assert c.model.model_path == "/m/x"
     assert c.model.critic_model_path == "/m/x"
@@ -74,13 +77,19 @@ def test_oc_env_and_node_interpolation(tmp_path):
 
 def test_missing_env_without_default_names_the_key(tmp_path):
     p = write(tmp_path, "model:\n  model_path: ${oc.env:NOPE_NOT_SET}\n")
-    with pytest.raises(ConfigError, match=r"model\.model_path: environment variable 'NOPE_NOT_SET' is not set"):
+    with pytest.raises(
+        ConfigError, match=r"model\.model_path: environment variable 'NOPE_NOT_SET' is not set"
+    ):
         load(p)
 
 
 def test_precedence_cli_over_env_over_dotenv_over_file(tmp_path):
-    p = write(tmp_path, "algorithm:\n  repeat_times: 2\nbuffer:\n  batch_size: 3\nproject: fromfile\n")
-    dotenv = write(tmp_path, "TRINITY_ALGORITHM__REPEAT_TIMES=5\nTRINITY_PROJECT=fromdotenv\n", ".env")
+    p = write(
+        tmp_path, "algorithm:\n  repeat_times: 2\nbuffer:\n  batch_size: 3\nproject: fromfile\n"
+    )
+    dotenv = write(
+        tmp_path, "TRINITY_ALGORITHM__REPEAT_TIMES=5\nTRINITY_PROJECT=fromdotenv\n", ".env"
+    )
     env = {"TRINITY_ALGORITHM__REPEAT_TIMES": "6"}
     loaded = load(p, env=env, dotenv=dotenv)
     assert loaded.config.algorithm.repeat_times == 6
@@ -109,9 +118,14 @@ def test_misspelled_key_suggests_the_right_one(tmp_path):
 
 def test_nested_misspelling_and_env_misspelling(tmp_path):
     p = write(tmp_path, "buffer:\n  explorer_input:\n    taskset:\n      prompt_key: q\n")
-    with pytest.raises(ConfigError, match=r"buffer\.explorer_input\.taskset\.prompt_key: unknown key"):
+    with pytest.raises(
+        ConfigError, match=r"buffer\.explorer_input\.taskset\.prompt_key: unknown key"
+    ):
         load(p)
-    with pytest.raises(ConfigError, match=r"algorithm\.repeat_timez: unknown key \(from env TRINITY_ALGORITHM__REPEAT_TIMEZ\); did you mean 'algorithm\.repeat_times'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"algorithm\.repeat_timez: unknown key \(from env TRINITY_ALGORITHM__REPEAT_TIMEZ\); did you mean 'algorithm\.repeat_times'",
+    ):
         load(env={"TRINITY_ALGORITHM__REPEAT_TIMEZ": "3"})
 
 
@@ -126,7 +140,9 @@ def test_wrong_type_and_value_name_path_value_and_expectation(tmp_path):
 
 
 def test_unimplemented_trinity_sections_warn_once_and_are_ignored(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
         trainer:
           trainer_config:
             actor_rollout_ref: {}
@@ -136,7 +152,8 @@ def test_unimplemented_trinity_sections_warn_once_and_are_ignored(tmp_path):
           hybrid_engine: true
         service:
           data_juicer: {server_url: 'http://x'}
-    """)
+    """,
+    )
     loaded = load(p)
     assert loaded.config.trainer.save_interval == 5
     joined = "\n".join(loaded.warnings)
@@ -147,7 +164,9 @@ def test_unimplemented_trinity_sections_warn_once_and_are_ignored(tmp_path):
 
 
 def test_stages_inherit_global_config(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
         name: exp
         algorithm: {algorithm_type: grpo, repeat_times: 4}
         buffer: {batch_size: 2, explorer_input: {taskset: {path: /data/t}}}
@@ -160,7 +179,8 @@ def test_stages_inherit_global_config(tmp_path):
               total_steps: 10
               trainer_input: {experience_buffer: {name: sft, path: /data/sft}}
           - stage_name: rft
-    """)
+    """,
+    )
     loaded = load(p)
     sft, rft = loaded.stages
     assert sft.name == "exp/sft_warmup" and rft.name == "exp/rft"
@@ -203,20 +223,26 @@ def test_set_override_syntax_errors():
 def test_algorithm_parts_resolved_from_ops_in_roles_settings(tmp_path):
     from roles.settings import resolve_algorithm
 
-    p = write(tmp_path, "algorithm: {algorithm_type: grpo, policy_loss_fn_args: {clip_range: 0.1}}\n")
+    p = write(
+        tmp_path, "algorithm: {algorithm_type: grpo, policy_loss_fn_args: {clip_range: 0.1}}\n"
+    )
     c = load_config(p, environ={}, dotenv_file=None, algorithm_resolver=resolve_algorithm).config
     assert c.algorithm.repeat_times == 2  # grpo's default group size, not the config default 1
     assert c.algorithm.advantage_fn == "grpo" and c.algorithm.policy_loss_fn == "ppo"
     assert c.algorithm.policy_loss_fn_args["clip_range"] == 0.1
     bad = write(tmp_path, "algorithm: {algorithm_type: grpo, kl_loss_fn: k9}\n", "bad.yaml")
-    with pytest.raises(ConfigError, match=r"algorithm\.kl_loss_fn: unknown kl_fn 'k9'; valid names: .*k3"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.kl_loss_fn: unknown kl_fn 'k9'; valid names: .*k3"
+    ):
         load_config(bad, environ={}, dotenv_file=None, algorithm_resolver=resolve_algorithm)
 
 
 def test_stage_switching_algorithm_drops_global_parts(tmp_path):
     from roles.settings import resolve_algorithm
 
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
         algorithm: {algorithm_type: grpo, repeat_times: 4, policy_loss_fn_args: {clip_range: 0.1}, optimizer: {lr: 0.5}}
         stages:
           - stage_name: sft
@@ -224,7 +250,8 @@ def test_stage_switching_algorithm_drops_global_parts(tmp_path):
             algorithm: {algorithm_type: sft}
             buffer: {trainer_input: {experience_buffer: {path: /d}}}
           - stage_name: rl
-    """)
+    """,
+    )
     loaded = load_config(p, environ={}, dotenv_file=None, algorithm_resolver=resolve_algorithm)
     sft, rl = loaded.stages
     assert sft.algorithm.policy_loss_fn == "sft" and sft.algorithm.optimizer.lr == 0.5
