@@ -16,8 +16,6 @@ from schemas.loader import ConfigError, to_yaml
 
 NOT_YET = {
     "run": "trinity run (all roles for one experiment) lands with the run/quickstart issue",
-    "explorer": "the explorer process lands with the explorer issue",
-    "debug": "trinity debug --module workflow lands with the explorer issue",
 }
 
 HELP = {
@@ -74,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "debug":
             p.add_argument("--module", default="workflow", choices=["workflow"])
             p.add_argument("--output-file", default=None)
+            p.add_argument("--plugin-dir", default=None, help="folder(s) of workflow plugins (os.pathsep-separated)")
     return parser
 
 
@@ -170,11 +169,29 @@ def cmd_synchronizer(args: argparse.Namespace) -> int:
     return _run_role("synchronizer", args)
 
 
+def cmd_explorer(args: argparse.Namespace) -> int:
+    """``trinity explorer``: workflows on rollout engines -> experience groups on the bus."""
+    from roles.explorer.main import main as explorer_main
+    from roles.settings import load
+
+    return explorer_main(load(args).config)
+
+
+def cmd_debug(args: argparse.Namespace) -> int:
+    """``trinity debug --module workflow``: run a workflow on a few tasks, dump experiences."""
+    from roles.explorer.debug import main as debug_main
+    from roles.settings import load
+
+    return debug_main(load(args).config, args.output_file, args.plugin_dir)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "config": cmd_config,
     "server": cmd_server,
     "inspect": cmd_inspect,
     "convert": cmd_convert,
+    "explorer": cmd_explorer,
+    "debug": cmd_debug,
     "buffer": cmd_buffer,
     "trainer": cmd_trainer,
     "synchronizer": cmd_synchronizer,

