@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import struct
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import MISSING, fields
 from operator import attrgetter
@@ -68,7 +69,10 @@ _BIG_ENDIAN_HOST = sys.byteorder == "big"
 _NP_BY_WIRE: dict[bytes, np.dtype] = {}
 _NP_PREFIX: dict[np.dtype, bytes] = {}
 for _c in "?bBhHiIlLqQefdFD":
-    _dt = np.dtype(_c).newbyteorder("<")
+    # On a little-endian host this is numpy's own singleton (np.dtype("<i4") is
+    # np.dtype("i4")), so the dict lookups below hit by identity without a dtype __eq__, and
+    # decoded arrays carry the same singletons when they are encoded again.
+    _dt = np.dtype("<" + _c)
     _w = _dt.str.encode()
     _NP_BY_WIRE[_w] = _dt
     _NP_PREFIX[_dt] = bytes([len(_w)]) + _w
@@ -83,6 +87,25 @@ _torch_prefix: dict[Any, bytes] = {}
 
 _DIMS = [struct.Struct(f"<{n}q") for n in range(MAX_NDIM + 1)]
 _NDIM = [bytes([n]) for n in range(MAX_NDIM + 1)]
+_PACK_DIM = _DIMS[1].pack
+
+# Hot-path tables, built from the ones above. Encode side: dtype -> (prefix + ndim 1, is
+# bool). Decode side: the first 4 bytes of a 1-D header (dtype length 3, dtype string) ->
+# (dtype, itemsize, is bool); the 13-byte header of such an array is then "<4sBq".
+_NP_FAST: dict[np.dtype, tuple[bytes, bool]] = {
+    dt: (p + _NDIM[1], dt.kind == "b") for dt, p in _NP_PREFIX.items()
+}
+_NP_HEAD4: dict[bytes, tuple[np.dtype, int, bool]] = {
+    p: (dt, dt.itemsize, dt.kind == "b") for dt, p in _NP_PREFIX.items() if len(p) == 4
+}
+_HEAD13 = struct.Struct("<4sBq")
+_UNPACK_HEAD13 = _HEAD13.unpack_from
+#: Bool masks up to this many bytes are checked in one ``bytes.translate`` pass (about ten
+#: instructions a byte, no setup); longer ones by a numpy reduction (fixed setup, then
+#: vectorized).
+_BOOL_SMALL = 1024
+_TO_BOOL = bytes([0] + [1] * 255)  # translate table: every nonzero byte becomes 1
+_frombuffer = np.frombuffer
 
 
 def _torch() -> Any:
@@ -115,7 +138,19 @@ def _header(prefix: bytes, shape: tuple[int, ...]) -> bytes:
     return prefix + _NDIM[nd] + _DIMS[nd].pack(*shape)
 
 
+def _bool_bytes(a: np.ndarray) -> bytes:
+    """The C-order bytes of a bool array, each 0 or 1: bools built from raw bytes (say 2)
+    travel as true bools, since numpy and torch would carry them silently and give odd sums
+    and comparisons."""
+    raw = a.tobytes()
+    if len(raw) <= _BOOL_SMALL or np.frombuffer(raw, np.uint8).max() > 1:
+        raw = raw.translate(_TO_BOOL)  # returns raw itself when nothing changes
+    return raw
+
+
 def _pack_numpy(a: np.ndarray) -> bytes:
+    """Header and C-order little-endian bytes of any numpy array (the general path; the
+    common 1-D case is inlined in :func:`_pack_array`)."""
     dt = a.dtype
     prefix = _NP_PREFIX.get(dt)
     if prefix is None:  # big-endian or exotic dtype: convert to the little-endian twin
@@ -124,10 +159,10 @@ def _pack_numpy(a: np.ndarray) -> bytes:
         if prefix is None:
             raise CodecError(f"array: unsupported numpy dtype {dt} (bool/int/uint/float/complex)")
         a = a.astype(le)
+    if dt.kind == "b":
+        return _header(prefix, a.shape) + _bool_bytes(a)
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
-    if dt.kind == "b" and a.size and a.view(np.uint8).max() > 1:
-        a = a.view(np.uint8) != 0  # bools built from raw bytes: send them as true bools
     # One copy: the header and the array's own buffer are joined straight into the ext data.
     return b"".join((_header(prefix, a.shape), a.data))
 
@@ -183,8 +218,12 @@ def _parse_header(data: bytes) -> tuple[bytes, tuple[int, ...], int, int]:
 
 def _check_bool_bytes(data: bytes, offset: int) -> None:
     """A bool byte other than 0/1 is not a bool: numpy and torch would carry it silently and
-    give odd sums and comparisons. One vectorized pass over the (small) mask."""
-    if np.frombuffer(data, np.uint8, offset=offset).max() > 1:
+    give odd sums and comparisons, so the message is refused."""
+    if len(data) - offset <= _BOOL_SMALL:
+        bad = data[offset:].translate(None, b"\0\1")
+    else:
+        bad = np.frombuffer(data, np.uint8, offset=offset).max() > 1
+    if bad:
         raise CodecError("array: bool array holds bytes other than 0 and 1")
 
 
@@ -244,14 +283,34 @@ def decode_array(data: bytes) -> Any:
     return _ext_hook(data[0], data[1:])
 
 
+_ExtType = msgpack.ExtType
+# ExtType's own __new__ re-checks its arguments in Python; ours are known good (a constant
+# code and bytes), so build the namedtuple directly. msgpack packs it like any ExtType.
+_new_tuple = tuple.__new__
+
+
 def _pack_array(a: Any, where: str, name: str) -> msgpack.ExtType:
     """Encode-side check of an array field: the array as its ext type, ready for msgpack."""
     if type(a) is np.ndarray:
-        return msgpack.ExtType(EXT_NUMPY, _pack_numpy(a))
+        fast = _NP_FAST.get(a.dtype)
+        if fast is not None and a.ndim == 1:
+            # The hot path: a 1-D array of a standard little-endian dtype.
+            prefix_1d, is_bool = fast
+            head = prefix_1d + _PACK_DIM(len(a))
+            if is_bool:
+                return _new_tuple(_ExtType, (EXT_NUMPY, head + _bool_bytes(a)))
+            try:
+                # One copy: header and array buffer joined straight into the ext data. join
+                # asks for a simple (C-contiguous) buffer, which numpy refuses for a strided
+                # array: that one takes the general path.
+                return _new_tuple(_ExtType, (EXT_NUMPY, b"".join((head, a))))
+            except TypeError:
+                pass
+        return _new_tuple(_ExtType, (EXT_NUMPY, _pack_numpy(a)))
     if isinstance(a, np.ndarray):  # subclasses travel as plain arrays
-        return msgpack.ExtType(EXT_NUMPY, _pack_numpy(np.asarray(a)))
+        return _new_tuple(_ExtType, (EXT_NUMPY, _pack_numpy(np.asarray(a))))
     if _is_tensor(a):
-        return msgpack.ExtType(EXT_TORCH, _pack_torch(a))
+        return _new_tuple(_ExtType, (EXT_TORCH, _pack_torch(a)))
     return _fail(where, name, "numpy array or torch tensor", a)
 
 
@@ -269,6 +328,17 @@ def _default(obj: Any) -> Any:
 
 def _ext_hook(code: int, data: bytes) -> Any:
     if code == EXT_NUMPY:
+        # Hot path, inlined: a non-empty 1-D array of a standard dtype whose header and byte
+        # count agree. Anything else, and every error, goes through _unpack_numpy.
+        if len(data) > 13:
+            key, ndim, count = _UNPACK_HEAD13(data)
+            fast = _NP_HEAD4.get(key)
+            if fast is not None and ndim == 1 and 0 < count <= MAX_DIM:
+                dt, itemsize, is_bool = fast
+                if len(data) - 13 == count * itemsize:
+                    if is_bool:
+                        _check_bool_bytes(data, 13)
+                    return _frombuffer(data, dt, count, 13)  # zero-copy, read-only
         return _unpack_numpy(data)
     if code == EXT_TORCH:
         return _unpack_torch(data)
@@ -474,7 +544,13 @@ def _experiences_in(v: Any, where: str, name: str) -> list[Experience]:
     """Decode side of ExperienceGroup.experiences: build each (validated by the group)."""
     if not isinstance(v, list):
         return _fail(where, name, "list of experiences", v)
-    return [_build(Experience, p, f"{where}.{name}[{i}]", validate=False) for i, p in enumerate(v)]
+    out = []
+    for i, p in enumerate(v):
+        e = _experience_in(p)
+        if e is None:  # anything unusual, and every error: the general, checked path
+            e = _build(Experience, p, f"{where}.{name}[{i}]", validate=False)
+        out.append(e)
+    return out
 
 
 def _experiences_out(v: Any, where: str, name: str) -> list[dict[str, Any]]:
@@ -485,7 +561,7 @@ def _experiences_out(v: Any, where: str, name: str) -> list[dict[str, Any]]:
     for i, e in enumerate(v):
         if type(e) is not Experience:
             _fail(where, f"{name}[{i}]", "Experience", e)
-        out.append(_payload(e, f"{where}.{name}[{i}]"))
+        out.append(_experience_out(e, f"{where}.{name}[{i}]"))
     return out
 
 
@@ -597,6 +673,145 @@ def schema_name(obj: Any) -> str:
     return spec.name
 
 
+# --------------------------------------------------------------------------------------------
+# Experience hot path. A group of 8 x 1024 tokens must encode and decode in a fraction of the
+# time NATS takes to move it, so the Experience payload is handled by two functions written
+# out field by field: exact ``type(x) is`` checks in one expression, no per-field calls. They
+# only ever take the common case; anything else (a torch tensor, an int for a float, a
+# missing field, a wrong type) goes to the general path above, which normalizes it or raises
+# the CodecError naming the field. So the fast path changes speed, never results.
+# --------------------------------------------------------------------------------------------
+
+_ndarray = np.ndarray
+_STR_ONLY = frozenset((str,))
+_SCALAR_TYPES = frozenset(_SCALARS)
+
+
+def _flat_plain(d: dict) -> bool:
+    """True if ``d`` is a flat map of str to scalars (so :func:`_plain` would accept it),
+    checked in C; False means "ask _plain", which also walks nested data."""
+    return _STR_ONLY.issuperset(map(type, d)) and _SCALAR_TYPES.issuperset(map(type, d.values()))
+
+
+def _experience_out(e: Experience, where: str) -> dict[str, Any]:
+    """Encode side: the payload map of one Experience (field order as in the dataclass)."""
+    reward = e.reward
+    prompt_text = e.prompt_text
+    response_text = e.response_text
+    info = e.info
+    if not (
+        type(e.id) is str
+        and type(e.task_id) is str
+        and type(e.group_id) is str
+        and type(e.run_id) is str
+        and type(e.prompt_length) is int
+        and (reward is None or type(reward) is float)
+        and type(e.model_version) is int
+        and type(e.prompt_truncated) is bool
+        and type(e.response_truncated) is bool
+        and (prompt_text is None or type(prompt_text) is str)
+        and (response_text is None or type(response_text) is str)
+        and type(info) is dict
+        and type(e.created_at) is float
+    ):
+        return _payload(e, where)
+    pack = _pack_array
+    logprobs = e.logprobs
+    action_mask = e.action_mask
+    token_level_reward = e.token_level_reward
+    advantages = e.advantages
+    returns = e.returns
+    messages = e.messages
+    chosen = e.chosen
+    rejected = e.rejected
+    teacher_logprobs = e.teacher_logprobs
+    return {
+        "id": e.id,
+        "task_id": e.task_id,
+        "group_id": e.group_id,
+        "run_id": e.run_id,
+        "tokens": pack(e.tokens, where, "tokens"),
+        "prompt_length": e.prompt_length,
+        "logprobs": None if logprobs is None else pack(logprobs, where, "logprobs"),
+        "action_mask": None if action_mask is None else pack(action_mask, where, "action_mask"),
+        "reward": reward,
+        "token_level_reward": None
+        if token_level_reward is None
+        else pack(token_level_reward, where, "token_level_reward"),
+        "advantages": None if advantages is None else pack(advantages, where, "advantages"),
+        "returns": None if returns is None else pack(returns, where, "returns"),
+        "model_version": e.model_version,
+        "prompt_truncated": e.prompt_truncated,
+        "response_truncated": e.response_truncated,
+        "messages": None if messages is None else _opt_dict_list(messages, where, "messages"),
+        "prompt_text": prompt_text,
+        "response_text": response_text,
+        "chosen": None if chosen is None else pack(chosen, where, "chosen"),
+        "rejected": None if rejected is None else pack(rejected, where, "rejected"),
+        "teacher_logprobs": None
+        if teacher_logprobs is None
+        else pack(teacher_logprobs, where, "teacher_logprobs"),
+        "info": info if not info or _flat_plain(info) else _plain(info, where, "info"),
+        "created_at": e.created_at,
+    }
+
+
+def _experience_in(p: Any) -> Experience | None:
+    """Decode side: the Experience of a payload map whose fields all have their usual types
+    (numpy arrays, flat info, no messages); None for anything else.
+
+    The dataclass's own ``__init__`` matches the keys to fields and fills the defaults of
+    missing ones; any key it does not take (unknown, bytes, a required one missing) is a
+    TypeError, and the general path then says which."""
+    if type(p) is not dict:
+        return None
+    try:
+        e = Experience(**p)
+    except TypeError:
+        return None
+    nd = _ndarray
+    reward = e.reward
+    logprobs = e.logprobs
+    action_mask = e.action_mask
+    token_level_reward = e.token_level_reward
+    advantages = e.advantages
+    returns = e.returns
+    prompt_text = e.prompt_text
+    response_text = e.response_text
+    chosen = e.chosen
+    rejected = e.rejected
+    teacher_logprobs = e.teacher_logprobs
+    info = e.info
+    if (
+        type(e.id) is str
+        and type(e.task_id) is str
+        and type(e.group_id) is str
+        and type(e.run_id) is str
+        and type(e.tokens) is nd
+        and type(e.prompt_length) is int
+        and (logprobs is None or type(logprobs) is nd)
+        and (action_mask is None or type(action_mask) is nd)
+        and (reward is None or type(reward) is float)
+        and (token_level_reward is None or type(token_level_reward) is nd)
+        and (advantages is None or type(advantages) is nd)
+        and (returns is None or type(returns) is nd)
+        and type(e.model_version) is int
+        and type(e.prompt_truncated) is bool
+        and type(e.response_truncated) is bool
+        and e.messages is None
+        and (prompt_text is None or type(prompt_text) is str)
+        and (response_text is None or type(response_text) is str)
+        and (chosen is None or type(chosen) is nd)
+        and (rejected is None or type(rejected) is nd)
+        and (teacher_logprobs is None or type(teacher_logprobs) is nd)
+        and type(info) is dict
+        and (not info or _flat_plain(info))
+        and type(e.created_at) is float
+    ):
+        return e
+    return None
+
+
 def _payload(obj: Any, where: str | None = None) -> dict[str, Any]:
     """Check every field of ``obj`` and return its payload map (field name -> wire value)."""
     spec = _SPECS[type(obj)]
@@ -639,17 +854,41 @@ def _build(cls: type, payload: Any, where: str, validate: bool = True) -> Any:
 
 def _construct(cls: type, args: list[Any], validate: bool) -> Any:
     obj = cls(*args)
-    if validate:
-        try:
-            obj.validate()
-        except ValueError as e:
-            raise CodecError(str(e)) from None
+    return _validated(obj) if validate else obj
+
+
+def _validated(obj: Any) -> Any:
+    """``obj`` after its ``validate()``, whose ValueError becomes a CodecError."""
+    try:
+        obj.validate()
+    except ValueError as e:
+        raise CodecError(str(e)) from None
     return obj
 
 
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
+
+_local = threading.local()
+#: A packer whose buffer grew past this is dropped after use rather than kept for the next.
+_KEEP_PACKER_BYTES = 1 << 20
+
+
+def _pack(envelope: dict[str, Any]) -> bytes:
+    """msgpack the envelope with this thread's Packer. A fresh Packer per message (what
+    ``msgpack.packb`` does) allocates and faults in a new 256 KiB buffer every time, a
+    good part of the whole encode; the Packer resets itself after each message, also when
+    packing fails. A re-entrant call finds none to take and uses a fresh one."""
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = msgpack.Packer(default=_default, use_bin_type=True)
+    else:
+        _local.packer = None  # taken
+    out = packer.pack(envelope)
+    if len(out) <= _KEEP_PACKER_BYTES:
+        _local.packer = packer
+    return out
 
 
 def encode(obj: Any) -> bytes:
@@ -661,14 +900,14 @@ def encode(obj: Any) -> bytes:
     spec = _SPECS.get(type(obj))
     if spec is None:
         raise CodecError(f"cannot encode {_describe(obj)}: not a schema type")
-    payload = _payload(obj)
+    payload = _experience_out(obj, "Experience") if spec.cls is Experience else _payload(obj)
     try:
         obj.validate()
     except ValueError as e:
         raise CodecError(str(e)) from None
     envelope = {"schema": spec.name, "version": SCHEMA_VERSION, "payload": payload}
     try:
-        return msgpack.packb(envelope, default=_default, use_bin_type=True)
+        return _pack(envelope)
     except CodecError:
         raise
     except (TypeError, ValueError, OverflowError) as e:
@@ -718,6 +957,10 @@ def decode(data: bytes, expect: type | None = None, *, max_bytes: int = 64 << 20
         exp = getattr(expect, "__name__", repr(expect))
         raise CodecError(f"message: expected a {exp}, got a {spec.cls.__name__} ({name!r})")
     try:
+        if spec.cls is Experience:
+            obj = _experience_in(env["payload"])
+            if obj is not None:
+                return _validated(obj)
         return _build(spec.cls, env["payload"], spec.cls.__name__)
     except CodecError:
         raise
