@@ -72,6 +72,7 @@ class Trainer:
         self.cfg = cfg
         self.spec = algorithm_spec(cfg)
         self.job = Path(cfg.checkpoint_job_dir)
+        self.job.mkdir(parents=True, exist_ok=True)
         self.step = 0
         self.consumed = 0
         loaded = None
@@ -139,7 +140,6 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> 
 
     stop = stop or asyncio.Event()
     trainer = await asyncio.to_thread(Trainer, cfg)
-    trainer.job.mkdir(parents=True, exist_ok=True)
     nc = await bus.connect(cfg.nats, name="trainer")
     js = bus.jetstream(nc, cfg.nats)
     await bus.ensure_streams(js, cfg.nats, cfg.run_id)
