@@ -418,16 +418,24 @@ def serve_forever(
     server = EmbeddedServer.from_config(
         cfg, store_dir, host=host, port=port, monitor_port=monitor_port
     )
-    server.start(inherit_output=True)
-    proc = server.proc
-    assert proc is not None
+    stop_requested: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+        # Installed before the server starts: a SIGTERM that arrives while it is starting
+        # (the port already listens) must still end in a clean shutdown, not kill us.
+        stop_requested.append(signum)
+        if server.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                server.proc.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        server.start(inherit_output=True)
+        proc = server.proc
+        assert proc is not None
+        if stop_requested:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(stop_requested[0])
         log.info(
             "nats_server_serving",
             url=server.url,
