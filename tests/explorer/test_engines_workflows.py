@@ -205,3 +205,51 @@ def test_debug_workflow_writes_json(tmp_path, tiny_model, arith) -> None:
     assert len(e["logprobs"]) == len(e["tokens"]) - e["prompt_length"]
     assert e["task_id"] == "arith/0" and isinstance(e["reward"], float)
     assert np.isfinite(e["logprobs"]).all()
+
+
+@register_workflow("slow_second_task")
+class SlowSecond(Workflow):
+    """Task 1 hangs; the others are the math workflow."""
+
+    is_async = True
+
+    async def run_async(self):
+        from roles.explorer.workflows.math import MathWorkflow
+
+        if self.task.index == 1:
+            await asyncio.sleep(3600)
+        wf = MathWorkflow(task=self.task, model=self.model)
+        wf.repeat_times = self.repeat_times
+        return await wf.run_async()
+
+
+async def test_stop_abandons_the_step_without_half_groups_or_cursor_move(
+    tmp_path, tiny_model, arith, hf_engine, nats_server
+) -> None:
+    """What SIGTERM does (its handler sets ``stop``): the step in flight gets a grace period,
+    then is abandoned; finished groups are whole, the cursor stays before the step."""
+    import bus
+    from roles.explorer.main import CURSOR_KEY, Explorer, NoSync
+
+    path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url=nats_server.url,
+                        batch_size=3, repeat_times=2,
+                        extra={"buffer.explorer_input.default_workflow_type": "slow_second_task"})
+    cfg = load(path)
+    nc = await bus.connect(cfg.nats, name="explorer-test")
+    try:
+        ex = Explorer(cfg, [hf_engine], nc, sync=NoSync(), shutdown_grace=0.5)
+        run = asyncio.create_task(ex.run())
+        while ex.stats.published < 2:  # tasks 0 and 2 finish, task 1 hangs
+            await asyncio.sleep(0.1)
+        ex.stop.set()
+        stats = await asyncio.wait_for(run, 60)
+        assert stats.interrupted and stats.steps == 0 and stats.published == 2
+        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id)
+        assert await state.get(CURSOR_KEY) is None
+        hb = (await state.heartbeats())["explorer"]
+        assert hb["state"] == "stopped"
+    finally:
+        await nc.close()
+    groups = await read_groups(cfg.nats, cfg.run_id, expect=2, timeout=3)
+    assert sorted(g.task_id for g in groups) == ["arith/0", "arith/2"]
+    assert all(len(g.experiences) == 2 for g in groups)
