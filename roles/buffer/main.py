@@ -80,7 +80,7 @@ def build_service(cfg: TrinityConfig) -> BufferService:
 
 async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> int:
     stop = stop or asyncio.Event()
-    service = build_service(cfg)
+    service = await asyncio.to_thread(build_service, cfg)  # tokenizer loads must not stall the loop
     nc = await bus.connect(cfg.nats, name="buffer")
     js = bus.jetstream(nc, cfg.nats)
     await bus.ensure_streams(js, cfg.nats, cfg.run_id)

@@ -73,9 +73,9 @@ def group_advantages(group: ExperienceGroup, spec: AlgorithmSpec) -> ExperienceG
     old = torch.zeros(len(exps), t, dtype=torch.float32)
     for i, e in enumerate(exps):
         n = lengths[i]
-        mask[i, :n] = torch.as_tensor(np.asarray(e.action_mask)) if e.action_mask is not None else True
+        mask[i, :n] = torch.from_numpy(np.array(e.action_mask, dtype=bool)) if e.action_mask is not None else True
         if e.logprobs is not None:
-            old[i, :n] = torch.as_tensor(np.asarray(e.logprobs, dtype=np.float32))
+            old[i, :n] = torch.from_numpy(np.array(e.logprobs, dtype=np.float32))
     rewards = torch.tensor([0.0 if e.reward is None else float(e.reward) for e in exps], dtype=torch.float32)
     fn = ops.get("advantage_fn", spec.advantage_fn)
     res = fn(action_mask=mask, rewards=rewards, group_ids=[group.group_id] * len(exps),

@@ -229,7 +229,11 @@ class ExplorerSyncClient(_Side):
             await asyncio.gather(*(e.load_checkpoint(offer["path"], version) for e in engines))
         else:
             p = self.plan
-            rdv = await self.state.wait_rendezvous(p.group_name, p.timeout)
+            try:
+                rdv = await self.state.wait_rendezvous(p.group_name, p.timeout)
+            except bus.RequestTimeout as e:  # the trainer gave up on this group meanwhile
+                await self.timed_out(f"rendezvous ({e})", version, step, ["trainer"])
+                return
             if self.joined_ts != float(rdv["ts"]):
                 d = {k: v for k, v in rdv.items() if k != "ts"}
                 offsets, r = [], 1

@@ -86,7 +86,7 @@ class StepRunner:
         token_total = max(int(batch.action_mask.sum()), 1)
         seq_mode = self.spec.loss_agg_mode != "token-mean" or self.spec.policy_loss_fn == "dpo"
         sums: dict[str, float] = defaultdict(float)
-        for rows in mbs:
+        for k, rows in enumerate(mbs):
             mb = batch.select(rows)
             w = len(rows) / batch.size if seq_mode else int(mb.action_mask.sum()) / token_total
             ref_lp = None
@@ -108,7 +108,10 @@ class StepRunner:
                 m.update(em)
             elif ent is not None:
                 m["entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
-            self.engine.backward(loss * w)
+            if k < len(mbs) - 1 and hasattr(self.engine, "engine"):  # DeepSpeed: accumulate
+                self.engine.backward(loss * w, last=False)
+            else:
+                self.engine.backward(loss * w)
             m["loss"] = float(loss.detach())
             for k, v in m.items():
                 sums[k] += w * float(v)

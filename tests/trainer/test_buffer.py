@@ -1,0 +1,134 @@
+"""The buffer role in-process against a real nats-server and LMDB: batches by request/reply,
+partial batches after ``max_read_timeout``, exact retake of an uncommitted step, commit,
+SFT file buffers and the ``mix`` strategy with an auxiliary SFT dataset."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import msgpack
+import pytest
+
+import bus
+from roles.buffer.main import run_buffer
+from roles.buffer.protocol import COMMIT_RPC
+from roles.trainer.main import fetch_batch
+from schemas.config import TrinityConfig
+
+from .helpers import groups
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    from storage.tiny import build_tokenizer
+
+    d = tmp_path_factory.mktemp("tok")
+    build_tokenizer().save_pretrained(d)
+    return d
+
+
+def _sft_rows(path, n):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": f"{i}+1=?", "response": str(i + 1)}) + "\n")
+    return path
+
+
+def _cfg(tmp_path, nats_cfg, run_id, **kw) -> TrinityConfig:
+    project, name = run_id.split(".", 1)
+    # generous connect limits: a loaded CI machine can stall a connect for seconds
+    nats = nats_cfg.model_copy(update={"connect_timeout": 10.0, "connect_wait": 30.0})
+    base = dict(project=project, name=name, checkpoint_root_dir=str(tmp_path / "ckpt"), nats=nats)
+    base.update(kw)
+    return TrinityConfig(**base)
+
+
+async def _with_buffer(cfg, body):
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_buffer(cfg, stop))
+    nc = await bus.connect(cfg.nats, name="test-trainer")
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 300  # the buffer loads a tokenizer first; slow on a busy machine
+        while True:  # until the rpc endpoints answer
+            try:
+                await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": 0}), timeout=1)
+                break
+            except (bus.NoResponders, bus.RequestTimeout):
+                if task.done() or loop.time() > deadline:
+                    await task  # raises the buffer's error, if any
+                    raise AssertionError("the buffer never answered")
+                await asyncio.sleep(0.2)
+        return await body(nc)
+    finally:
+        stop.set()
+        await task
+        await nc.close()
+
+
+async def test_partial_batch_retake_and_commit(tmp_path, nats_cfg, run_id):
+    cfg = _cfg(tmp_path, nats_cfg, run_id, algorithm={"algorithm_type": "grpo", "repeat_times": 4},
+               buffer={"trainer_input": {"experience_buffer": {"name": "exp", "max_read_timeout": 1.0}}})
+
+    async def body(nc):
+        pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
+        for g in groups(cfg.run_id, 0, 1):
+            await pub.publish_group(g)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        first = await fetch_batch(nc, cfg.run_id, 1, 8, 0, 1.0)
+        assert first.partial and len(first.items) == 4 and loop.time() - t0 >= 0.9
+        exps = first.experiences()
+        assert all(e.advantages is not None for e in exps)  # grpo advantages computed in the buffer
+        again = await fetch_batch(nc, cfg.run_id, 1, 8, 0, 1.0)
+        assert [e.id for e in again.experiences()] == [e.id for e in exps]
+        await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": 1}), timeout=5)
+        with pytest.raises(bus.RemoteError, match="already committed"):
+            await fetch_batch(nc, cfg.run_id, 1, 8, 0, 1.0)
+        for g in groups(cfg.run_id, 1, 2):
+            await pub.publish_group(g)
+        second = await fetch_batch(nc, cfg.run_id, 2, 8, 1, 5.0)
+        assert not second.partial and {e.group_id for e in second.experiences()} == {"g1", "g2"}
+
+    await _with_buffer(cfg, body)
+
+
+async def test_sft_file_buffer_serves_fixed_slices(tmp_path, nats_cfg, run_id, tokenizer_dir):
+    data = _sft_rows(tmp_path / "sft.jsonl", 6)
+    cfg = _cfg(tmp_path, nats_cfg, run_id, model={"model_path": str(tokenizer_dir)},
+               algorithm={"algorithm_type": "sft"},
+               buffer={"train_batch_size": 2, "trainer_input": {"experience_buffer": {
+                   "name": "sft", "storage_type": "file", "path": str(data),
+                   "format": {"prompt_type": "plaintext", "prompt_key": "prompt", "response_key": "response"}}}})
+
+    async def body(nc):
+        b1 = (await fetch_batch(nc, cfg.run_id, 1, 2, 0, 1.0)).experiences()
+        b2 = (await fetch_batch(nc, cfg.run_id, 2, 2, 0, 1.0)).experiences()
+        assert [e.id for e in b1] == ["sft/0/0", "sft/0/1"] and [e.id for e in b2] == ["sft/0/2", "sft/0/3"]
+        e = b1[0]
+        assert e.response_length >= 1 and e.action_mask.all() and e.info["is_expert"]
+        assert [x.id for x in (await fetch_batch(nc, cfg.run_id, 1, 2, 0, 1.0)).experiences()] == ["sft/0/0", "sft/0/1"]
+
+    await _with_buffer(cfg, body)
+
+
+async def test_mix_strategy_takes_expert_share_from_auxiliary_buffer(tmp_path, nats_cfg, run_id, tokenizer_dir):
+    data = _sft_rows(tmp_path / "sft.jsonl", 8)
+    cfg = _cfg(tmp_path, nats_cfg, run_id, model={"model_path": str(tokenizer_dir)},
+               algorithm={"algorithm_type": "mix_chord", "repeat_times": 4,
+                          "sample_strategy_args": {"expert_data_ratio": 0.5}},
+               buffer={"trainer_input": {
+                   "experience_buffer": {"name": "exp", "max_read_timeout": 5},
+                   "auxiliary_buffers": {"sft_dataset": {
+                       "name": "sft_dataset", "storage_type": "file", "path": str(data),
+                       "format": {"prompt_type": "plaintext"}}}}})
+
+    async def body(nc):
+        pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
+        await pub.publish_group(groups(cfg.run_id, 0, 1)[0])
+        exps = (await fetch_batch(nc, cfg.run_id, 1, 8, 0, 5.0)).experiences()
+        expert = [e for e in exps if e.info.get("is_expert")]
+        assert len(exps) == 8 and len(expert) == 4 and {e.group_id for e in exps if e not in expert} == {"g0"}
+
+    await _with_buffer(cfg, body)
