@@ -1,0 +1,137 @@
+"""DeepSpeed ZeRO train engine (stages 1-3, bf16, gradient checkpointing, multi-process under
+the DeepSpeed launcher or torchrun), with the same methods as :class:`TorchEngine`.
+
+Why ``torch.optim.AdamW`` passed in (with ``zero_allow_untested_optimizer``) rather than named
+in the DeepSpeed config: a named AdamW becomes FusedAdam/DeepSpeedCPUAdam, which JIT-compile
+for minutes on first use; the torch optimizer compiles nothing and ZeRO still partitions its
+state. On CPU DeepSpeed picks its CPU accelerator and gloo by itself (NOTES.md).
+
+Micro-batches: one ``backward`` per micro-batch with the accumulation boundary set only on the
+last, then one ``step``, so a step's micro-batch count may vary (dynamic batch size).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from schemas.config import OptimizerConfig, TrinityConfig
+
+from .engine import load_model, lr_factor, warmup_steps
+
+
+def launcher_env() -> None:
+    """DeepSpeed needs the launcher's variables even for one process: default them."""
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(k, v)
+    if "MASTER_PORT" not in os.environ:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
+def ds_config(*, zero_stage: int, bf16: bool, grad_clip: float, offload_optimizer: bool = False,
+              offload_param: bool = False) -> dict[str, Any]:
+    """The DeepSpeed config dict (pure)."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"trainer.deepspeed.zero_stage: expected 0-3, got {zero_stage}")
+    zero: dict[str, Any] = {"stage": zero_stage}
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if offload_param and zero_stage == 3:
+        zero["offload_param"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": grad_clip if grad_clip > 0 else 0.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bool(bf16)},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedEngine:
+    def __init__(self, model: Any, opt: OptimizerConfig, *, total_steps: int, grad_clip: float,
+                 zero_stage: int = 2, bf16: bool = False, offload_optimizer: bool = False,
+                 offload_param: bool = False) -> None:
+        import deepspeed
+
+        launcher_env()
+        self.zero_stage = zero_stage
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opt.lr,
+                                      betas=tuple(opt.betas), weight_decay=opt.weight_decay)
+        ws = warmup_steps(opt, total_steps)
+        sched = opt.warmup_style or opt.lr_scheduler_type
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, total_steps=total_steps, warmup_steps=ws, scheduler=sched,
+                                           min_lr_ratio=opt.min_lr_ratio))
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler,
+            config=ds_config(zero_stage=zero_stage, bf16=bf16, grad_clip=grad_clip,
+                             offload_optimizer=offload_optimizer, offload_param=offload_param),
+        )
+        self.model = self.engine.module
+        self.model.train()
+        self._pending = 0
+
+    @classmethod
+    def from_config(cls, cfg: TrinityConfig, model_path: str, *, total_steps: int) -> DeepSpeedEngine:
+        d = cfg.trainer.deepspeed
+        bf16 = torch.cuda.is_available()
+        model = load_model(model_path, dtype=torch.float32, gradient_checkpointing=d.gradient_checkpointing)
+        return cls(model, cfg.algorithm.optimizer, total_steps=total_steps, grad_clip=cfg.trainer.grad_clip,
+                   zero_stage=d.zero_stage, bf16=bf16, offload_optimizer=d.offload_optimizer,
+                   offload_param=d.offload_param)
+
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        dev = self.engine.device
+        return self.engine(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).logits.float()
+
+    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        self.engine.set_gradient_accumulation_boundary(last)
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> float:
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        if self.zero_stage == 3:
+            import deepspeed
+
+            params = list(self.model.parameters())
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return self.model.state_dict()
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors, copied out of ZeRO-3 partitions (never a view into a shard)."""
+        seen: set[int] = set()
+        for name, t in self._full_state().items():
+            if t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            yield name, t
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._full_state()
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
