@@ -12,6 +12,11 @@ numpy arrays decode zero-copy (``np.frombuffer`` on the message bytes), hence **
 torch tensors decode to a writable copy (torch has no read-only tensors). torch is imported
 only when a tensor is encoded or a torch ext is decoded, so ``import schemas`` stays light.
 
+Speed: ExperienceGroup and Experience are the hot path (every rollout crosses the bus). The
+reference codec below handles them with hand-written fast paths, and when ``msgspec`` is
+installed a second route writes and parses them in C (see "Accelerated path"): same bytes,
+same objects, same errors, several times faster. Everything else takes the reference path.
+
 The message size is simply ``len(encode(obj))``; the bus uses it to keep messages under
 ``max_payload``.
 """
@@ -28,6 +33,11 @@ from typing import Any
 
 import msgpack
 import numpy as np
+
+try:  # optional accelerator for the hot schemas, see "Accelerated path" below
+    import msgspec
+except ImportError:  # pragma: no cover - without it the reference path does everything
+    msgspec = None
 
 from .data import SCHEMA_VERSION, SCHEMAS, Experience, ExperienceGroup, Metric, SyncEvent, Task
 
@@ -220,7 +230,7 @@ def _check_bool_bytes(data: bytes, offset: int) -> None:
     """A bool byte other than 0/1 is not a bool: numpy and torch would carry it silently and
     give odd sums and comparisons, so the message is refused."""
     if len(data) - offset <= _BOOL_SMALL:
-        bad = data[offset:].translate(None, b"\0\1")
+        bad = bytes(data[offset:]).translate(None, b"\0\1")  # bytes() of bytes: no copy
     else:
         bad = np.frombuffer(data, np.uint8, offset=offset).max() > 1
     if bad:
@@ -867,8 +877,318 @@ def _validated(obj: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
+# Accelerated path (msgspec) for ExperienceGroup and Experience
+#
+# Everything above is the reference codec: it defines what is valid and says what is wrong.
+# When msgspec is installed, the two hot schemas first try a faster route to the *same* bytes
+# and the *same* objects: msgspec writes and parses the msgpack structure in C (map keys
+# matched against the fields without creating a str per key, types checked as they are read)
+# and the checks left to Python are the ones msgspec cannot express. This route only ever
+# takes messages it fully understands; for anything else (an unusual type, any error, any
+# doubt) it returns None and the reference codec starts again from the beginning, so errors
+# and edge cases behave exactly as without msgspec. tests/schemas checks the two routes
+# against each other (same bytes out, same objects back) on generated and mutated messages.
+# --------------------------------------------------------------------------------------------
+
+
+def _exact_plain(v: Any) -> bool:
+    """True if ``v`` is plain data of exact builtin types (what msgspec and msgpack write
+    identically and what :func:`_plain` accepts unchanged), at most MAX_DEPTH deep."""
+    stack = [(v, 0)]
+    while stack:
+        x, depth = stack.pop()
+        t = type(x)
+        if t is dict:
+            if depth >= MAX_DEPTH or not _STR_ONLY.issuperset(map(type, x)):
+                return False
+            children = x.values()
+        elif t is list:
+            if depth >= MAX_DEPTH:
+                return False
+            children = x
+        else:
+            return t in _SCALAR_TYPES
+        for y in children:
+            if type(y) not in _SCALAR_TYPES:
+                stack.append((y, depth + 1))
+    return True
+
+
+def _fast_array(a: Any) -> bool:
+    """A numpy array or a torch tensor (call sites test ``type(a) is ndarray`` first)."""
+    return type(a) is _ndarray or _is_tensor(a)
+
+
+def _fast_experience_ok(e: Experience) -> bool:
+    """Encode side: True if every field of ``e`` has the exact type the wire takes as is
+    (no int for a float, no numpy scalar, no str subclass, arrays numpy or torch)."""
+    nd = _ndarray
+    tokens = e.tokens
+    logprobs = e.logprobs
+    action_mask = e.action_mask
+    reward = e.reward
+    token_level_reward = e.token_level_reward
+    advantages = e.advantages
+    returns = e.returns
+    messages = e.messages
+    prompt_text = e.prompt_text
+    response_text = e.response_text
+    chosen = e.chosen
+    rejected = e.rejected
+    teacher_logprobs = e.teacher_logprobs
+    info = e.info
+    return (
+        type(e.id) is str
+        and type(e.task_id) is str
+        and type(e.group_id) is str
+        and type(e.run_id) is str
+        and (type(tokens) is nd or _fast_array(tokens))
+        and type(e.prompt_length) is int
+        and (logprobs is None or type(logprobs) is nd or _fast_array(logprobs))
+        and (action_mask is None or type(action_mask) is nd or _fast_array(action_mask))
+        and (reward is None or type(reward) is float)
+        and (
+            token_level_reward is None
+            or type(token_level_reward) is nd
+            or _fast_array(token_level_reward)
+        )
+        and (advantages is None or type(advantages) is nd or _fast_array(advantages))
+        and (returns is None or type(returns) is nd or _fast_array(returns))
+        and type(e.model_version) is int
+        and type(e.prompt_truncated) is bool
+        and type(e.response_truncated) is bool
+        and (
+            messages is None
+            or (
+                type(messages) is list
+                and all(type(m) is dict for m in messages)
+                and _exact_plain(messages)
+            )
+        )
+        and (prompt_text is None or type(prompt_text) is str)
+        and (response_text is None or type(response_text) is str)
+        and (chosen is None or type(chosen) is nd or _fast_array(chosen))
+        and (rejected is None or type(rejected) is nd or _fast_array(rejected))
+        and (
+            teacher_logprobs is None
+            or type(teacher_logprobs) is nd
+            or _fast_array(teacher_logprobs)
+        )
+        and type(info) is dict
+        and (not info or _flat_plain(info) or _exact_plain(info))
+        and type(e.created_at) is float
+    )
+
+
+def _fast_group_ok(g: ExperienceGroup) -> bool:
+    metrics = g.metrics
+    experiences = g.experiences
+    if not (
+        type(g.group_id) is str
+        and type(g.task_id) is str
+        and type(g.run_id) is str
+        and type(g.model_version) is int
+        and type(experiences) is list
+        and type(g.is_eval) is bool
+        and type(g.taskset) is str
+        and type(metrics) is dict
+        and (
+            not metrics
+            or (
+                _STR_ONLY.issuperset(map(type, metrics))
+                and _FLOAT_ONLY.issuperset(map(type, metrics.values()))
+            )
+        )
+        and type(g.created_at) is float
+    ):
+        return False
+    for e in experiences:
+        if type(e) is not Experience or not _fast_experience_ok(e):
+            return False
+    return True
+
+
+_FLOAT_ONLY = frozenset((float,))
+
+
+if msgspec is not None:
+    _Ext = msgspec.msgpack.Ext
+
+    def _ms_enc_hook(a: Any) -> Any:
+        """msgspec calls this for the values it does not know: here only arrays, which
+        :func:`_fast_experience_ok` let through. The same ext bytes as :func:`_pack_array`,
+        whose 1-D numpy case is repeated here to save a call and a namedtuple per array."""
+        if type(a) is _ndarray:
+            fast = _NP_FAST.get(a.dtype)
+            if fast is not None and a.ndim == 1:
+                prefix_1d, is_bool = fast
+                head = prefix_1d + _PACK_DIM(len(a))
+                if is_bool:
+                    return _Ext(EXT_NUMPY, head + _bool_bytes(a))
+                try:
+                    return _Ext(EXT_NUMPY, b"".join((head, a)))
+                except TypeError:  # strided
+                    pass
+        ext = _pack_array(a, "", "")
+        return _Ext(ext.code, ext.data)
+
+    def _ms_ext_hook(code: int, data: memoryview) -> Any:
+        """Arrays from a memoryview of the message: the common 1-D numpy case zero-copy,
+        everything else (and every error) through the reference hook on a copy."""
+        n = len(data)
+        if code == EXT_NUMPY and n > 13:
+            key, ndim, count = _UNPACK_HEAD13(data)
+            fast = _NP_HEAD4.get(key)
+            if fast is not None and ndim == 1 and 0 < count <= MAX_DIM:
+                dt, itemsize, is_bool = fast
+                if n - 13 == count * itemsize:
+                    if is_bool:
+                        _check_bool_bytes(data, 13)
+                    return _frombuffer(data, dt, count, 13)
+        return _ext_hook(code, bytes(data))
+
+    def _ms_struct(cls: type, wire: dict[Check, Any]) -> Any:
+        """A msgspec Struct mirroring a schema dataclass: same field names, order and
+        defaults; the types msgspec checks itself, ``Any`` where Python checks after."""
+        spec = _SPECS[cls]
+        out = []
+        for f, (name, check, _) in zip(fields(cls), spec.decode_fields, strict=True):
+            t = wire[check]
+            if f.default_factory is not MISSING:
+                out.append((name, t, msgspec.field(default_factory=f.default_factory)))
+            elif f.default is not MISSING:
+                out.append((name, t, f.default))
+            else:
+                out.append((name, t))
+        return msgspec.defstruct(f"_{cls.__name__}Wire", out, forbid_unknown_fields=True)
+
+    _WIRE_TYPES: dict[Check, Any] = {
+        _str: str,
+        _opt_str: str | None,
+        _int: int,
+        _float: float,  # msgspec takes an int here and makes it a float, as _float does
+        _opt_float: float | None,
+        _bool: bool,
+        _array: Any,
+        _opt_array: Any,
+        _dict: dict[str, Any],
+        _opt_dict_list: Any,
+        _float_dict: dict[str, float],
+    }
+    _ExperienceWire = _ms_struct(Experience, _WIRE_TYPES)
+    _GroupWire = _ms_struct(
+        ExperienceGroup, {**_WIRE_TYPES, _experiences_in: list[_ExperienceWire]}
+    )
+    _astuple = msgspec.structs.astuple
+    _GROUP_EXPERIENCES = _SPECS[ExperienceGroup].names.index("experiences")
+
+    def _envelope_type(name: str, payload: Any) -> Any:
+        return msgspec.defstruct(
+            f"_{name}_envelope",
+            [("version", int), ("payload", payload)],
+            tag_field="schema",
+            tag=name,
+            forbid_unknown_fields=True,
+        )
+
+    _ms_encoder = msgspec.msgpack.Encoder(enc_hook=_ms_enc_hook)
+    _ms_decoder = msgspec.msgpack.Decoder(
+        _envelope_type("experience_group", _GroupWire)
+        | _envelope_type("experience", _ExperienceWire),
+        ext_hook=_ms_ext_hook,
+    )
+
+    def _ms_experience(w: Any) -> Experience | None:
+        """The Experience of a decoded wire struct, if its Any-typed fields are right."""
+        e = Experience(*_astuple(w))
+        nd = _ndarray
+        tokens = e.tokens
+        logprobs = e.logprobs
+        action_mask = e.action_mask
+        token_level_reward = e.token_level_reward
+        advantages = e.advantages
+        returns = e.returns
+        chosen = e.chosen
+        rejected = e.rejected
+        teacher_logprobs = e.teacher_logprobs
+        if not (
+            (type(tokens) is nd or _fast_array(tokens))
+            and (logprobs is None or type(logprobs) is nd or _fast_array(logprobs))
+            and (action_mask is None or type(action_mask) is nd or _fast_array(action_mask))
+            and (
+                token_level_reward is None
+                or type(token_level_reward) is nd
+                or _fast_array(token_level_reward)
+            )
+            and (advantages is None or type(advantages) is nd or _fast_array(advantages))
+            and (returns is None or type(returns) is nd or _fast_array(returns))
+            and (chosen is None or type(chosen) is nd or _fast_array(chosen))
+            and (rejected is None or type(rejected) is nd or _fast_array(rejected))
+            and (
+                teacher_logprobs is None
+                or type(teacher_logprobs) is nd
+                or _fast_array(teacher_logprobs)
+            )
+        ):
+            return None
+        info, messages = e.info, e.messages
+        if info and not _flat_plain(info):
+            _plain(info, "", "info")  # a CodecError sends the message to the reference path
+        if messages is not None:
+            _opt_dict_list(messages, "", "messages")
+        return e
+
+    def _fast_encode(obj: Any, spec: _Spec) -> bytes | None:
+        if not (_fast_group_ok(obj) if spec.cls is ExperienceGroup else _fast_experience_ok(obj)):
+            return None
+        try:
+            obj.validate()
+            return _ms_encoder.encode(
+                {"schema": spec.name, "version": SCHEMA_VERSION, "payload": obj}
+            )
+        except Exception:  # the reference path says what is wrong
+            return None
+
+    def _fast_decode(data: bytes, expect: type | None) -> Any:
+        try:
+            env = _ms_decoder.decode(data)
+            if env.version != SCHEMA_VERSION:
+                return None
+            w = env.payload
+            if type(w) is _ExperienceWire:
+                if expect is not None and expect is not Experience:
+                    return None
+                obj = _ms_experience(w)
+            else:
+                if expect is not None and expect is not ExperienceGroup:
+                    return None
+                exps = []
+                for x in w.experiences:
+                    e = _ms_experience(x)
+                    if e is None:
+                        return None
+                    exps.append(e)
+                args = list(_astuple(w))
+                args[_GROUP_EXPERIENCES] = exps
+                obj = ExperienceGroup(*args)
+            if obj is None:
+                return None
+            obj.validate()
+            return obj
+        except Exception:  # anything at all: the reference path decides and explains
+            return None
+
+else:  # pragma: no cover
+    _fast_encode = _fast_decode = None
+
+
+# --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
+
+#: Whether encode/decode try the msgspec route first (tests turn it off to exercise the
+#: reference path alone).
+_accelerated = msgspec is not None
 
 _local = threading.local()
 #: A packer whose buffer grew past this is dropped after use rather than kept for the next.
@@ -900,6 +1220,10 @@ def encode(obj: Any) -> bytes:
     spec = _SPECS.get(type(obj))
     if spec is None:
         raise CodecError(f"cannot encode {_describe(obj)}: not a schema type")
+    if _accelerated and (spec.cls is ExperienceGroup or spec.cls is Experience):
+        out = _fast_encode(obj, spec)
+        if out is not None:
+            return out
     payload = _experience_out(obj, "Experience") if spec.cls is Experience else _payload(obj)
     try:
         obj.validate()
@@ -926,6 +1250,12 @@ def decode(data: bytes, expect: type | None = None, *, max_bytes: int = 64 << 20
         raise CodecError(f"message: expected bytes, got {type(data).__name__}")
     if len(data) > max_bytes:
         raise CodecError(f"message: {len(data)} bytes exceeds max_bytes={max_bytes}")
+    if _accelerated:
+        # Arrays come out as views of the message: copy a mutable buffer first, so that no
+        # one can change a decoded (validated) array behind its back.
+        obj = _fast_decode(data if type(data) is bytes else bytes(data), expect)
+        if obj is not None:
+            return obj
     try:
         env = msgpack.unpackb(
             data,

@@ -687,3 +687,187 @@ def test_invalid_payload_is_codec_error_on_decode() -> None:
     env["payload"]["experiences"][0]["prompt_length"] = 99
     with pytest.raises(CodecError, match=r"experiences\[0\].prompt_length: 99 is outside"):
         decode(msgpack.packb(env))
+
+
+# ------------------------------------------------------------------------------------------
+# The accelerated (msgspec) route against the reference codec: same bytes out, same objects
+# back, same errors; and the validate() shortcut never passes what the full checks refuse.
+# ------------------------------------------------------------------------------------------
+
+from contextlib import contextmanager  # noqa: E402
+
+from schemas import codec as codec_module  # noqa: E402
+from schemas import data as data_module  # noqa: E402
+
+needs_accel = pytest.mark.skipif(
+    not codec_module._accelerated, reason="msgspec not installed: reference path only"
+)
+
+
+@contextmanager
+def reference_only() -> Any:
+    saved = codec_module._accelerated
+    codec_module._accelerated = False
+    try:
+        yield
+    finally:
+        codec_module._accelerated = saved
+
+
+def outcome(data: bytes) -> Any:
+    """What decode makes of ``data``: the object, or the CodecError's message."""
+    try:
+        return decode(data)
+    except CodecError as e:
+        return ("error", str(e))
+
+
+def same_outcome(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return a == b
+    return same(a, b)
+
+
+def bench_group(n_exp: int = 3, tokens: int = 40, prompt: int = 8) -> ExperienceGroup:
+    """The hot-path shape: numpy int32 tokens, float32 logprobs/advantages, a bool mask."""
+    rng = np.random.default_rng(1)
+    r = tokens - prompt
+    exps = [
+        Experience(
+            id=f"g/{i}",
+            task_id="t",
+            group_id="g",
+            run_id="r",
+            tokens=rng.integers(0, 1000, tokens, dtype=np.int32),
+            prompt_length=prompt,
+            logprobs=rng.standard_normal(r, dtype=np.float32),
+            action_mask=rng.integers(0, 2, r).astype(bool),
+            reward=float(i),
+            advantages=np.full(r, 0.5, np.float32),
+            model_version=2,
+            info={"acc": 1.0, "n": 3, "tag": "x"},
+        )
+        for i in range(n_exp)
+    ]
+    return ExperienceGroup(group_id="g", task_id="t", run_id="r", model_version=2, experiences=exps)
+
+
+@FAST
+@given(any_message)
+def test_accelerated_and_reference_paths_agree(obj: Any) -> None:
+    raw = encode(obj)
+    with reference_only():
+        assert encode(obj) == raw
+        ref = decode(raw, type(obj))
+    back = decode(raw, type(obj))
+    assert same(ref, back) and same(obj, back)
+
+
+@FAST
+@given(groups())
+def test_accelerated_and_reference_paths_agree_on_groups(g: ExperienceGroup) -> None:
+    raw = encode(g)
+    with reference_only():
+        assert encode(g) == raw
+        assert same(decode(raw, ExperienceGroup), decode(raw))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=_HC)
+@given(st.sampled_from([*CORPUS, encode(bench_group())]), st.data())
+def test_mutated_messages_decode_alike_on_both_paths(raw: bytes, data: st.DataObject) -> None:
+    for _ in range(data.draw(st.integers(1, 3))):
+        raw = mutate(raw, data)
+    fast = outcome(raw)
+    with reference_only():
+        ref = outcome(raw)
+    assert same_outcome(ref, fast)
+
+
+@needs_accel
+def test_hot_shapes_take_the_accelerated_path() -> None:
+    """A silent fall back to the reference path would only show as a slow bus."""
+    g = bench_group()
+    assert codec_module._fast_encode(g, codec_module._SPECS[ExperienceGroup]) is not None
+    raw = encode(g)
+    assert codec_module._fast_decode(raw, ExperienceGroup) is not None
+    e = g.experiences[0]
+    assert codec_module._fast_decode(encode(e), Experience) is not None
+    # numpy arrays still come back as read-only views
+    back = decode(raw, ExperienceGroup)
+    assert not back.experiences[0].tokens.flags.writeable
+
+
+def test_decoded_arrays_do_not_alias_a_mutable_buffer() -> None:
+    buf = bytearray(encode(bench_group()))
+    back = decode(buf, ExperienceGroup)
+    before = back.experiences[0].tokens.copy()
+    buf[:] = bytes(len(buf))
+    assert np.array_equal(back.experiences[0].tokens, before)
+
+
+def test_long_bool_masks_are_checked_and_normalized() -> None:
+    # Past _BOOL_SMALL bytes the checks switch from bytes.translate to numpy.
+    n = codec_module._BOOL_SMALL * 3
+    raw = np.ones(n, np.uint8)
+    raw[n - 1] = 2
+    mask = np.frombuffer(raw.tobytes(), bool)
+    assert decode_array(encode_array(mask)).view(np.uint8).max() == 1
+    with pytest.raises(CodecError, match="bytes other than 0 and 1"):
+        decode(ext_message(header(b"|b1", (n,)) + raw.tobytes()))
+    g = bench_group(n_exp=1, tokens=n + 8, prompt=8)
+    g.experiences[0].action_mask = mask
+    back = decode(encode(g), ExperienceGroup)
+    assert back.experiences[0].action_mask.view(np.uint8).max() == 1
+
+
+@st.composite
+def loose_experiences(draw: Any) -> Experience:
+    """Experiences with arrays of random kinds, lengths and ranks: often invalid."""
+
+    def arr(required: bool = False) -> Any:
+        if not required and draw(st.booleans()):
+            return None
+        kind = draw(st.sampled_from(["i4", "u1", "f4", "f2", "?", "c8"]))
+        shape = tuple(draw(st.lists(st.integers(0, 4), min_size=1, max_size=2)))
+        a = np.zeros(shape, kind)
+        return torch.from_numpy(a) if kind != "u1" and draw(st.booleans()) else a
+
+    chosen = arr()
+    return Experience(
+        id="e",
+        task_id="t",
+        group_id="g",
+        run_id="r",
+        tokens=arr(required=True),
+        prompt_length=draw(st.integers(-1, 5)),
+        logprobs=arr(),
+        action_mask=arr(),
+        token_level_reward=arr(),
+        advantages=arr(),
+        returns=arr(),
+        chosen=chosen,
+        rejected=arr() if draw(st.booleans()) else chosen,
+        teacher_logprobs=arr(),
+        model_version=draw(st.integers(-1, 2)),
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=_HC)
+@given(loose_experiences())
+def test_validate_shortcut_never_accepts_what_the_full_checks_refuse(e: Experience) -> None:
+    def full_checks_pass() -> bool:
+        saved = data_module._plainly_valid
+        data_module._plainly_valid = lambda _e: False
+        try:
+            e.validate()
+            return True
+        except ValueError:
+            return False
+        finally:
+            data_module._plainly_valid = saved
+
+    if data_module._plainly_valid(e):
+        assert full_checks_pass()
+    g = ExperienceGroup(group_id="g", task_id="t", run_id="r", experiences=[e, e])
+    with pytest.raises(ValueError):  # the same id twice, whatever the shortcut says
+        g.validate()
