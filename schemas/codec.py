@@ -1024,7 +1024,9 @@ if msgspec is not None:
                 prefix_1d, is_bool = fast
                 head = prefix_1d + _PACK_DIM(len(a))
                 if is_bool:
-                    return _Ext(EXT_NUMPY, head + _bool_bytes(a))
+                    raw = a.tobytes()
+                    _ms_local.bools.append(raw)  # checked all together by _fast_encode
+                    return _Ext(EXT_NUMPY, head + raw)
                 try:
                     return _Ext(EXT_NUMPY, b"".join((head, a)))
                 except TypeError:  # strided
@@ -1042,10 +1044,21 @@ if msgspec is not None:
             if fast is not None and ndim == 1 and 0 < count <= MAX_DIM:
                 dt, itemsize, is_bool = fast
                 if n - 13 == count * itemsize:
+                    a = _frombuffer(data, dt, count, 13)
                     if is_bool:
-                        _check_bool_bytes(data, 13)
-                    return _frombuffer(data, dt, count, 13)
+                        _ms_local.bools.append(a)  # checked all together by _fast_decode
+                    return a
         return _ext_hook(code, bytes(data))
+
+    _ms_local = threading.local()
+
+    def _all_bools(parts: list[Any]) -> bool:
+        """True if every byte of these bool masks (bytes or arrays) is 0 or 1. One check
+        for all the masks of a message costs about what one mask alone does."""
+        raw = b"".join(parts)
+        if len(raw) <= _BOOL_SMALL:
+            return not raw.translate(None, b"\0\1")
+        return np.frombuffer(raw, np.uint8).max() <= 1
 
     def _ms_struct(cls: type, wire: dict[Check, Any]) -> Any:
         """A msgspec Struct mirroring a schema dataclass: same field names, order and
@@ -1143,14 +1156,19 @@ if msgspec is not None:
             return None
         try:
             obj.validate()
-            return _ms_encoder.encode(
+            bools = _ms_local.bools = []
+            out = _ms_encoder.encode(
                 {"schema": spec.name, "version": SCHEMA_VERSION, "payload": obj}
             )
         except Exception:  # the reference path says what is wrong
             return None
+        if bools and not _all_bools(bools):
+            return None  # bools built from raw bytes: the reference path makes them 0/1
+        return out
 
     def _fast_decode(data: bytes, expect: type | None) -> Any:
         try:
+            bools = _ms_local.bools = []
             env = _ms_decoder.decode(data)
             if env.version != SCHEMA_VERSION:
                 return None
@@ -1174,6 +1192,8 @@ if msgspec is not None:
             if obj is None:
                 return None
             obj.validate()
+            if bools and not _all_bools(bools):
+                return None  # the reference path names the bad mask
             return obj
         except Exception:  # anything at all: the reference path decides and explains
             return None

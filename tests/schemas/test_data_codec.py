@@ -871,3 +871,22 @@ def test_validate_shortcut_never_accepts_what_the_full_checks_refuse(e: Experien
     g = ExperienceGroup(group_id="g", task_id="t", run_id="r", experiences=[e, e])
     with pytest.raises(ValueError):  # the same id twice, whatever the shortcut says
         g.validate()
+
+
+@pytest.mark.parametrize("n_exp", [1, 3])
+def test_bad_bool_bytes_in_a_group_are_refused_and_normalized(n_exp: int) -> None:
+    g = bench_group(n_exp=n_exp)
+    env = msgpack.unpackb(encode(g), raw=False, ext_hook=msgpack.ExtType)
+    mask = env["payload"]["experiences"][-1]["action_mask"]
+    env["payload"]["experiences"][-1]["action_mask"] = msgpack.ExtType(
+        mask.code, mask.data[:-1] + b"\x02"
+    )
+    with pytest.raises(CodecError, match="bytes other than 0 and 1"):
+        decode(msgpack.packb(env), ExperienceGroup)
+    raw = bytearray(g.experiences[-1].action_mask.tobytes())
+    raw[0] = 7
+    g.experiences[-1].action_mask = np.frombuffer(bytes(raw), bool)
+    out = encode(g)
+    with reference_only():
+        assert encode(g) == out
+    assert decode(out, ExperienceGroup).experiences[-1].action_mask.view(np.uint8).max() == 1
