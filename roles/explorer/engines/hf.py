@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -59,7 +60,13 @@ class HFEngine(RolloutEngine):
         if cfg.chat_template:
             self.tokenizer.chat_template = cfg.chat_template
         torch.manual_seed(cfg.seed)
-        self._lock = asyncio.Lock()
+        self._locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @property
+    def _lock(self) -> asyncio.Lock:
+        """One lock per event loop: the engine may outlive a loop (tests, ``trinity debug``),
+        and an asyncio lock left held by a task of a closed loop must not block the next one."""
+        return self._locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
 
     async def generate(
         self, prompt_ids: list[int] | None = None, *, prompt: str | None = None, n: int = 1,
