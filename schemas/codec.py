@@ -115,6 +115,9 @@ _UNPACK_HEAD13 = _HEAD13.unpack_from
 #: vectorized).
 _BOOL_SMALL = 1024
 _TO_BOOL = bytes([0] + [1] * 255)  # translate table: every nonzero byte becomes 1
+#: An encoder buffer (msgpack Packer, msgspec bytearray) kept per thread for the next message
+#: is dropped instead once a message grew it past this.
+_KEEP_PACKER_BYTES = 1 << 20
 _frombuffer = np.frombuffer
 
 
@@ -1157,11 +1160,21 @@ if msgspec is not None:
         try:
             obj.validate()
             bools = _ms_local.bools = []
-            out = _ms_encoder.encode(
-                {"schema": spec.name, "version": SCHEMA_VERSION, "payload": obj}
+            # Into this thread's buffer, whose pages stay mapped from one message to the
+            # next (a fresh output buffer per message costs page faults), then one copy out.
+            buf = getattr(_ms_local, "buf", None)
+            if buf is None:
+                buf = bytearray()
+            else:
+                _ms_local.buf = None  # taken
+            _ms_encoder.encode_into(
+                {"schema": spec.name, "version": SCHEMA_VERSION, "payload": obj}, buf
             )
         except Exception:  # the reference path says what is wrong
             return None
+        out = bytes(buf)
+        if len(out) <= _KEEP_PACKER_BYTES:
+            _ms_local.buf = buf
         if bools and not _all_bools(bools):
             return None  # bools built from raw bytes: the reference path makes them 0/1
         return out
@@ -1211,8 +1224,6 @@ else:  # pragma: no cover
 _accelerated = msgspec is not None
 
 _local = threading.local()
-#: A packer whose buffer grew past this is dropped after use rather than kept for the next.
-_KEEP_PACKER_BYTES = 1 << 20
 
 
 def _pack(envelope: dict[str, Any]) -> bytes:
