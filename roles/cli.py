@@ -2,8 +2,7 @@
 
 Every subcommand that needs a configuration takes the same options (``--config``, ``--set``,
 ``--dotenv``) and loads it through :func:`roles.settings.load`, so ``trinity config`` shows
-exactly what a role would run with. Commands whose issue has not landed yet exit non-zero
-with a clear message instead of pretending to work.
+exactly what a role would run with.
 """
 
 from __future__ import annotations
@@ -14,9 +13,6 @@ from collections.abc import Callable, Sequence
 
 from schemas.loader import ConfigError, to_yaml
 
-NOT_YET = {
-    "run": "trinity run (all roles for one experiment) lands with the run/quickstart issue",
-}
 
 HELP = {
     "run": "run every role an experiment's mode needs (embedded NATS if none is reachable)",
@@ -69,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--host", default=None, help="bind address (default: the host of nats.url)")
             p.add_argument("--port", type=int, default=None, help="client port (default: the port of nats.url)")
             p.add_argument("--monitor-port", type=int, default=None, help="HTTP monitor port (/jsz, /connz)")
+        if name == "run":
+            p.add_argument("--max-restarts", type=int, default=2, metavar="N",
+                           help="restart a role that died up to N times before failing the run (default 2)")
         if name == "debug":
             p.add_argument("--module", default="workflow", choices=["workflow"])
             p.add_argument("--output-file", default=None)
@@ -135,22 +134,28 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _run_role(role: str, args: argparse.Namespace) -> int:
-    """Run one role process (``trinity buffer|trainer|synchronizer``) until it finishes or is
-    signalled; logs go to the terminal and ``<job_dir>/log/<role>.log``."""
+    """Run one role process through every stage of the experiment (``roles/stages.py``)
+    until it is done or signalled; logs go to the terminal and ``<job_dir>/log/<role>.log``."""
     import asyncio
-    import importlib
+    import logging
     import os
 
     from roles.logs import setup_logging
     from roles.settings import load
+    from roles.stages import run_stages, runner_for
 
-    cfg = load(args).config
+    loaded = load(args)
+    cfg = loaded.config
     setup_logging(role, cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
-    mod = importlib.import_module(f"roles.{role}.main")
+    if role == "explorer":
+        from roles.explorer.workflows.registry import load_plugin_dirs
+
+        load_plugin_dirs()
     try:
-        return asyncio.run(getattr(mod, f"run_{role}")(cfg))
-    except (ValueError, FileNotFoundError, NotImplementedError) as e:
-        print(f"trinity {role}: {e}", file=sys.stderr)
+        return asyncio.run(run_stages(role, loaded.stages or [cfg], runner_for(role)))
+    except (ValueError, KeyError, FileNotFoundError, NotImplementedError) as e:
+        logging.getLogger(f"trinity.{role}").error("%s failed: %s", role, e)
+        print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
         return 2
 
 
@@ -171,10 +176,7 @@ def cmd_synchronizer(args: argparse.Namespace) -> int:
 
 def cmd_explorer(args: argparse.Namespace) -> int:
     """``trinity explorer``: workflows on rollout engines -> experience groups on the bus."""
-    from roles.explorer.main import main as explorer_main
-    from roles.settings import load
-
-    return explorer_main(load(args).config)
+    return _run_role("explorer", args)
 
 
 def cmd_debug(args: argparse.Namespace) -> int:
@@ -185,7 +187,15 @@ def cmd_debug(args: argparse.Namespace) -> int:
     return debug_main(load(args).config, args.output_file, args.plugin_dir)
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """``trinity run``: every role of the experiment as supervised processes."""
+    from roles.run import main as run_main
+
+    return run_main(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": cmd_run,
     "config": cmd_config,
     "server": cmd_server,
     "inspect": cmd_inspect,
@@ -204,10 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    handler = COMMANDS.get(args.command)
-    if handler is None:
-        print(f"trinity {args.command}: not implemented yet ({NOT_YET[args.command]})", file=sys.stderr)
-        return 3
+    handler = COMMANDS[args.command]
     try:
         return handler(args)
     except ConfigError as e:

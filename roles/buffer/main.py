@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
+
 import time
 from typing import Any
 
@@ -17,6 +17,8 @@ import msgpack
 import structlog
 
 import bus
+from roles import keys
+from roles.stages import stop_on_signals
 from bus.rpc import Message
 from schemas.config import TrinityConfig
 from schemas.data import ExperienceGroup, Metric
@@ -78,7 +80,19 @@ def build_service(cfg: TrinityConfig) -> BufferService:
     )
 
 
-async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> int:
+async def drained(consumer: bus.Consumer, state: bus.RunState) -> bool:
+    """The explorer finished (its flag is set only after every publish was acked) and this
+    consumer has nothing pending or unacked: every group it will ever get is ingested."""
+    if not await state.get(keys.EXPLORER_FINISHED):
+        return False
+    info = await consumer.info()
+    return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
+    """Serve until ``stop`` (or SIGTERM/SIGINT when no ``stop`` is given); True: the buffer
+    has no work of its own that could be left unfinished."""
+    own_stop = stop is None
     stop = stop or asyncio.Event()
     service = await asyncio.to_thread(build_service, cfg)  # tokenizer loads must not stall the loop
     nc = await bus.connect(cfg.nats, name="buffer")
@@ -101,12 +115,8 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> i
 
     subs = [await bus.serve(nc, names.rpc(BATCH_RPC), on_batch),
             await bus.serve(nc, names.rpc(COMMIT_RPC), on_commit)]
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+    if own_stop:
+        stop_on_signals(stop)
     consumer = None
     if service.store is not None:
         consumer = await bus.Consumer(nc, cfg.nats, cfg.run_id, "exp", "buffer", expect=ExperienceGroup).start()
@@ -122,6 +132,9 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> i
                     added = await asyncio.to_thread(service.ingest, [d.obj for d in items])
                     await consumer.ack(items)
                     log.debug("ingested", groups=len(items), experiences=added)
+                elif not service.source_done and await drained(consumer, state):
+                    service.source_done = True
+                    log.info("explorer_finished_and_drained", stored=service.stored)
             if time.monotonic() - last_beat > 2.0:
                 last_beat = time.monotonic()
                 ready = service.store.count_ready() if service.store is not None else 0
@@ -137,4 +150,4 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> i
         await nc.drain()
         if service.store is not None:
             service.store.close()
-    return 0
+    return True

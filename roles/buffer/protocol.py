@@ -54,6 +54,9 @@ class BatchReply:
     items: list[bytes]
     use_counts: list[int]
     requested: int
+    #: No more experience will come (the explorer finished and everything is served, or a
+    #: dataset's epochs are done): the trainer trains on what it got and finishes.
+    exhausted: bool = False
 
     @property
     def partial(self) -> bool:
@@ -61,12 +64,13 @@ class BatchReply:
 
     def pack(self) -> bytes:
         return msgpack.packb({"step": self.step, "items": self.items, "use_counts": self.use_counts,
-                              "requested": self.requested})
+                              "requested": self.requested, "exhausted": self.exhausted})
 
     @classmethod
     def unpack(cls, data: bytes) -> BatchReply:
         d = msgpack.unpackb(data)
-        return cls(int(d["step"]), list(d["items"]), list(d["use_counts"]), int(d["requested"]))
+        return cls(int(d["step"]), list(d["items"]), list(d["use_counts"]), int(d["requested"]),
+                   bool(d.get("exhausted", False)))
 
     def experiences(self) -> list[Experience]:
         out = []

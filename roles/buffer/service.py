@@ -54,6 +54,9 @@ class BufferService:
         self.max_read_timeout = max_read_timeout
         self.stored = 0
         self.groups_in = 0
+        #: Set by the process loop once the explorer finished and every group on the stream
+        #: is ingested: nothing more will come, so a batch request stops waiting.
+        self.source_done = False
         if self.strategy == "mix" and not self.aux:
             raise ValueError(
                 "algorithm.sample_strategy 'mix' needs buffer.trainer_input.auxiliary_buffers "
@@ -99,7 +102,8 @@ class BufferService:
         """Answer one batch request (see the module doc)."""
         if self.main_file is not None:
             exps = await asyncio.to_thread(self.main_file.batch, req.step, req.n)
-            return BatchReply(req.step, [codec.encode(e) for e in exps], [1] * len(exps), req.n)
+            return BatchReply(req.step, [codec.encode(e) for e in exps], [1] * len(exps), req.n,
+                              exhausted=len(exps) < req.n)
         assert self.store is not None
         usual, expert = self._split(req.n)
         key = batch_key(req.step)
@@ -109,7 +113,8 @@ class BufferService:
             timeout = self.max_read_timeout if req.timeout is None else min(req.timeout, self.max_read_timeout)
             deadline = time.monotonic() + timeout
             pause = 0.01
-            while self.store.count_available(floor) < usual and time.monotonic() < deadline:
+            while (self.store.count_available(floor) < usual and time.monotonic() < deadline
+                   and not self.source_done):
                 await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
                 pause = min(pause * 2, 0.2)
             taken = await asyncio.to_thread(
@@ -122,9 +127,10 @@ class BufferService:
             exps = await asyncio.to_thread(aux.batch, req.step, expert)
             items += [codec.encode(e) for e in exps]
             counts += [1] * len(exps)
+        exhausted = self.source_done and self.store.count_available(floor) == 0
         if len(items) < req.n:
-            log.info("partial_batch", step=req.step, got=len(items), wanted=req.n)
-        return BatchReply(req.step, items, counts, req.n)
+            log.info("partial_batch", step=req.step, got=len(items), wanted=req.n, exhausted=exhausted)
+        return BatchReply(req.step, items, counts, req.n, exhausted=exhausted)
 
     def commit(self, upto: int) -> list[str]:
         """Commit every pending batch of a step <= ``upto`` (the trainer checkpointed them)."""

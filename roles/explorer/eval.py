@@ -60,9 +60,13 @@ def eval_readers(cfg: TrinityConfig) -> list[TaskReader]:
 
 
 async def evaluate(
-    cfg: TrinityConfig, pool: RunnerPool, step: int, publish: Any | None = None
+    cfg: TrinityConfig, pool: RunnerPool, step: int, publish: Any | None = None, final: bool = False
 ) -> list[Metric]:
-    """Run all eval tasksets (each from its start) at ``step``; publish and return metrics."""
+    """Run all eval tasksets (each from its start) at ``step``; publish and return metrics.
+
+    Each metric carries the engines' ``model_version`` (which weights were evaluated) and
+    ``final`` = 1.0 for the evaluation of the run's last weights, which ``trinity run``
+    reports at the end."""
     metrics = []
     for reader in eval_readers(cfg):
         tasks = []
@@ -70,6 +74,8 @@ async def evaluate(
             tasks.extend(batch)
         results = await asyncio.gather(*(pool.run_task(t) for t in tasks))
         values = group_metrics(list(results))
+        values["model_version"] = float(min(e.model_version for e in pool.engines))
+        values["final"] = 1.0 if final else 0.0
         m = Metric(role="explorer", step=step, kind="eval", values=values, taskset=reader.name)
         log.info("eval step=%d taskset=%s %s", step, reader.name,
                  " ".join(f"{k}={v:.4g}" for k, v in values.items()))

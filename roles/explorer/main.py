@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import bus
+from roles import keys
+from roles.stages import stop_on_signals
 from roles.explorer.engines import RolloutEngine, create_engines
 from roles.explorer.eval import evaluate, group_metrics
 from roles.explorer.runner import RunnerPool, TaskResult
@@ -31,7 +32,9 @@ from storage.tasksets import TaskReader
 log = logging.getLogger("trinity.explorer")
 
 #: KV key of the explorer's resumable position: ``{"step": int, "reader": state_dict}``.
-CURSOR_KEY = "cursor.explorer"
+CURSOR_KEY = keys.EXPLORER_CURSOR
+#: KV key set once the taskset is exhausted and every group is stored on the stream.
+FINISHED_KEY = keys.EXPLORER_FINISHED
 HEARTBEAT_SECONDS = 5.0
 
 
@@ -42,6 +45,8 @@ class SyncClient(Protocol):
 
     async def after_step(self, step: int) -> None: ...
 
+    async def final(self, engines: list[RolloutEngine]) -> None: ...
+
 
 class NoSync:
     """No synchronizer: never waits, never loads weights. Used in ``explore`` mode, by
@@ -51,6 +56,9 @@ class NoSync:
         return None
 
     async def after_step(self, step: int) -> None:
+        return None
+
+    async def final(self, engines: list[RolloutEngine]) -> None:
         return None
 
 
@@ -120,6 +128,16 @@ class Explorer:
         self.stats = ExplorerStats()
         self.step = 0
         self.pool = RunnerPool(engines, cfg.explorer, cfg.run_id)
+        self.monitor: Any = None
+
+    async def report(self, m: Metric) -> None:
+        """A metric to the monitor files and the metrics subject."""
+        if self.monitor is None:
+            from roles.monitor import Monitor
+
+            self.monitor = Monitor(self.cfg, "explorer")
+        self.monitor.log(m)
+        await self.pub.publish_event(m)
 
     async def run(self) -> ExplorerStats:
         cfg, name = self.cfg, self.cfg.explorer.name
@@ -139,9 +157,9 @@ class Explorer:
         beat = asyncio.create_task(self._heartbeats())
         try:
             if cfg.explorer.eval_on_startup and self.step == 0:
-                await until_stopped(evaluate(cfg, self.pool, 0, self.pub.publish_event), self.stop)
+                await until_stopped(evaluate(cfg, self.pool, 0, self.report), self.stop)
             while not self.stop.is_set() and not reader.exhausted:
-                ok, _ = await until_stopped(sync.before_step(self.step + 1, self.engines), self.stop)
+                ok, _ = await until_stopped(sync.before_step(self.step, self.engines), self.stop)
                 if not ok:
                     break
                 if self.engines[0].model_version != version:
@@ -166,16 +184,65 @@ class Explorer:
                 await sync.after_step(self.step)
                 every = cfg.explorer.eval_interval
                 if every > 0 and self.step % every == 0 and cfg.buffer.explorer_input.eval_tasksets:
-                    await until_stopped(evaluate(cfg, self.pool, self.step, self.pub.publish_event), self.stop)
+                    await until_stopped(evaluate(cfg, self.pool, self.step, self.report), self.stop)
+            await self.pub.flush()
             if self.stop.is_set():
                 self.stats.interrupted = True
-            await self.pub.flush()
+            else:
+                await self._finish(sync)
         finally:
             beat.cancel()
+            if self.monitor is not None:
+                self.monitor.close()
             with contextlib.suppress(Exception):
                 await self.state.heartbeat(name, step=self.step, state="stopped",
                                            model_version=self.engines[0].model_version)
         return self.stats
+
+    async def bench(self) -> ExplorerStats:
+        """``mode: bench``: evaluate the model, then every checkpoint of this job that has a
+        Hugging Face folder, in step order (Trinity-RFT's benchmark mode)."""
+        cfg = self.cfg
+        if not cfg.buffer.explorer_input.eval_tasksets:
+            raise ValueError("buffer.explorer_input.eval_tasksets: mode bench needs at least one")
+        js = bus.jetstream(self.nc, cfg.nats)
+        await bus.ensure_streams(js, cfg.nats, cfg.run_id)
+        self.pub = bus.Publisher(self.nc, cfg.nats, cfg.run_id)
+        self.state = await bus.RunState.open(js, cfg.run_id)
+        from storage import checkpoints as ckpt
+
+        todo = [(0, None)] + [(s, ckpt.hf_dir(cfg.checkpoint_job_dir, s))
+                              for s in ckpt.list_steps(cfg.checkpoint_job_dir)]
+        for i, (step, path) in enumerate(todo):
+            if path is not None:
+                if not any(path.glob("*.safetensors")):
+                    continue
+                await asyncio.gather(*(e.load_checkpoint(str(path), step) for e in self.engines))
+            ok, _ = await until_stopped(evaluate(cfg, self.pool, step, self.report,
+                                                 final=i == len(todo) - 1), self.stop)
+            if not ok:
+                self.stats.interrupted = True
+                break
+            self.stats.steps += 1
+        await self.pub.flush()
+        if self.monitor is not None:
+            self.monitor.close()
+        return self.stats
+
+    async def _finish(self, sync: SyncClient) -> None:
+        """The taskset is done: say so, take the trainer's final weights, evaluate them."""
+        await self.state.put(FINISHED_KEY, {"step": self.step, "ts": time.time()})
+        log.info("taskset exhausted after step %d: waiting for the final weights", self.step)
+        ok, _ = await until_stopped(sync.final(self.engines), self.stop)
+        if not ok:
+            self.stats.interrupted = True
+            return
+        await self.state.set_model_version(self.cfg.explorer.name, self.engines[0].model_version)
+        if self.cfg.buffer.explorer_input.eval_tasksets:
+            ok, _ = await until_stopped(
+                evaluate(self.cfg, self.pool, self.step, self.report, final=True), self.stop)
+            self.stats.interrupted = not ok
+            await self.pub.flush()
 
     async def _run_and_publish(self, task: Any) -> TaskResult:
         result = await self.pool.run_task(task)
@@ -192,7 +259,7 @@ class Explorer:
         values.update(step_seconds=seconds, tokens_per_second=tokens / max(seconds, 1e-9),
                       model_version=float(self.engines[0].model_version))
         log.info("step=%d %s", self.step, " ".join(f"{k}={v:.4g}" for k, v in values.items()))
-        await self.pub.publish_event(Metric(role="explorer", step=self.step, kind="rollout", values=values))
+        await self.report(Metric(role="explorer", step=self.step, kind="rollout", values=values))
 
     async def _heartbeats(self) -> None:
         while True:
@@ -203,20 +270,22 @@ class Explorer:
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
 
-async def run_explorer(cfg: TrinityConfig) -> ExplorerStats:
-    """Start engines, connect, explore until done or SIGTERM/SIGINT, clean up."""
+async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
+    """Start engines, connect, explore until done or ``stop`` (SIGTERM/SIGINT when no
+    ``stop`` is given), clean up. True when the taskset (or the bench) was finished."""
     engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model)
     nc = None
     try:
         nc = await bus.connect(cfg.nats, name=cfg.explorer.name)
         explorer = Explorer(cfg, engines, nc)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, explorer.stop.set)
-        stats = await explorer.run()
+        if stop is None:
+            stop_on_signals(explorer.stop)
+        else:
+            asyncio.get_running_loop().create_task(_forward(stop, explorer.stop))
+        stats = await (explorer.bench() if cfg.mode == "bench" else explorer.run())
         log.info("explorer done steps=%d published=%d failed=%d interrupted=%s",
                  stats.steps, stats.published, len(stats.failed), stats.interrupted)
-        return stats
+        return not stats.interrupted
     finally:
         if nc is not None:
             with contextlib.suppress(Exception):
@@ -226,19 +295,6 @@ async def run_explorer(cfg: TrinityConfig) -> ExplorerStats:
                 await e.close()
 
 
-def main(cfg: TrinityConfig) -> int:
-    """``trinity explorer``: the process entry point."""
-    import os
-
-    from roles.explorer.workflows.registry import load_plugin_dirs
-    from roles.logs import setup_logging
-
-    setup_logging(cfg.explorer.name, cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
-    load_plugin_dirs()
-    try:
-        asyncio.run(run_explorer(cfg))
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-        log.error("explorer failed: %s", e)
-        print(f"trinity explorer: {e}", flush=True)
-        return 1
-    return 0
+async def _forward(src: asyncio.Event, dst: asyncio.Event) -> None:
+    await src.wait()
+    dst.set()

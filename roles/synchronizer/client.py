@@ -25,6 +25,8 @@ from typing import Any
 
 import structlog
 
+import bus
+from roles import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
 
@@ -33,6 +35,7 @@ from .policy import SyncPlan, explorer_requests, required_version, trainer_offer
 log = structlog.get_logger(__name__)
 
 OFFER, JOIN, WANT = "sync.offer", "sync.join", "sync.want"
+TRAINER_FINISHED = keys.TRAINER_FINISHED
 
 
 class SyncTimeout(RuntimeError):
@@ -96,6 +99,14 @@ class TrainerSyncClient(_Side):
         self.sender: Any = None
         self.seq = 0
         self.want_served = 0.0
+        self.offered = 0
+
+    async def finish(self, step: int, trainer: Any) -> None:
+        """After the last step: offer the final weights unless just offered, then mark the
+        trainer finished so the explorer stops waiting for more."""
+        if step > self.offered:
+            await self.offer(step, trainer)
+        await self.state.put(TRAINER_FINISHED, {"version": step, "ts": time.time()})
 
     async def after_step(self, step: int, trainer: Any) -> None:
         """Call after every train step (``trainer`` has ``engine``, ``tokenizer``, ``job``)."""
@@ -110,6 +121,13 @@ class TrainerSyncClient(_Side):
         await self.offer(step, trainer)
 
     async def offer(self, version: int, trainer: Any) -> None:
+        explorer = await self.state.model_version("explorer")
+        if explorer is not None and explorer >= version:
+            # A restarted trainer redoing steps the explorer already has weights for: the
+            # explorer would never take this offer, so waiting for it would only time out.
+            log.info("offer_skipped", version=version, explorer_version=explorer)
+            return
+        self.offered = version
         if self.plan.method == "checkpoint":
             await self._offer_checkpoint(version, trainer)
         else:
@@ -183,6 +201,7 @@ class ExplorerSyncClient(_Side):
     def __init__(self, cfg: TrinityConfig, nc: Any, state: Any, pub: Any) -> None:
         super().__init__(cfg, nc, state, pub)
         self.version = 0
+        self.step = 0
         self.seq_loaded = 0
         self.joined_ts: float | None = None
 
@@ -213,6 +232,27 @@ class ExplorerSyncClient(_Side):
 
     async def after_step(self, step: int) -> None:
         await self.state.set_model_version("explorer", self.version, step=step)
+        self.step = step
+
+    async def final(self, engines: Sequence[Any]) -> int:
+        """After the last explorer step: load every newer offer until the trainer says it is
+        finished, so the final evaluation sees the trained weights. Waits as long as the
+        trainer is working (the caller bounds it with its stop event)."""
+        while True:
+            done = await self.state.get(TRAINER_FINISHED)
+            offer = await self.state.get(OFFER)
+            if offer and int(offer["version"]) > self.version:
+                before = self.version
+                await self._load(offer, engines, self.step)
+                if self.version == before:  # the load timed out (already reported)
+                    return self.version
+                continue
+            if done and self.version >= int(done["version"]):
+                return self.version
+            if done and not (offer and int(offer["version"]) >= int(done["version"])):
+                log.warning("final_weights_missing", trainer_version=int(done["version"]), have=self.version)
+                return self.version
+            await asyncio.sleep(0.2)
 
     async def _offer_at_least(self, version: int) -> dict | None:
         o = await self.state.get(OFFER)

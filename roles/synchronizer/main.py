@@ -5,7 +5,8 @@ pure policy in ``policy.py``; this process publishes that plan to KV (``sync.pla
 ``trinity inspect`` shows it, watches every offer, and when an offer is not taken within
 ``sync_timeout`` publishes a ``timeout`` event naming who did not arrive (from heartbeats and
 versions) and, with ``on_timeout: stop``, a ``stop`` control message. It also appends sync
-events and metrics to ``<job_dir>/monitor/*.jsonl`` (tensorboard/wandb come later).
+events to ``<job_dir>/monitor/sync_events.jsonl`` (metrics go to the monitor of the role that
+measured them: ``roles/monitor.py``).
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import signal
+
 import time
 from pathlib import Path
 
 import structlog
 
 import bus
+from roles.stages import stop_on_signals
 from schemas.config import TrinityConfig
-from schemas.data import Metric, SyncEvent
+from schemas.data import SyncEvent
 
 from .client import OFFER
 from .policy import SyncPlan
@@ -51,7 +53,9 @@ def missing_roles(heartbeats: dict[str, dict], now: float, stale_after: float) -
     return out or ["explorer"]
 
 
-async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> int:
+async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
+    """Referee until ``stop`` (or SIGTERM/SIGINT when no ``stop`` is given)."""
+    own_stop = stop is None
     stop = stop or asyncio.Event()
     plan = SyncPlan.from_config(cfg.synchronizer)
     nc = await bus.connect(cfg.nats, name="synchronizer")
@@ -63,18 +67,13 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None
     mon = Path(cfg.checkpoint_job_dir) / "monitor"
     mon.mkdir(parents=True, exist_ok=True)
     events = await bus.Consumer(nc, cfg.nats, cfg.run_id, "sync", "synchronizer", expect=SyncEvent).start()
-    metrics = await bus.Consumer(nc, cfg.nats, cfg.run_id, "metrics", "synchronizer-monitor", expect=Metric).start()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+    if own_stop:
+        stop_on_signals(stop)
     flagged: set[int] = set()
     log.info("synchronizer_started", **dataclasses.asdict(plan))
     try:
         while not stop.is_set():
-            for consumer, fname in ((events, "sync_events.jsonl"), (metrics, "metrics.jsonl")):
+            for consumer, fname in ((events, "sync_events.jsonl"),):
                 items = await consumer.fetch(timeout=0.2)
                 if items:
                     with open(mon / fname, "a") as f:
@@ -98,6 +97,5 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None
                                                       missing=missing), kind="ctl")
     finally:
         await events.close()
-        await metrics.close()
         await nc.drain()
-    return 0
+    return True

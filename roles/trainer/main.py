@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
+
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,8 @@ import structlog
 import torch
 
 import bus
+from roles import keys
+from roles.stages import stop_on_signals
 from ops.algorithms import AlgorithmSpec, resolve
 from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchReply, BatchRequest
 from schemas.config import TrinityConfig
@@ -115,6 +117,10 @@ class Trainer:
             f.write(json.dumps({"step": step, "ids": [e.id for e in exps], "pid": os.getpid()}) + "\n")
         return metrics
 
+    def has_hf_checkpoint(self) -> bool:
+        """Is there a Hugging Face folder of the current step (what the next stage loads)?"""
+        return any(ckpt.hf_dir(self.job, self.step).glob("*.safetensors"))
+
     def save(self, final: bool) -> Path:
         t = self.cfg.trainer
         hf = t.save_hf_checkpoint == "always" or (t.save_hf_checkpoint == "last" and final)
@@ -135,7 +141,10 @@ async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, tim
     return BatchReply.unpack(msg.data)
 
 
-async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> int:
+async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
+    """Train until the input is exhausted or ``total_steps``; True when it got there (False:
+    stopped early by ``stop``, or SIGTERM/SIGINT when no ``stop`` is given)."""
+    own_stop = stop is None
     from roles.synchronizer.client import TrainerSyncClient
 
     stop = stop or asyncio.Event()
@@ -146,20 +155,21 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> 
     pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
     state = await bus.RunState.open(js, cfg.run_id)
     sync = TrainerSyncClient(cfg, nc, state, pub)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+    if own_stop:
+        stop_on_signals(stop)
     n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times
     eb = cfg.buffer.trainer_input.experience_buffer
     read_timeout = min(eb.max_read_timeout if eb else 1800.0, 30.0)
     last = total_steps(cfg)
     await state.set_model_version("trainer", trainer.step)
     log.info("trainer_started", step=trainer.step, total_steps=last, batch=n)
+    saved = trainer.step
+    from roles.monitor import Monitor
+
+    monitor = Monitor(cfg, "trainer")
+    done = last is not None and trainer.step >= last
     try:
-        while not stop.is_set() and (last is None or trainer.step < last):
+        while not stop.is_set() and not done:
             step = trainer.step + 1
             await state.heartbeat("trainer", step=trainer.step)
             try:
@@ -169,22 +179,41 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> 
                 await asyncio.sleep(1.0)
                 continue
             if not reply.items:
-                if cfg.mode == "train" and trainer.spec.schema != "experience":
-                    log.info("dataset_exhausted", step=trainer.step)
-                    break
+                if reply.exhausted or (cfg.mode == "train" and trainer.spec.schema != "experience"):
+                    log.info("input_exhausted", step=trainer.step)
+                    done = True
                 continue
             exps = reply.experiences()
             metrics = await asyncio.to_thread(trainer.train, exps, step)
-            await pub.publish_event(Metric(role="trainer", step=step, kind="train", values=metrics))
+            m = Metric(role="trainer", step=step, kind="train", values=metrics)
+            monitor.log(m)
+            await pub.publish_event(m)
             await state.set_model_version("trainer", step)
             log.info("step", step=step, n=len(exps), loss=round(metrics.get("loss", 0.0), 5))
-            final = last is not None and step >= last
+            done = reply.exhausted or (last is not None and step >= last)
             si = cfg.trainer.save_interval
-            if (si and step % si == 0) or final:
-                await asyncio.to_thread(trainer.save, final)
-                await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": step}), timeout=30)
-            await sync.after_step(step, trainer)
+            if (si and step % si == 0) or done:
+                await save(trainer, nc, cfg.run_id, final=done)
+                saved = step
+            if not done:
+                await sync.after_step(step, trainer)
+        if done:
+            if saved != trainer.step or not trainer.has_hf_checkpoint():
+                await save(trainer, nc, cfg.run_id, final=True)
+            if cfg.mode in ("both", "colocate"):
+                await sync.finish(trainer.step, trainer)
+            await state.put(keys.TRAINER_FINISHED, {"version": trainer.step, "ts": time.time()})
+            log.info("trainer_finished", step=trainer.step, consumed=trainer.consumed)
     finally:
+        monitor.close()
         await sync.close()
         await nc.drain()
-    return 0
+    return done
+
+
+async def save(trainer: Trainer, nc: Any, run_id: str, final: bool) -> None:
+    """Checkpoint, then tell the buffer every batch up to this step is final (never served
+    again): in that order, so a crash between the two only re-serves checkpointed batches,
+    which the restarted trainer's step counter skips."""
+    await asyncio.to_thread(trainer.save, final)
+    await bus.request(nc, bus.names(run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": trainer.step}), timeout=30)

@@ -1,0 +1,20 @@
+"""Keys of the run's KV bucket (``trinity_<run>``) that more than one role reads.
+
+One list, so the protocol between the roles can be read in one place (``trinity inspect``
+and ``nats kv ls trinity_<run>`` show them):
+
+* ``cursor.explorer``: the explorer's resumable taskset position.
+* ``finished.explorer``: the taskset is exhausted and every group was acked by the server.
+  The buffer then serves the trainer's last, partial batch without waiting.
+* ``finished.trainer``: the trainer trained its last step and offered those weights. The
+  explorer loads them, runs the final evaluation, and the stage is done.
+* ``run.done``: the stage is complete; roles that idle in a stage (buffer, synchronizer, a
+  trainer whose work ended) exit or move to the next stage when they see it.
+* ``sync.*``, ``rendezvous.*``, ``version.*``, ``heartbeat.*``: see ``roles/synchronizer``
+  and ``bus/kv.py``.
+"""
+
+EXPLORER_CURSOR = "cursor.explorer"
+EXPLORER_FINISHED = "finished.explorer"
+TRAINER_FINISHED = "finished.trainer"
+RUN_DONE = "run.done"

@@ -1,0 +1,302 @@
+"""``trinity run --config FILE``: every role an experiment needs, as separate processes.
+
+What it does, in order:
+
+1. Load the config and check it before anything starts (bad keys, missing taskset, dataset or
+   model files fail here, named).
+2. ``continue_from_checkpoint: false`` with an existing job dir: the new run is named
+   ``<name>_<timestamp>`` (nothing of the old run is touched).
+3. Start an embedded ``nats-server`` when ``nats.url`` is local, nothing listens there and
+   ``nats.embedded`` allows it (the same code as ``trinity server``).
+4. Start the roles the stages' modes need (``python -m roles.cli <role>`` with the same
+   config), stream their output with a role prefix and show a progress line.
+5. A role that dies (non-zero exit, a kill) is restarted, up to ``--max-restarts`` times: every
+   role resumes (trainer from its checkpoint, explorer from its KV cursor, buffer from the
+   durable consumer). When every role exits 0 the run is complete: print the evaluation summary
+   and exit 0. A role that keeps dying stops the run with its last output and exit code 1.
+   Ctrl-C / SIGTERM stops every role cleanly (SIGTERM, then a kill after a grace period).
+
+Honcho runs the same role processes from the Procfile; this command adds the supervision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.config import TrinityConfig
+from schemas.loader import ConfigError, LoadedConfig
+
+#: Seconds a role gets between SIGTERM and SIGKILL when the run stops.
+STOP_GRACE = 30.0
+
+
+@dataclass
+class Child:
+    role: str
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
+    done: bool = False
+
+
+def stage_label(s: TrinityConfig) -> str:
+    """A stage's own name (its experiment is ``<name>/<stage_name>``)."""
+    return s.name.rsplit("/", 1)[-1]
+
+
+# -- checks before anything starts ------------------------------------------------------------
+
+
+def preflight(stages: list[TrinityConfig]) -> None:
+    """Every file a stage reads must exist: fail before any process starts, naming it."""
+    problems = []
+
+    def need(path: str | None, where: str) -> None:
+        if path and not Path(path).exists():
+            problems.append(f"{where}: {path} does not exist")
+
+    for i, s in enumerate(stages):
+        where = f"stages[{i}] ({stage_label(s)})." if len(stages) > 1 else ""
+        ei, ti = s.buffer.explorer_input, s.buffer.trainer_input
+        if i == 0:
+            if not s.model.model_path:
+                problems.append(f"{where}model.model_path: not set")
+            need(s.model.model_path, f"{where}model.model_path")
+        if s.mode in ("both", "colocate", "explore"):
+            if ei.taskset is None:
+                problems.append(f"{where}buffer.explorer_input.taskset: mode {s.mode} needs a taskset")
+            else:
+                need(ei.taskset.path, f"{where}buffer.explorer_input.taskset.path")
+        if s.mode == "bench" and not ei.eval_tasksets:
+            problems.append(f"{where}buffer.explorer_input.eval_tasksets: mode bench needs one")
+        for j, ts in enumerate(ei.eval_tasksets):
+            need(ts.path, f"{where}buffer.explorer_input.eval_tasksets[{j}].path")
+        eb = ti.experience_buffer
+        if eb is not None and eb.storage_type == "file":
+            need(eb.path, f"{where}buffer.trainer_input.experience_buffer.path")
+        for name, b in ti.auxiliary_buffers.items():
+            need(b.path, f"{where}buffer.trainer_input.auxiliary_buffers.{name}.path")
+    if problems:
+        raise ConfigError(problems)
+
+
+def fresh_name(cfg: TrinityConfig) -> str | None:
+    """``continue_from_checkpoint: false`` and the job dir exists: the new run's name."""
+    if cfg.continue_from_checkpoint or not Path(cfg.checkpoint_job_dir).exists():
+        return None
+    return f"{cfg.name}_{time.strftime('%Y%m%d%H%M%S')}"
+
+
+# -- progress and summary ---------------------------------------------------------------------
+
+
+class Progress:
+    """The latest numbers of the running stage, read from its ``monitor/metrics.jsonl``."""
+
+    def __init__(self, stages: list[TrinityConfig]) -> None:
+        self.stages = stages
+        self.t0 = time.monotonic()
+
+    def current(self) -> tuple[int, TrinityConfig]:
+        """The first stage without a final record; the last stage when all have one."""
+        from roles.monitor import read_metrics
+
+        for i, s in enumerate(self.stages):
+            if not any(r["values"].get("final") for r in read_metrics(s.checkpoint_job_dir)):
+                return i, s
+        return len(self.stages) - 1, self.stages[-1]
+
+    def line(self) -> str:
+        from roles.monitor import read_metrics
+
+        i, s = self.current()
+        last: dict[str, dict] = {}
+        for r in read_metrics(s.checkpoint_job_dir):
+            last[r["kind"]] = r
+        parts = [f"stage {i + 1}/{len(self.stages)} {stage_label(s)} ({s.mode})"]
+        if "rollout" in last:
+            ro = last["rollout"]
+            parts.append(f"explore step {ro['step']}")
+            if "reward_mean" in ro["values"]:
+                parts.append(f"reward {ro['values']['reward_mean']:.3f}")
+            parts.append(f"weights v{int(ro['values'].get('model_version', 0))}")
+        if "train" in last:
+            parts.append(f"train step {last['train']['step']}")
+            total = s.trainer.total_steps or s.buffer.total_steps
+            if total:
+                parts[-1] += f"/{total}"
+        if "eval" in last:
+            parts.append(f"eval acc {last['eval']['values'].get('accuracy', float('nan')):.3f}")
+        parts.append(f"{time.monotonic() - self.t0:.0f}s")
+        return " | ".join(parts)
+
+
+def summary(stages: list[TrinityConfig]) -> list[str]:
+    """Eval accuracy at the start and the end of every stage that evaluated."""
+    from roles.monitor import read_metrics
+
+    out = []
+    for s in stages:
+        evals = [r for r in read_metrics(s.checkpoint_job_dir) if r["kind"] == "eval"]
+        if not evals:
+            continue
+        first, final = evals[0], [r for r in evals if r["values"].get("final")]
+        shown = [("start", first)] + ([("end", final[-1])] if final and final[-1] is not first else [])
+        for when, r in shown:
+            v = r["values"]
+            out.append(f"  {stage_label(s):<16} {when:<5} step {r['step']:<4} "
+                       f"weights v{int(v.get('model_version', 0)):<4} {r['taskset'] or '':<10} "
+                       f"accuracy {100 * v.get('accuracy', float('nan')):5.1f}%")
+    return ["eval accuracy (each stage starts from the previous stage's final weights):", *out] if out else []
+
+
+# -- the supervisor ---------------------------------------------------------------------------
+
+
+class Supervisor:
+    def __init__(self, loaded: LoadedConfig, role_args: list[str], max_restarts: int) -> None:
+        self.stages = loaded.stages or [loaded.config]
+        self.cfg = loaded.config
+        self.role_args = role_args
+        self.max_restarts = max_restarts
+        self.children: list[Child] = []
+        self.tty = sys.stdout.isatty()
+        self.progress = Progress(self.stages)
+        self.status = ""
+        self.stopping = False
+
+    def say(self, line: str) -> None:
+        if self.tty and self.status:
+            sys.stdout.write("\r\x1b[K")
+        sys.stdout.write(line + "\n")
+        if self.tty and self.status:
+            sys.stdout.write(self.status)
+        sys.stdout.flush()
+
+    async def start(self, child: Child) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1")  # no \r progress bars in the log
+        child.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "roles.cli", child.role, *self.role_args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop the roles in order
+        )
+        asyncio.get_running_loop().create_task(self.pump(child, child.proc))
+
+    async def pump(self, child: Child, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            child.tail.append(line)
+            self.say(f"{child.role:>12} | {line}")
+
+    async def stop_all(self) -> None:
+        self.stopping = True
+        live = [c.proc for c in self.children if c.proc and c.proc.returncode is None]
+        for p in live:
+            p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for p in live:
+            try:
+                await asyncio.wait_for(p.wait(), max(deadline - time.monotonic(), 0.1))
+            except asyncio.TimeoutError:
+                p.kill()
+                await p.wait()
+
+    async def run(self, roles: list[str]) -> int:
+        interrupted = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupted.set)
+        self.children = [Child(r) for r in roles]
+        for c in self.children:
+            await self.start(c)
+        last_line = 0.0
+        while True:
+            if interrupted.is_set():
+                self.say("trinity run: stopping every role (Ctrl-C / SIGTERM)")
+                await self.stop_all()
+                return 130
+            for c in self.children:
+                rc = c.proc.returncode if c.proc else None
+                if rc is None or c.done:
+                    continue
+                if rc == 0:
+                    c.done = True
+                    self.say(f"trinity run: {c.role} finished")
+                    continue
+                await asyncio.sleep(0.2)  # let the pump print the last lines
+                if c.restarts >= self.max_restarts:
+                    self.say(f"trinity run: {c.role} failed for good (exit {rc}); last output:")
+                    for line in list(c.tail)[-10:]:
+                        self.say(f"  {line}")
+                    await self.stop_all()
+                    return 1
+                c.restarts += 1
+                self.say(f"trinity run: {c.role} exited with {rc}; restart {c.restarts}/{self.max_restarts}")
+                await self.start(c)
+            if all(c.done for c in self.children):
+                return 0
+            if time.monotonic() - last_line > (2.0 if self.tty else 15.0):
+                last_line = time.monotonic()
+                try:
+                    self.status = "progress | " + self.progress.line()
+                except Exception:  # a torn file mid-write: next time
+                    pass
+                if self.tty:
+                    sys.stdout.write("\r\x1b[K" + self.status)
+                    sys.stdout.flush()
+                elif self.status:
+                    self.say(self.status)
+            await asyncio.sleep(0.25)
+
+
+def role_args(args: argparse.Namespace) -> list[str]:
+    """The arguments every role process gets: the same config, overrides and dotenv."""
+    out = []
+    if args.config:
+        out += ["--config", args.config]
+    for o in args.overrides:
+        out += ["--set", o]
+    return out + ["--dotenv", args.dotenv]
+
+
+def main(args: argparse.Namespace) -> int:
+    """``trinity run``: see the module doc. Exit 0 done, 1 a role failed, 2 config, 130 stopped."""
+    from bus.server import default_store_dir, ensure_server
+    from roles.settings import load
+    from roles.stages import roles_needed
+
+    loaded = load(args)
+    new_name = fresh_name(loaded.config)
+    if new_name:
+        print(f"trinity run: {loaded.config.checkpoint_job_dir} exists and continue_from_checkpoint "
+              f"is false: this run is named {new_name}")
+        args.overrides = [*args.overrides, f"name={new_name}"]
+        loaded = load(args)
+    stages = loaded.stages or [loaded.config]
+    preflight(stages)
+    cfg = loaded.config
+    server = ensure_server(cfg.nats, cfg.nats.store_dir or default_store_dir(cfg.nats, cfg.checkpoint_root_dir))
+    if server is not None:
+        print(f"trinity run: embedded nats-server at {server.url} (store {server.store_dir})")
+    sup = Supervisor(loaded, role_args(args), args.max_restarts)
+    try:
+        rc = asyncio.run(sup.run(roles_needed(stages)))
+    finally:
+        if server is not None:
+            server.stop()
+    if sup.tty:
+        sys.stdout.write("\n")
+    if rc == 0:
+        print(f"trinity run: done; checkpoints and monitor files under {cfg.checkpoint_job_dir}")
+        for line in summary(stages):
+            print(line)
+    return rc

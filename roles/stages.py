@@ -1,0 +1,160 @@
+"""One role process across the stages of an experiment (``stages:`` in the config).
+
+Every role process (``trinity explorer|trainer|buffer|synchronizer``, started by ``trinity
+run`` or by honcho) walks the same list of stages in order. A stage is its own sub-experiment
+(its own job dir, streams and KV bucket); in each one a role either works (its mode needs it)
+or idles, and every role moves on when the stage's ``run.done`` flag appears in that stage's
+KV bucket. The flag is set by the stage's *finisher*: the explorer when the mode has one (it
+finishes last: final weights, final evaluation), else the trainer. A stage that is already
+done (a restarted process, a resumed run) is skipped, so restarts need no extra bookkeeping.
+
+Stage ``i > 0`` starts from the previous stage's final weights: its ``model.model_path``
+becomes that stage's last Hugging Face checkpoint (a stage without a trainer passes its
+model on unchanged). A config without ``stages`` is one stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from roles import keys
+from schemas.config import TrinityConfig
+
+log = structlog.get_logger(__name__)
+
+#: The roles each mode runs (on CPU, ``colocate`` simply runs both sides).
+ROLES_BY_MODE: dict[str, tuple[str, ...]] = {
+    "both": ("buffer", "synchronizer", "trainer", "explorer"),
+    "colocate": ("buffer", "synchronizer", "trainer", "explorer"),
+    "train": ("buffer", "trainer"),
+    "explore": ("buffer", "explorer"),
+    "bench": ("explorer",),
+}
+
+#: The role whose completion completes a stage.
+FINISHER = {"both": "explorer", "colocate": "explorer", "train": "trainer", "explore": "explorer", "bench": "explorer"}
+
+Runner = Callable[[TrinityConfig, asyncio.Event], Awaitable[bool]]
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGTERM/SIGINT set ``stop`` (the role then finishes cleanly) instead of killing."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread / not POSIX
+            pass
+
+
+def roles_needed(stages: list[TrinityConfig]) -> list[str]:
+    """Every role some stage needs, in start order (buffer first: the others talk to it)."""
+    order = ("buffer", "synchronizer", "trainer", "explorer")
+    need = {r for s in stages for r in ROLES_BY_MODE[s.mode]}
+    return [r for r in order if r in need]
+
+
+def final_hf_dir(cfg: TrinityConfig) -> str | None:
+    """The last Hugging Face checkpoint a stage's trainer wrote, if any."""
+    from storage import checkpoints as ckpt
+
+    for step in reversed(ckpt.list_steps(cfg.checkpoint_job_dir)):
+        hf = ckpt.hf_dir(cfg.checkpoint_job_dir, step)
+        if any(hf.glob("*.safetensors")):
+            return str(hf)
+    return None
+
+
+def chain(cfg: TrinityConfig, prev: TrinityConfig | None) -> TrinityConfig:
+    """Stage ``cfg`` starting from the final weights of the stage before it."""
+    if prev is None:
+        return cfg
+    src = final_hf_dir(prev) if "trainer" in ROLES_BY_MODE[prev.mode] else prev.model.model_path
+    if src is None:
+        raise FileNotFoundError(
+            f"stage {cfg.name}: the previous stage ({prev.name}) left no Hugging Face checkpoint "
+            f"under {prev.checkpoint_job_dir} (save_hf_checkpoint must not be 'never' there)"
+        )
+    out = cfg.model_copy(deep=True)
+    out.model.model_path = src
+    return out
+
+
+async def _watch_done(state: object, stop: asyncio.Event, terminate: asyncio.Event) -> None:
+    """Set ``stop`` once the stage is done elsewhere or the process is told to terminate."""
+    while not stop.is_set():
+        if terminate.is_set() or await state.get(keys.RUN_DONE):  # type: ignore[attr-defined]
+            stop.set()
+            return
+        await asyncio.sleep(0.5)
+
+
+async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> int:
+    """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM."""
+    import bus
+
+    terminate = asyncio.Event()
+    stop_on_signals(terminate)
+    prev: TrinityConfig | None = None
+    for raw in stages:
+        if terminate.is_set():
+            return 0
+        cfg = chain(raw, prev)
+        prev = cfg
+        nc = await bus.connect(cfg.nats, name=f"{role}-stages")
+        try:
+            js = bus.jetstream(nc, cfg.nats)
+            await bus.ensure_streams(js, cfg.nats, cfg.run_id)
+            state = await bus.RunState.open(js, cfg.run_id)
+            if await state.get(keys.RUN_DONE):
+                log.info("stage_already_done", stage=cfg.name)
+                continue
+            if role in ROLES_BY_MODE[cfg.mode]:
+                log.info("stage_start", stage=cfg.name, mode=cfg.mode, model=cfg.model.model_path)
+                stop = asyncio.Event()
+                watcher = asyncio.create_task(_watch_done(state, stop, terminate))
+                try:
+                    completed = await runner(cfg, stop)
+                finally:
+                    watcher.cancel()
+                if terminate.is_set():
+                    return 0
+                if completed and role == FINISHER[cfg.mode]:
+                    await state.put(keys.RUN_DONE, {"by": role, "ts": time.time()})
+                    log.info("stage_done", stage=cfg.name)
+                    continue
+            else:
+                log.info("stage_idle", stage=cfg.name, mode=cfg.mode)
+            while not await state.get(keys.RUN_DONE):
+                if terminate.is_set():
+                    return 0
+                await asyncio.sleep(0.5)
+        finally:
+            await nc.close()
+    return 0
+
+
+def runner_for(role: str) -> Runner:
+    """The role's stage function (imported lazily: a buffer never imports vLLM)."""
+    if role == "explorer":
+        from roles.explorer.main import run_explorer
+
+        return run_explorer
+    if role == "trainer":
+        from roles.trainer.main import run_trainer
+
+        return run_trainer
+    if role == "buffer":
+        from roles.buffer.main import run_buffer
+
+        return run_buffer
+    if role == "synchronizer":
+        from roles.synchronizer.main import run_synchronizer
+
+        return run_synchronizer
+    raise ValueError(f"unknown role {role!r}")
