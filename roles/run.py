@@ -10,10 +10,11 @@ What it does, in order:
    ``nats.embedded`` allows it (the same code as ``trinity server``).
 4. Start the roles the stages' modes need (``python -m roles.cli <role>`` with the same
    config), stream their output with a role prefix and show a progress line.
-5. A role that dies (non-zero exit, a kill) is restarted, up to ``--max-restarts`` times: every
+5. A role that dies (a crash, a kill) is restarted, up to ``--max-restarts`` times: every
    role resumes (trainer from its checkpoint, explorer from its KV cursor, buffer from the
    durable consumer). When every role exits 0 the run is complete: print the evaluation summary
-   and exit 0. A role that keeps dying stops the run with its last output and exit code 1.
+   and exit 0. A role that keeps dying, or exits 2 (its config or data is wrong: a restart
+   cannot help), stops the run with its last output and exit code 1.
    Ctrl-C / SIGTERM stops every role cleanly (SIGTERM, then a kill after a grace period).
 
 Honcho runs the same role processes from the Procfile; this command adds the supervision.
@@ -233,7 +234,7 @@ class Supervisor:
                     self.say(f"trinity run: {c.role} finished")
                     continue
                 await asyncio.sleep(0.2)  # let the pump print the last lines
-                if c.restarts >= self.max_restarts:
+                if rc == 2 or c.restarts >= self.max_restarts:  # 2: its config/data is wrong
                     self.say(f"trinity run: {c.role} failed for good (exit {rc}); last output:")
                     for line in list(c.tail)[-10:]:
                         self.say(f"  {line}")

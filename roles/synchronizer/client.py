@@ -101,6 +101,13 @@ class TrainerSyncClient(_Side):
         self.want_served = 0.0
         self.offered = 0
 
+    async def start(self) -> None:
+        """Forget a previous trainer's offer and rendezvous: after a crash they point at a
+        process group whose owner is gone, and an explorer joining it would only time out."""
+        await self.state.delete(OFFER)
+        await self.state.delete(JOIN)
+        await self.state.clear_rendezvous(self.plan.group_name)
+
     async def finish(self, step: int, trainer: Any) -> None:
         """After the last step: offer the final weights unless just offered, then mark the
         trainer finished so the explorer stops waiting for more."""
@@ -202,14 +209,14 @@ class ExplorerSyncClient(_Side):
         super().__init__(cfg, nc, state, pub)
         self.version = 0
         self.step = 0
-        self.seq_loaded = 0
+        self.failed_offer: float | None = None  # ``ts`` of an offer whose load failed
         self.joined_ts: float | None = None
 
     async def before_step(self, step: int, engines: Sequence[Any]) -> int:
         """Returns the model version the step runs on."""
         p = self.plan
         if p.style == "trainer_driven":
-            offer = await self.state.get(OFFER)
+            offer = await self._offer()
             if offer and int(offer["version"]) > self.version:
                 await self._load(offer, engines, step)
             return self.version
@@ -240,7 +247,7 @@ class ExplorerSyncClient(_Side):
         trainer is working (the caller bounds it with its stop event)."""
         while True:
             done = await self.state.get(TRAINER_FINISHED)
-            offer = await self.state.get(OFFER)
+            offer = await self._offer()
             if offer and int(offer["version"]) > self.version:
                 before = self.version
                 await self._load(offer, engines, self.step)
@@ -254,12 +261,18 @@ class ExplorerSyncClient(_Side):
                 return self.version
             await asyncio.sleep(0.2)
 
-    async def _offer_at_least(self, version: int) -> dict | None:
+    async def _offer(self) -> dict | None:
+        """The current offer, unless it is one whose load already failed (its trainer died
+        mid-broadcast; the restarted trainer replaces it with a fresh one)."""
         o = await self.state.get(OFFER)
+        return o if o and float(o["ts"]) != self.failed_offer else None
+
+    async def _offer_at_least(self, version: int) -> dict | None:
+        o = await self._offer()
         return o if o and int(o["version"]) >= version else None
 
     async def _offer_after(self, ts: float) -> dict | None:
-        o = await self.state.get(OFFER)
+        o = await self._offer()
         return o if o and float(o["ts"]) > ts else None
 
     async def _load(self, offer: dict, engines: Sequence[Any], step: int) -> None:
@@ -272,6 +285,7 @@ class ExplorerSyncClient(_Side):
             try:
                 rdv = await self.state.wait_rendezvous(p.group_name, p.timeout)
             except bus.RequestTimeout as e:  # the trainer gave up on this group meanwhile
+                self.failed_offer = float(offer["ts"])
                 await self.timed_out(f"rendezvous ({e})", version, step, ["trainer"])
                 return
             if self.joined_ts != float(rdv["ts"]):
@@ -280,13 +294,19 @@ class ExplorerSyncClient(_Side):
                 for e in engines:
                     offsets.append(r)
                     r += int(getattr(e, "tensor_parallel_size", 1) or 1)
-                await asyncio.gather(*(e.init_weight_group(d, o, p.timeout) for e, o in zip(engines, offsets)))
+                try:
+                    await asyncio.gather(*(e.init_weight_group(d, o, p.timeout) for e, o in zip(engines, offsets)))
+                except Exception as e:  # the group's owner is gone (a trainer that died)
+                    self.failed_offer = float(offer["ts"])
+                    await self.timed_out(f"joining the weight group ({e})", version, step, ["trainer"])
+                    return
                 self.joined_ts = float(rdv["ts"])
             await self.state.put(JOIN, {"version": version, "ts": time.time()})
             try:
                 got = await asyncio.wait_for(asyncio.gather(*(e.receive_weights() for e in engines)), p.timeout)
             except (asyncio.TimeoutError, RuntimeError) as e:
                 self.joined_ts = None
+                self.failed_offer = float(offer["ts"])
                 await self.timed_out(f"receiving weights ({e})", version, step, ["trainer"])
                 return
             version = min(int(v) for v in got)

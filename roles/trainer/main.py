@@ -155,6 +155,7 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> 
     pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
     state = await bus.RunState.open(js, cfg.run_id)
     sync = TrainerSyncClient(cfg, nc, state, pub)
+    await sync.start()
     if own_stop:
         stop_on_signals(stop)
     n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times

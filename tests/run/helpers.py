@@ -1,0 +1,82 @@
+"""A tiny staged config (SFT warmup on the taskset's answers, then GRPO) and process helpers
+for the ``trinity run`` tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_run_config(path: Path, *, model: Path, data: Path, port: int, name: str = "r",
+                    stages: bool = True, extra: dict[str, Any] | None = None) -> Path:
+    fmt = {"prompt_type": "plaintext", "prompt_key": "question", "response_key": "answer", "system_prompt": ""}
+    cfg: dict[str, Any] = {
+        "project": "t", "name": name, "mode": "both",
+        "checkpoint_root_dir": str(path.parent / "ckpt"),
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 4, "optimizer": {"lr": 1e-4}},
+        "model": {"model_path": str(model), "max_model_len": 64, "max_response_tokens": 8},
+        "buffer": {
+            "batch_size": 3, "total_epochs": 1,
+            "explorer_input": {
+                "taskset": {"name": "arith", "path": str(data), "split": "train", "format": fmt,
+                            "rollout_args": {"temperature": 1.0}},
+                "eval_tasksets": [{"name": "test", "path": str(data), "split": "test", "format": fmt,
+                                   "rollout_args": {"temperature": 0.0}}],
+                "default_workflow_type": "math_workflow", "default_reward_fn_type": "accuracy_reward",
+            },
+        },
+        "explorer": {"eval_on_startup": True, "runner_per_model": 4,
+                     "rollout_model": {"engine_type": "transformers", "dtype": "float32", "seed": 0}},
+        "synchronizer": {"sync_method": "nccl", "sync_interval": 1, "sync_timeout": 60},
+        "trainer": {"trainer_type": "pytorch", "save_interval": 2},
+        "monitor": {"monitor_type": "tensorboard"},
+        "nats": {"url": f"nats://127.0.0.1:{port}", "embedded": True},
+    }
+    if stages:
+        cfg["stages"] = [
+            {"stage_name": "sft", "mode": "train",
+             "algorithm": {"algorithm_type": "sft"},
+             "buffer": {"train_batch_size": 8, "total_steps": 2, "total_epochs": 10,
+                        "trainer_input": {"experience_buffer": {
+                            "name": "sft", "storage_type": "file", "path": str(data), "split": "train",
+                            "format": fmt}}}},
+            {"stage_name": "grpo", "mode": "both"},
+        ]
+    for dotted, value in (extra or {}).items():
+        node = cfg
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def trinity(*args: str, log: Path | None = None, **popen: Any) -> subprocess.Popen:
+    """``python -m roles.cli ...`` as a process, TRINITY_* variables of the caller removed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    out = open(log, "wb") if log else subprocess.PIPE
+    return subprocess.Popen([sys.executable, "-m", "roles.cli", *args], cwd=ROOT, env=env,
+                            stdout=out, stderr=subprocess.STDOUT, **popen)
+
+
+def steps_log(job: Path) -> list[dict[str, Any]]:
+    f = job / "trainer_steps.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
+
+
+def final_ids(entries: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """The ids of each step's last attempt (what the model was trained on)."""
+    final: dict[int, list[str]] = {}
+    for e in entries:
+        final[e["step"]] = e["ids"]
+    return final

@@ -1,0 +1,95 @@
+"""``trinity run`` end to end: real processes, an embedded nats-server it starts itself, the
+tiny model (HF engine, to keep CI short; the quickstart runs the same path on vLLM)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from bus.server import free_port
+
+from .helpers import final_ids, steps_log, tiny_run_config, trinity
+
+pytestmark = pytest.mark.slow
+
+# 24 train rows / batch 3 = 8 steps of 3 groups x 4 experiences
+STEPS, PER_STEP = 8, 12
+
+
+def _trained_exactly_once(job: Path) -> dict[int, list[str]]:
+    final = final_ids(steps_log(job))
+    assert sorted(final) == list(range(1, STEPS + 1)), f"steps trained: {sorted(final)}"
+    ids = [i for s in final.values() for i in s]
+    assert len(ids) == len(set(ids)), "an experience was trained twice"
+    assert len(ids) == STEPS * PER_STEP, "an experience was skipped"
+    return final
+
+
+def test_run_two_stages_all_roles_exit_0(tmp_path, tiny_model, arith):
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port())
+    p = trinity("run", "--config", str(cfg))
+    out, _ = p.communicate(timeout=900)
+    text = out.decode()
+    assert p.returncode == 0, text[-4000:]
+    for role in ("buffer", "synchronizer", "trainer", "explorer"):
+        assert f"trinity run: {role} finished" in text
+    assert "embedded nats-server" in text
+    sft, grpo = tmp_path / "ckpt/t/r/sft", tmp_path / "ckpt/t/r/grpo"
+    # the SFT stage ran 2 steps and left a HF folder; the GRPO stage started from it
+    assert (sft / "global_step_2/actor/huggingface/model.safetensors").exists()
+    assert f"model={sft}/global_step_2/actor/huggingface" in text
+    _trained_exactly_once(grpo)
+    hf = grpo / f"global_step_{STEPS}/actor/huggingface"
+    AutoModelForCausalLM.from_pretrained(hf)  # the final folder loads with transformers
+    # metrics: jsonl always, tensorboard by default; the summary reports start and end evals
+    assert (grpo / "monitor/metrics.jsonl").exists()
+    assert list((grpo / "monitor/tensorboard/trainer").glob("events.out.tfevents.*"))
+    assert "eval accuracy" in text
+    assert "grpo             start step 0" in text and f"grpo             end   step {STEPS}" in text
+
+
+def test_run_survives_a_sigkilled_trainer(tmp_path, tiny_model, arith):
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
+                          stages=False, extra={"trainer.save_interval": 3})
+    job = tmp_path / "ckpt/t/r"
+    log = tmp_path / "run.log"
+    p = trinity("run", "--config", str(cfg), log=log)
+    try:
+        deadline = time.monotonic() + 600
+        while not any(e["step"] >= 4 for e in steps_log(job)):
+            assert p.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the trainer never reached step 4"
+            time.sleep(0.2)
+        victim = steps_log(job)[-1]["pid"]
+        import os
+
+        os.kill(victim, signal.SIGKILL)
+        p.wait(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    assert "trainer exited with -9; restart 1/2" in text
+    entries = steps_log(job)
+    assert len({e["pid"] for e in entries}) == 2, "the restarted trainer did not train"
+    _trained_exactly_once(job)
+
+
+def test_config_errors_fail_before_any_process(tmp_path, tiny_model, arith):
+    bad_key = tiny_run_config(tmp_path / "a.yaml", model=tiny_model, data=arith, port=free_port(),
+                              extra={"trainer.save_intervall": 3})
+    p = trinity("run", "--config", str(bad_key))
+    out = p.communicate(timeout=120)[0].decode()
+    assert p.returncode == 2 and "save_intervall" in out and "save_interval" in out
+    missing = tiny_run_config(tmp_path / "b.yaml", model=tiny_model, data=tmp_path / "nowhere",
+                              port=free_port(), name="m")
+    p = trinity("run", "--config", str(missing))
+    out = p.communicate(timeout=120)[0].decode()
+    assert p.returncode == 2, out
+    assert "buffer.explorer_input.taskset.path" in out and str(tmp_path / "nowhere") in out
+    assert not (tmp_path / "ckpt").exists(), "a process started before the config was checked"
