@@ -1,0 +1,83 @@
+"""The pure parts of ``trinity run`` and the stage walk: which roles a config needs, how a
+stage chains to the previous one's weights, the checks before start, the fresh-run name,
+the monitor files and the end-of-run summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from roles.monitor import Monitor, read_metrics
+from roles.run import fresh_name, preflight, summary
+from roles.stages import chain, roles_needed
+from schemas.config import TrinityConfig
+from schemas.data import Metric
+from schemas.loader import ConfigError
+
+
+def _cfg(tmp_path: Path, **kw) -> TrinityConfig:
+    base = {"project": "p", "name": "n", "checkpoint_root_dir": str(tmp_path / "ckpt"),
+            "model": {"model_path": str(tmp_path)}}
+    base.update(kw)
+    return TrinityConfig.model_validate(base)
+
+
+def test_roles_needed_follow_the_modes_of_all_stages(tmp_path):
+    assert roles_needed([_cfg(tmp_path, mode="bench")]) == ["explorer"]
+    assert roles_needed([_cfg(tmp_path, mode="train")]) == ["buffer", "trainer"]
+    assert roles_needed([_cfg(tmp_path, mode="train"), _cfg(tmp_path, mode="both")]) == [
+        "buffer", "synchronizer", "trainer", "explorer"]
+
+
+def test_chain_starts_a_stage_from_the_previous_stage_final_hf_folder(tmp_path):
+    sft = _cfg(tmp_path, name="n/sft", mode="train")
+    grpo = _cfg(tmp_path, name="n/grpo", mode="both")
+    with pytest.raises(FileNotFoundError, match="n/sft"):
+        chain(grpo, sft)  # nothing trained yet: say which stage left no checkpoint
+    for step in (2, 4):
+        hf = Path(sft.checkpoint_job_dir) / f"global_step_{step}/actor/huggingface"
+        hf.mkdir(parents=True)
+        (hf / "model.safetensors").write_bytes(b"x")
+    assert chain(grpo, sft).model.model_path.endswith("global_step_4/actor/huggingface")
+    assert grpo.model.model_path == str(tmp_path)  # the stage's own config is not modified
+    bench = _cfg(tmp_path, name="n/base", mode="bench")
+    assert chain(sft, bench).model.model_path == bench.model.model_path  # no trainer: pass on
+
+
+def test_preflight_names_every_missing_file(tmp_path):
+    cfg = _cfg(tmp_path, mode="both", buffer={"explorer_input": {
+        "taskset": {"name": "t", "path": str(tmp_path / "no_train")},
+        "eval_tasksets": [{"name": "e", "path": str(tmp_path / "no_eval")}]}})
+    with pytest.raises(ConfigError) as e:
+        preflight([cfg])
+    msg = str(e.value)
+    assert "buffer.explorer_input.taskset.path" in msg and "no_train" in msg
+    assert "eval_tasksets[0].path" in msg and "no_eval" in msg
+
+
+def test_fresh_name_only_when_the_job_exists_and_resume_is_off(tmp_path):
+    cfg = _cfg(tmp_path, continue_from_checkpoint=False)
+    assert fresh_name(cfg) is None
+    Path(cfg.checkpoint_job_dir).mkdir(parents=True)
+    assert fresh_name(cfg).startswith("n_")
+    assert fresh_name(_cfg(tmp_path, continue_from_checkpoint=True)) is None
+
+
+def test_monitor_writes_jsonl_and_tensorboard_and_the_summary_reads_it(tmp_path):
+    cfg = _cfg(tmp_path, name="n/grpo")
+    mon = Monitor(cfg, "explorer")
+    mon.log(Metric(role="explorer", step=0, kind="eval", taskset="test",
+                   values={"accuracy": 0.25, "model_version": 0.0, "final": 0.0}))
+    mon.log(Metric(role="explorer", step=5, kind="eval", taskset="test",
+                   values={"accuracy": 0.75, "model_version": 5.0, "final": 1.0}))
+    mon.close()
+    job = Path(cfg.checkpoint_job_dir)
+    recs = read_metrics(job)
+    assert [r["values"]["accuracy"] for r in recs] == [0.25, 0.75]
+    assert json.loads((job / "monitor/metrics.jsonl").read_text().splitlines()[0])["kind"] == "eval"
+    assert list((job / "monitor/tensorboard/explorer").glob("events.out.tfevents.*"))
+    lines = summary([cfg])
+    assert "start step 0" in lines[1] and "25.0%" in lines[1]
+    assert "end   step 5" in lines[2] and "weights v5" in lines[2] and "75.0%" in lines[2]
