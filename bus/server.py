@@ -289,6 +289,9 @@ class EmbeddedServer:
                 preexec_fn=_die_with_parent
                 if threading.current_thread() is threading.main_thread()
                 else None,
+                # Ctrl-C at a terminal signals the whole foreground process group: the server
+                # must outlive it until its owner has stopped the roles that use it
+                start_new_session=True,
             )
         finally:
             if out is not None:

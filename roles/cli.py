@@ -8,6 +8,7 @@ exactly what a role would run with.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -133,12 +134,26 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def share_cpu() -> None:
+    """Give this role process ``cores // 4`` torch threads (at least 1) unless
+    ``OMP_NUM_THREADS`` says otherwise.
+
+    Why: up to four role processes share a CPU machine, and torch's default of one thread per
+    core in every process oversubscribes it; OpenMP threads then spin waiting for each other.
+    Measured on 2 cores with the roles running: a tiny trainer step took 9.0 s with 2 threads
+    and 0.7 s with 1. GPU work is not affected (the threads only run CPU ops)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 4))
+
+
 def _run_role(role: str, args: argparse.Namespace) -> int:
     """Run one role process through every stage of the experiment (``roles/stages.py``)
     until it is done or signalled; logs go to the terminal and ``<job_dir>/log/<role>.log``."""
     import asyncio
     import logging
-    import os
 
     from roles.logs import setup_logging
     from roles.settings import load
@@ -147,6 +162,7 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
     loaded = load(args)
     cfg = loaded.config
     setup_logging(role, cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
+    share_cpu()
     if role == "explorer":
         from roles.explorer.workflows.registry import load_plugin_dirs
 

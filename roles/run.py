@@ -183,7 +183,10 @@ class Supervisor:
         sys.stdout.flush()
 
     async def start(self, child: Child) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1")  # no \r progress bars in the log
+        from roles.settings import SUPERVISED_ENV
+
+        # unbuffered: lines arrive as they happen; no tqdm: \r progress bars garble the log
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", **{SUPERVISED_ENV: "1"})
         child.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "roles.cli", child.role, *self.role_args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,

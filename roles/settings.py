@@ -9,6 +9,7 @@ process starts), and prints each warning about ignored Trinity-RFT sections once
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ops.algorithms import CONFIG_FIELDS, resolve
@@ -41,6 +42,10 @@ def resolve_algorithm(cfg: TrinityConfig, sources: dict[str, str]) -> list[str]:
     return []
 
 
+#: Set by ``trinity run`` in the environment of the role processes it starts.
+SUPERVISED_ENV = "TRINITY_SUPERVISED"
+
+
 def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
     """Load the configuration named by ``--config``/``--set``/``--dotenv`` (and the env)."""
     loaded = load_config(
@@ -49,7 +54,8 @@ def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
         dotenv_file=getattr(args, "dotenv", ".env"),
         algorithm_resolver=resolve_algorithm,
     )
-    if not quiet:
+    # a role started by ``trinity run`` stays quiet: the supervisor printed them once already
+    if not quiet and not os.environ.get(SUPERVISED_ENV):
         for w in loaded.warnings:
             print(f"warning: {w}", file=sys.stderr)
     return loaded
