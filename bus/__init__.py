@@ -52,6 +52,7 @@ _WHERE = {
     "free_port": "server",
     "serve_forever": "server",
     "ensure_streams": "streams",
+    "delete_run": "streams",
     "KINDS": "subjects",
     "RunNames": "subjects",
     "names": "subjects",

@@ -87,3 +87,27 @@ async def ensure_streams(
 ) -> dict[str, api.StreamInfo]:
     """Create (or update) every stream of the run; returns ``{kind: StreamInfo}``."""
     return {kind: await ensure_stream(js, cfg, run_id, kind) for kind in KINDS}
+
+
+async def delete_run(js: JetStreamContext, run_id: str) -> list[str]:
+    """Delete the streams and the KV bucket of ``run_id``; returns what existed.
+
+    ``trinity run`` calls it for an experiment whose job folder does not exist: whatever the
+    server still holds under that name belongs to a run whose files were deleted, and would
+    otherwise be resumed (a cursor at the end, a stage marked done)."""
+    from nats.js.errors import NotFoundError
+
+    n = names(run_id)
+    gone = []
+    for kind in KINDS:
+        try:
+            await js.delete_stream(n.stream(kind))
+            gone.append(n.stream(kind))
+        except NotFoundError:
+            pass
+    try:
+        await js.delete_key_value(n.kv_bucket)
+        gone.append(n.kv_bucket)
+    except NotFoundError:  # BucketNotFoundError is one
+        pass
+    return gone

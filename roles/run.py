@@ -105,15 +105,28 @@ class Progress:
     def __init__(self, stages: list[TrinityConfig]) -> None:
         self.stages = stages
         self.t0 = time.monotonic()
+        self.done: set[int] = set()
+        self.stage_t0: dict[int, tuple[float, int]] = {}  # when progress first saw a train step
 
     def current(self) -> tuple[int, TrinityConfig]:
-        """The first stage without a final record; the last stage when all have one."""
-        from roles.monitor import read_metrics
-
+        """The first stage that is not done; the last one when all are."""
         for i, s in enumerate(self.stages):
-            if not any(r["values"].get("final") for r in read_metrics(s.checkpoint_job_dir)):
+            if i not in self.done:
                 return i, s
         return len(self.stages) - 1, self.stages[-1]
+
+    async def refresh(self, nc: object) -> None:
+        """Which stages are done: their ``run.done`` key in KV (what the roles go by)."""
+        import bus
+        from roles import keys
+
+        js = bus.jetstream(nc, self.stages[0].nats)
+        for i, s in enumerate(self.stages):
+            if i not in self.done:
+                state = await bus.RunState.open(js, s.run_id)
+                if not await state.get(keys.RUN_DONE):
+                    return
+                self.done.add(i)
 
     def line(self) -> str:
         from roles.monitor import read_metrics
@@ -130,10 +143,17 @@ class Progress:
                 parts.append(f"reward {ro['values']['reward_mean']:.3f}")
             parts.append(f"weights v{int(ro['values'].get('model_version', 0))}")
         if "train" in last:
-            parts.append(f"train step {last['train']['step']}")
+            step = last["train"]["step"]
+            parts.append(f"train step {step}")
             total = s.trainer.total_steps or s.buffer.total_steps
             if total:
                 parts[-1] += f"/{total}"
+                if self.stage_t0.get(i) is None:
+                    self.stage_t0[i] = (time.monotonic(), step)
+                t0, s0 = self.stage_t0[i]
+                if step > s0:
+                    eta = (time.monotonic() - t0) / (step - s0) * (total - step)
+                    parts.append(f"ETA {eta / 60:.1f} min")
         if "eval" in last:
             parts.append(f"eval acc {last['eval']['values'].get('accuracy', float('nan')):.3f}")
         parts.append(f"{time.monotonic() - self.t0:.0f}s")
@@ -173,6 +193,8 @@ class Supervisor:
         self.progress = Progress(self.stages)
         self.status = ""
         self.stopping = False
+        #: No job folder yet: a new experiment (bus state under its name is stale).
+        self.fresh = not Path(self.cfg.checkpoint_job_dir).exists()
 
     def say(self, line: str) -> None:
         if self.tty and self.status:
@@ -219,9 +241,26 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, interrupted.set)
+        import bus
+
         self.children = [Child(r) for r in roles]
-        for c in self.children:
-            await self.start(c)
+        nc = await bus.connect(self.cfg.nats, name="trinity-run")
+        try:
+            if self.fresh:
+                js = bus.jetstream(nc, self.cfg.nats)
+                for s in self.stages:
+                    gone = await bus.delete_run(js, s.run_id)
+                    if gone:
+                        self.say(f"trinity run: {s.checkpoint_job_dir} does not exist: removed the "
+                                 f"stale bus state of run {s.run_id} ({', '.join(gone)})")
+            for c in self.children:
+                await self.start(c)
+            return await self.watch(interrupted, nc)
+        finally:
+            await nc.close()
+
+    async def watch(self, interrupted: asyncio.Event, nc: object) -> int:
+        """Restart, fail or finish as the children exit; print progress meanwhile."""
         last_line = 0.0
         while True:
             if interrupted.is_set():
@@ -251,6 +290,7 @@ class Supervisor:
             if time.monotonic() - last_line > (2.0 if self.tty else 15.0):
                 last_line = time.monotonic()
                 try:
+                    await self.progress.refresh(nc)
                     self.status = "progress | " + self.progress.line()
                 except Exception:  # a torn file mid-write: next time
                     pass

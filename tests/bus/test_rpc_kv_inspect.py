@@ -127,3 +127,16 @@ async def test_inspect_run(nats_conn, nats_cfg, run_id) -> None:
     assert dlq["tail"]["messages"][0]["headers"]["Trinity-Error"].startswith("CodecError")
     with pytest.raises(ValueError, match="unknown stream"):
         await bus.inspect_run(nats_cfg, run_id, tail=1, stream="nope")
+
+
+async def test_delete_run_removes_streams_and_kv_only_of_that_run(nats_conn, nats_cfg, run_id) -> None:
+    js = bus.jetstream(nats_conn, nats_cfg)
+    other = run_id + "x"
+    for r in (run_id, other):
+        await bus.ensure_streams(js, nats_cfg, r)
+        await (await bus.RunState.open(js, r)).put("run.done", {"by": "test"})
+    gone = await bus.delete_run(js, run_id)
+    assert bus.names(run_id).kv_bucket in gone and bus.names(run_id).stream("exp") in gone
+    assert await (await bus.RunState.open(js, run_id)).get("run.done") is None  # a new, empty bucket
+    assert await (await bus.RunState.open(js, other)).get("run.done") == {"by": "test"}
+    assert await bus.delete_run(js, run_id + "never") == []
