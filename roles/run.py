@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import os
 import signal
 import sys
@@ -224,17 +225,24 @@ class Supervisor:
             self.say(f"{child.role:>12} | {line}")
 
     async def stop_all(self) -> None:
+        """SIGTERM every role's process group (a role's own children, e.g. vLLM's engine
+        processes, included), SIGKILL what is left after ``STOP_GRACE`` seconds. Every wait
+        is bounded: stopping must never hang."""
         self.stopping = True
         live = [c.proc for c in self.children if c.proc and c.proc.returncode is None]
         for p in live:
-            p.send_signal(signal.SIGTERM)
+            _signal_group(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE
         for p in live:
             try:
                 await asyncio.wait_for(p.wait(), max(deadline - time.monotonic(), 0.1))
             except asyncio.TimeoutError:
-                p.kill()
-                await p.wait()
+                _signal_group(p.pid, signal.SIGKILL)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(p.wait(), 5.0)
+        for c in self.children:  # leftovers of roles that exited by themselves
+            if c.proc is not None:
+                _signal_group(c.proc.pid, signal.SIGKILL)
 
     async def run(self, roles: list[str]) -> int:
         interrupted = asyncio.Event()
@@ -257,7 +265,8 @@ class Supervisor:
                 await self.start(c)
             return await self.watch(interrupted, nc)
         finally:
-            await nc.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 5.0)
 
     async def watch(self, interrupted: asyncio.Event, nc: object) -> int:
         """Restart, fail or finish as the children exit; print progress meanwhile."""
@@ -283,9 +292,11 @@ class Supervisor:
                     await self.stop_all()
                     return 1
                 c.restarts += 1
+                _signal_group(c.proc.pid, signal.SIGKILL)  # what the dead role left behind
                 self.say(f"trinity run: {c.role} exited with {rc}; restart {c.restarts}/{self.max_restarts}")
                 await self.start(c)
             if all(c.done for c in self.children):
+                await self.stop_all()  # nothing should be left; make sure of it
                 return 0
             if time.monotonic() - last_line > (2.0 if self.tty else 15.0):
                 last_line = time.monotonic()
@@ -300,6 +311,12 @@ class Supervisor:
                 elif self.status:
                     self.say(self.status)
             await asyncio.sleep(0.25)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """Signal a role's process group (each role is started as a session leader)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def role_args(args: argparse.Namespace) -> list[str]:

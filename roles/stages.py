@@ -81,7 +81,13 @@ def chain(cfg: TrinityConfig, prev: TrinityConfig | None) -> TrinityConfig:
             f"under {prev.checkpoint_job_dir} (save_hf_checkpoint must not be 'never' there)"
         )
     out = cfg.model_copy(deep=True)
+    old = cfg.model.model_path
     out.model.model_path = src
+    # paths the loader derived from model.model_path follow it (set explicitly: kept)
+    if out.model.critic_model_path == old:
+        out.model.critic_model_path = src
+    if out.explorer.rollout_model.model_path == old:
+        out.explorer.rollout_model.model_path = src
     return out
 
 

@@ -451,7 +451,7 @@ def format_row(
     messages = []
     if fmt.system_prompt_key and row.get(fmt.system_prompt_key) is not None:
         messages.append({"role": "system", "content": row[fmt.system_prompt_key]})
-    elif fmt.system_prompt is not None:
+    elif fmt.system_prompt:  # "" means none, as in the explorer's workflows
         messages.append({"role": "system", "content": fmt.system_prompt})
     messages.append({"role": "user", "content": row[fmt.prompt_key]})
     if kind == "dpo":

@@ -24,9 +24,14 @@ SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 #: One token per character: digits, operators, punctuation, whitespace and letters.
 CHARS = list(string.digits + "+-*/=?.,:;#<>()[]{}\\_'\"!%$ \n" + string.ascii_letters)
 
-#: ``s: system`` / ``u: user`` / ``a: assistant`` lines; the generation prompt is ``a:``.
+#: ``s: system`` / ``u: user`` / ``a: assistant`` lines; the generation prompt is ``a:``. An
+#: assistant turn ends with the end-of-sequence token, as real chat templates end it with
+#: theirs: SFT on rendered conversations then teaches the model to stop where generation stops.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\\n' }}{% endfor %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}{{ 'a:' + m['content'] + eos_token }}"
+    "{% else %}{{ m['role'][0] + ':' + m['content'] + '\\n' }}{% endif %}"
+    "{% endfor %}"
     "{% if add_generation_prompt %}a:{% endif %}"
 )
 

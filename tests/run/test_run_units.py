@@ -18,10 +18,17 @@ from schemas.loader import ConfigError
 
 
 def _cfg(tmp_path: Path, **kw) -> TrinityConfig:
+    """A config as the loader makes it (derived values filled in)."""
+    import yaml
+
+    from schemas.loader import load_config
+
     base = {"project": "p", "name": "n", "checkpoint_root_dir": str(tmp_path / "ckpt"),
             "model": {"model_path": str(tmp_path)}}
     base.update(kw)
-    return TrinityConfig.model_validate(base)
+    f = tmp_path / f"c{len(list(tmp_path.glob('c*.yaml')))}.yaml"
+    f.write_text(yaml.safe_dump(base))
+    return load_config(str(f), [], environ={}, dotenv_file=None).config
 
 
 def test_roles_needed_follow_the_modes_of_all_stages(tmp_path):
@@ -40,7 +47,11 @@ def test_chain_starts_a_stage_from_the_previous_stage_final_hf_folder(tmp_path):
         hf = Path(sft.checkpoint_job_dir) / f"global_step_{step}/actor/huggingface"
         hf.mkdir(parents=True)
         (hf / "model.safetensors").write_bytes(b"x")
-    assert chain(grpo, sft).model.model_path.endswith("global_step_4/actor/huggingface")
+    chained = chain(grpo, sft)
+    assert chained.model.model_path.endswith("global_step_4/actor/huggingface")
+    # the rollout engine and the critic load the same weights as the trainer
+    assert chained.explorer.rollout_model.model_path == chained.model.model_path
+    assert chained.model.critic_model_path == chained.model.model_path
     assert grpo.model.model_path == str(tmp_path)  # the stage's own config is not modified
     bench = _cfg(tmp_path, name="n/base", mode="bench")
     assert chain(sft, bench).model.model_path == bench.model.model_path  # no trainer: pass on
