@@ -8,11 +8,17 @@ What it writes under ``--out``:
   character tokenizer of ``storage/tiny.py``: nothing is downloaded.
 * ``data/train.jsonl`` (700 rows) and ``data/test.jsonl`` (200 rows, disjoint questions):
   two-digit plus one-digit additions, ``{"question": "47+8=?", "answer": "55"}``.
+* ``sft/train.jsonl``: the SFT warmup's demonstrations of the 700 training sums, written by
+  a deliberately weak teacher that forgets the carry 3 times out of 5 (each training sum
+  appears 5 times; for sums with a carry, 3 of the 5 answers are off by ten: ``47+8=45``).
 
-Why this task: a model this small cannot memorise 900 sums from a few hundred SFT steps, but
-it learns the answer format and the easy cases, leaving sums whose carry it gets wrong often
-enough that sampled rollouts contain both right and wrong answers. That is what GRPO needs to
-learn from, and what makes its gain over the SFT warmup visible within minutes on a CPU.
+Why an imperfect teacher: that is the situation RL with a verifiable reward is for. The SFT
+warmup learns the answer format and the easy sums, and learns to drop the carry more often
+than not, so its greedy answer to a carry sum is usually wrong while its samples are often
+right. GRPO's 0/1 reward tells the two apart and moves the model to the right answer: a gain
+over the warmup that is visible within minutes on a CPU. Without the weak teacher the warmup
+either stops short of learning addition or learns it so well there is little left to gain,
+and where it ends depends on the seed (measured, see NOTES.md).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # run from anywhere in a checkout
 
 N_TRAIN, N_TEST, SEED = 700, 200, 0
+#: Of the 5 demonstrations of a sum with a carry, how many forget it.
+FORGOTTEN, COPIES = 3, 5
 
 
 def addition_rows(seed: int = SEED) -> tuple[list[dict], list[dict]]:
@@ -34,6 +42,19 @@ def addition_rows(seed: int = SEED) -> tuple[list[dict], list[dict]]:
     rows = [{"question": f"{a}+{b}=?", "answer": str(a + b)} for a in range(10, 100) for b in range(10)]
     random.Random(seed).shuffle(rows)
     return rows[:N_TRAIN], rows[N_TRAIN:N_TRAIN + N_TEST]
+
+
+def weak_teacher(rows: list[dict]) -> list[dict]:
+    """``COPIES`` demonstrations per sum; for a sum with a carry ``FORGOTTEN`` of them drop it."""
+    out = []
+    for r in rows:
+        a, b = (int(x) for x in r["question"][:-2].split("+"))
+        carry = a % 10 + b >= 10
+        for i in range(COPIES):
+            answer = a + b - 10 if carry and i < FORGOTTEN else a + b
+            out.append({"question": r["question"], "answer": str(answer)})
+    random.Random(SEED + 1).shuffle(out)
+    return out
 
 
 def prepare(out: Path, force: bool = False) -> Path:
@@ -48,8 +69,9 @@ def prepare(out: Path, force: bool = False) -> Path:
                      max_position_embeddings=64)
     train, test = addition_rows()
     (out / "data").mkdir(parents=True, exist_ok=True)
-    for name, rows in (("train", train), ("test", test)):
-        with open(out / "data" / f"{name}.jsonl", "w") as f:
+    (out / "sft").mkdir(parents=True, exist_ok=True)
+    for path, rows in (("data/train", train), ("data/test", test), ("sft/train", weak_teacher(train))):
+        with open(out / f"{path}.jsonl", "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
     done.write_text("ok\n")
