@@ -192,11 +192,24 @@ def read_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     return _plain(source())
 
 
+#: ``TRINITY_*`` variables that are not config values: which file to load, and settings read
+#: by the processes themselves. A ``.env`` may hold them (honcho's does) beside config values.
+NON_CONFIG_VARS = ("TRINITY_CONFIG", "TRINITY_WEIGHT_SYNC_HOST", "TRINITY_PLUGIN_DIRS",
+                   "TRINITY_SUPERVISED", "TRINITY_TEST_VLLM")
+
+
 def read_dotenv(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The same variables read from a ``.env`` file (missing file: nothing)."""
+    """The ``TRINITY_*`` config values of a ``.env`` file (missing file: nothing).
+
+    Other variables in the file are for other programs (honcho exports them all) and are
+    skipped, as are the :data:`NON_CONFIG_VARS`; an unknown ``TRINITY_`` name stays, so the
+    validation names it."""
     if not Path(path).is_file():
         return {}
-    return _plain(DotEnvSettingsSource(TrinityConfig, env_file=Path(path))())
+    values = _plain(DotEnvSettingsSource(TrinityConfig, env_file=Path(path))())
+    skip = {v.lower() for v in NON_CONFIG_VARS}
+    return {k: v for k, v in values.items()
+            if k in TrinityConfig.model_fields or (k.startswith("trinity_") and k not in skip)}
 
 
 def _plain(d: Any) -> Any:

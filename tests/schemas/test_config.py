@@ -256,3 +256,18 @@ def test_stage_switching_algorithm_drops_global_parts(tmp_path):
     sft, rl = loaded.stages
     assert sft.algorithm.policy_loss_fn == "sft" and sft.algorithm.optimizer.lr == 0.5
     assert rl.algorithm.policy_loss_fn_args["clip_range"] == 0.1
+
+
+def test_dotenv_like_honchos_selects_the_file_and_ignores_other_programs_variables(tmp_path):
+    """A ``.env`` for honcho holds TRINITY_CONFIG, process settings and other programs'
+    variables beside config values: only the config values are config."""
+    yml = tmp_path / "exp.yaml"
+    yml.write_text("project: p\nname: from_yaml\n")
+    env = tmp_path / ".env"
+    env.write_text(f"TRINITY_CONFIG={yml}\nTRINITY_WEIGHT_SYNC_HOST=10.0.0.1\nCUDA_VISIBLE_DEVICES=0\n"
+                   "TRINITY_BUFFER__BATCH_SIZE=7\n")
+    c = load_config(None, environ={}, dotenv_file=env).config
+    assert (c.name, c.buffer.batch_size) == ("from_yaml", 7)
+    env.write_text("TRINITY_BUFER__BATCH_SIZE=7\n")  # a typo of ours is still an error, named
+    with pytest.raises(ConfigError, match="trinity_bufer"):
+        load_config(str(yml), environ={}, dotenv_file=env)
