@@ -65,7 +65,7 @@ def final_hf_dir(cfg: TrinityConfig) -> str | None:
 
     for step in reversed(ckpt.list_steps(cfg.checkpoint_job_dir)):
         hf = ckpt.hf_dir(cfg.checkpoint_job_dir, step)
-        if any(hf.glob("*.safetensors")):
+        if ckpt.hf_weights_complete(hf):
             return str(hf)
     return None
 

@@ -215,7 +215,7 @@ class Explorer:
                               for s in ckpt.list_steps(cfg.checkpoint_job_dir)]
         for i, (step, path) in enumerate(todo):
             if path is not None:
-                if not any(path.glob("*.safetensors")):
+                if not ckpt.hf_weights_complete(path):
                     continue
                 await asyncio.gather(*(e.load_checkpoint(str(path), step) for e in self.engines))
             ok, _ = await until_stopped(evaluate(cfg, self.pool, step, self.report,

@@ -119,7 +119,7 @@ class Trainer:
 
     def has_hf_checkpoint(self) -> bool:
         """Is there a Hugging Face folder of the current step (what the next stage loads)?"""
-        return any(ckpt.hf_dir(self.job, self.step).glob("*.safetensors"))
+        return ckpt.hf_weights_complete(ckpt.hf_dir(self.job, self.step))
 
     def save(self, final: bool) -> Path:
         t = self.cfg.trainer
