@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 
 from schemas.loader import ConfigError, to_yaml
 
-
 HELP = {
     "run": "run every role an experiment's mode needs (embedded NATS if none is reachable)",
     "config": "print the fully resolved configuration as YAML",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-
 import time
 from typing import Any
 
@@ -17,9 +16,9 @@ import msgpack
 import structlog
 
 import bus
+from bus.rpc import Message
 from roles import keys
 from roles.stages import stop_on_signals
-from bus.rpc import Message
 from schemas.config import TrinityConfig
 from schemas.data import ExperienceGroup, Metric
 from storage.replay import ReplayStore

@@ -295,7 +295,7 @@ class ExplorerSyncClient(_Side):
                     offsets.append(r)
                     r += int(getattr(e, "tensor_parallel_size", 1) or 1)
                 try:
-                    await asyncio.gather(*(e.init_weight_group(d, o, p.timeout) for e, o in zip(engines, offsets)))
+                    await asyncio.gather(*(e.init_weight_group(d, o, p.timeout) for e, o in zip(engines, offsets, strict=True)))
                 except Exception as e:  # the group's owner is gone (a trainer that died)
                     self.failed_offer = float(offer["ts"])
                     await self.timed_out(f"joining the weight group ({e})", version, step, ["trainer"])

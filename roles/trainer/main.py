@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-
 import time
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,10 @@ import structlog
 import torch
 
 import bus
-from roles import keys
-from roles.stages import stop_on_signals
 from ops.algorithms import AlgorithmSpec, resolve
+from roles import keys
 from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchReply, BatchRequest
+from roles.stages import stop_on_signals
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from storage import checkpoints as ckpt
