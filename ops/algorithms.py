@@ -271,7 +271,9 @@ def resolve(algorithm_type: str, **overrides: Any) -> AlgorithmSpec:
         )
     local = advantages.GROUP_ADVANTAGE_FNS | advantages.SEQUENCE_ADVANTAGE_FNS
     batch_std = adv == "grpo" and resolved["advantage_fn_args"].get("std_cal_level") == "batch"
-    in_trainer = adv is not None and (adv not in local or batch_std)
+    # A KL penalty in the reward needs reference log-probs, which only the trainer has.
+    kl_in_reward = resolved["kl_penalty_fn"] != "none"
+    in_trainer = adv is not None and (adv not in local or batch_std or kl_in_reward)
 
     return AlgorithmSpec(
         algorithm_type=algorithm_type,
@@ -321,7 +323,12 @@ def algorithms_markdown() -> str:
         "in the `algorithm` config section (`advantage_fn`, `policy_loss_fn`, `kl_penalty_fn`,",
         "`kl_loss_fn`, `entropy_loss_fn`, each with `*_args`, plus `loss_agg_mode` and",
         "`sample_strategy`). *Advantages in* says where advantages can be computed: `buffer`",
-        "when one group (or one experience) suffices, `trainer` when they need the whole batch.",
+        "when one group (or one experience) suffices, `trainer` when they need the whole batch,",
+        "the critic's values (*critic*: GAE) or reference log-probs (a `kl_penalty_fn`, KL in the",
+        "reward, moves any advantage to the trainer). The critic is a value head on",
+        "`model.critic_model_path`, trained in the trainer process with the clipped value loss",
+        "(`critic.optim`, `critic.grad_clip`, `critic.cliprange_value`; `trainer.critic_warmup`",
+        "steps train it alone).",
         "",
         "## Algorithm types",
         "",

@@ -32,7 +32,18 @@ IGNORED_PATHS: dict[str, str] = {
     "service": "Data-Juicer services are not implemented",
     "data_processor.task_pipeline": "the Data-Juicer task pipeline is not implemented",
     "actor_rollout_ref": "veRL-only trainer settings; trinity's trainer is DeepSpeed/PyTorch",
-    "critic": "veRL-only critic settings; trinity's critic uses the trainer section",
+    "critic.strategy": "veRL-only; trinity's critic trains in the trainer process",
+    "critic.model": "veRL-only; the critic loads model.critic_model_path",
+    "critic.optim.total_training_steps": "set from the trainer's total steps",
+    "critic.ppo_micro_batch_size_per_gpu": "the critic uses the trainer's micro-batches",
+    "critic.forward_micro_batch_size_per_gpu": "the critic uses the trainer's micro-batches",
+    "critic.use_dynamic_bsz": "the critic uses the trainer's micro-batches",
+    "critic.ppo_max_token_len_per_gpu": "the critic uses the trainer's micro-batches",
+    "critic.forward_max_token_len_per_gpu": "the critic uses the trainer's micro-batches",
+    "critic.ulysses_sequence_parallel_size": "sequence parallelism is not implemented",
+    "critic.ppo_epochs": "one update per batch, as the actor",
+    "critic.shuffle": "veRL-only",
+    "critic.checkpoint": "the critic is saved with the trainer's checkpoint",
     "trainer.trainer_config": "veRL-only inline trainer config",
     "trainer.trainer_config_path": "veRL-only trainer config file",
     "trainer.trainer_strategy": "veRL's FSDP/Megatron strategies; trinity uses trainer.deepspeed",
@@ -534,6 +545,18 @@ class TrainerConfig(Section):
     """Checkpoints kept on disk; 0 keeps all."""
 
 
+class CriticConfig(Section):
+    """The PPO critic (value model). Trinity-RFT users set these in veRL's ``critic``
+    section; the veRL-only keys there are ignored with a warning."""
+
+    optim: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-5))
+    """Optimizer of the critic (veRL's default lr 1e-5)."""
+    grad_clip: float = 1.0
+    """Max gradient norm of the critic."""
+    cliprange_value: float = 0.5
+    """Clip of the new value prediction around the old one in the value loss."""
+
+
 class SynchronizerConfig(Section):
     sync_method: Literal["nccl", "checkpoint"] = "nccl"
     """``nccl``: broadcast weights over torch.distributed (NCCL on GPU, gloo on CPU);
@@ -713,6 +736,8 @@ class TrinityConfig(BaseSettings):
     """Rollout engines and workflow runners."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """Train engine and checkpointing."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """The PPO critic: optimizer, gradient clip, value clip."""
     synchronizer: SynchronizerConfig = Field(default_factory=SynchronizerConfig)
     """When and how weights move."""
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)

@@ -90,9 +90,26 @@ class Trainer:
             ref = load_model(cfg.model.model_path).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
+        critic = None
+        if self.spec.use_critic:
+            from .critic import Critic, load_value_model
+
+            path = cfg.model.critic_model_path or cfg.model.model_path
+            critic = Critic(load_value_model(path), cfg.critic, total_steps=total_steps(cfg) or 10**9)
+        t = cfg.trainer
+        self.runner = StepRunner(
+            self.engine, self.spec, ref_model=ref, critic=critic, critic_warmup=t.critic_warmup,
+            temperature=cfg.model.temperature or 1.0, use_dynamic_bsz=t.use_dynamic_bsz,
+            max_token_len=t.max_token_len_per_gpu, micro_batch_size=t.micro_batch_size_per_gpu,
+            pad_token_id=self.tokenizer.pad_token_id or 0,
+        )
         if loaded is not None:
             self.engine.model.load_state_dict(loaded.state_dict, strict=False)
             ts = loaded.trainer_state or {}
+            if critic is not None and "critic" in ts:
+                critic.load_state(ts["critic"])
+            if "kl_coef" in ts:
+                self.runner.kl_coef = float(ts["kl_coef"])
             if "engine" in ts:
                 self.engine.load_optimizer_state(ts["engine"])
             if "rng" in ts:
@@ -100,13 +117,6 @@ class Trainer:
             self.step = int(ts.get("step", loaded.step))
             self.consumed = int(ts.get("consumed", 0))
             log.info("resumed", step=self.step, consumed=self.consumed, path=str(loaded.actor_dir))
-        t = cfg.trainer
-        self.runner = StepRunner(
-            self.engine, self.spec, ref_model=ref, temperature=cfg.model.temperature or 1.0,
-            use_dynamic_bsz=t.use_dynamic_bsz, max_token_len=t.max_token_len_per_gpu,
-            micro_batch_size=t.micro_batch_size_per_gpu,
-            pad_token_id=self.tokenizer.pad_token_id or 0,
-        )
 
     def train(self, exps: list[Any], step: int) -> dict[str, float]:
         metrics = self.runner.run(exps, step)
@@ -124,7 +134,9 @@ class Trainer:
         t = self.cfg.trainer
         hf = t.save_hf_checkpoint == "always" or (t.save_hf_checkpoint == "last" and final)
         state = {"engine": self.engine.optimizer_state(), "rng": ckpt.capture_rng_state(),
-                 "step": self.step, "consumed": self.consumed}
+                 "step": self.step, "consumed": self.consumed, "kl_coef": self.runner.kl_coef}
+        if self.runner.critic is not None:
+            state["critic"] = self.runner.critic.state()
         return ckpt.save_checkpoint(
             self.job, self.step, state_dict=self.engine.state_dict(), config=self.engine.model.config,
             tokenizer=self.tokenizer, trainer_state=state, save_hf=hf,

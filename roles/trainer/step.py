@@ -15,7 +15,7 @@ import torch
 
 import ops
 from ops.algorithms import AlgorithmSpec
-from ops.kl import kl_loss
+from ops.kl import kl_loss, kl_penalty
 from ops.logits import entropy_from_logits, logprobs_from_logits
 from schemas.data import Experience
 
@@ -43,19 +43,18 @@ def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_ent
 class StepRunner:
     """Computes one step's loss with the algorithm's parts and applies it to an engine."""
 
-    def __init__(self, engine: Any, spec: AlgorithmSpec, *, ref_model: Any = None, temperature: float = 1.0,
-                 use_dynamic_bsz: bool = True, max_token_len: int | None = None, micro_batch_size: int = 4,
-                 pad_token_id: int = 0) -> None:
-        if spec.use_critic:
-            raise NotImplementedError(
-                f"algorithm {spec.algorithm_type!r} needs a critic (advantage_fn 'ppo'/GAE): "
-                "not built yet; use grpo, rloo, reinforceplusplus, opmd, sft, dpo, ..."
-            )
+    def __init__(self, engine: Any, spec: AlgorithmSpec, *, ref_model: Any = None, critic: Any = None,
+                 critic_warmup: int = 0, temperature: float = 1.0, use_dynamic_bsz: bool = True,
+                 max_token_len: int | None = None, micro_batch_size: int = 4, pad_token_id: int = 0) -> None:
+        if spec.use_critic and critic is None:
+            raise ValueError(f"algorithm {spec.algorithm_type!r} (advantage_fn {spec.advantage_fn!r}) needs a critic")
         if spec.use_reference and ref_model is None:
             raise ValueError(f"algorithm {spec.algorithm_type!r} needs a reference model")
         self.engine = engine
         self.spec = spec
         self.ref = ref_model
+        self.critic = critic
+        self.critic_warmup = critic_warmup
         self.temperature = temperature
         self.use_dynamic_bsz = use_dynamic_bsz
         self.max_token_len = max_token_len
@@ -64,29 +63,59 @@ class StepRunner:
         self.policy_fn = ops.get("policy_loss_fn", spec.policy_loss_fn)
         self.entropy_fn = ops.get("entropy_loss_fn", spec.entropy_loss_fn)
         self.with_entropy = spec.entropy_loss_fn != "none" or True
+        # The KL-in-reward coefficient changes step to step when adaptive; checkpoints keep it.
+        self.kl_coef = float(spec.kl_penalty_fn_args.get("kl_coef", 0.001))
 
-    def _advantages_in_trainer(self, batch: Batch) -> None:
+    @torch.no_grad()
+    def _batch_logprobs(self, model: Any, batch: Batch, mbs: list[list[int]]) -> torch.Tensor:
+        out = torch.zeros_like(batch.old_logprob)
+        for rows in mbs:
+            out[torch.as_tensor(rows)] = token_logprobs(model, batch.select(rows), self.temperature, False)[0]
+        return out
+
+    def _advantages_in_trainer(self, batch: Batch, mbs: list[list[int]]) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """Advantages that need the whole batch, the critic or the reference model: values
+        (critic), the KL penalty in the reward (reference vs the sampler's log-probs), then
+        the advantage function. Returns the values (the critic's old predictions) and metrics."""
         spec = self.spec
         if not (spec.advantage_fn and spec.compute_advantage_in_trainer):
-            return
+            return None, {}
+        metrics: dict[str, float] = {}
+        values = self.critic.values(batch, mbs) if self.critic is not None else None
+        rewards = batch.rewards
+        if spec.kl_penalty_fn != "none":
+            old = batch.old_logprob
+            if not bool(batch.has_old.all()):
+                old = torch.where(batch.has_old.unsqueeze(-1), old, self._batch_logprobs(self.engine, batch, mbs))
+            ref = self._batch_logprobs(self.ref, batch, mbs)
+            args = {**spec.kl_penalty_fn_args, "kl_coef": self.kl_coef}
+            rewards, km = kl_penalty(rewards, old, ref, batch.action_mask, kl_fn=spec.kl_penalty_fn, **args)
+            self.kl_coef = km.get("next_kl_coef", self.kl_coef)
+            metrics.update({f"kl_penalty/{k}": v for k, v in km.items()})
         res = ops.get("advantage_fn", spec.advantage_fn)(
-            action_mask=batch.action_mask, rewards=batch.rewards, group_ids=batch.group_ids,
+            action_mask=batch.action_mask, rewards=rewards, group_ids=batch.group_ids, values=values,
             old_logprob=batch.old_logprob, **spec.advantage_fn_args)
         batch.advantages = res.advantages.float()
         batch.returns = res.returns.float()
+        metrics.update({f"advantage/{k}": v for k, v in res.metrics.items()})
+        return values, metrics
 
     def run(self, exps: list[Experience], step: int) -> dict[str, float]:
         """Train on ``exps`` as step ``step``; returns the step's metrics."""
         t0 = time.perf_counter()
         batch = collate(exps, self.pad)
-        self._advantages_in_trainer(batch)
         lengths = batch.attention_mask.sum(-1).tolist()
         mbs = micro_batches(lengths, use_dynamic_bsz=self.use_dynamic_bsz, max_token_len=self.max_token_len,
                             micro_batch_size=self.micro_batch_size, pair=self.spec.policy_loss_fn == "dpo")
+        old_values, extra = self._advantages_in_trainer(batch, mbs)
+        if self.critic is not None and old_values is not None:
+            extra.update(self.critic.update(batch, mbs, old_values))
+        if step <= self.critic_warmup:  # PPO: the critic learns first, the actor waits
+            return {**extra, "critic_warmup": 1.0, "step_time_s": time.perf_counter() - t0}
         token_total = max(int(batch.action_mask.sum()), 1)
         seq_mode = self.spec.loss_agg_mode != "token-mean" or self.spec.policy_loss_fn == "dpo"
         sums: dict[str, float] = defaultdict(float)
-        for k, rows in enumerate(mbs):
+        for i, rows in enumerate(mbs):
             mb = batch.select(rows)
             w = len(rows) / batch.size if seq_mode else int(mb.action_mask.sum()) / token_total
             ref_lp = None
@@ -108,7 +137,7 @@ class StepRunner:
                 m.update(em)
             elif ent is not None:
                 m["entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
-            if k < len(mbs) - 1 and hasattr(self.engine, "engine"):  # DeepSpeed: accumulate
+            if i < len(mbs) - 1 and hasattr(self.engine, "engine"):  # DeepSpeed: accumulate
                 self.engine.backward(loss * w, last=False)
             else:
                 self.engine.backward(loss * w)
@@ -117,7 +146,7 @@ class StepRunner:
                 sums[k] += w * float(v)
         grad_norm = self.engine.step()
         dt = time.perf_counter() - t0
-        out = dict(sums)
+        out = {**sums, **extra}
         out.update({
             "grad_norm": grad_norm, "lr": self.engine.lr, "batch_size": float(len(exps)),
             "micro_batches": float(len(mbs)), "tokens": float(batch.num_tokens),

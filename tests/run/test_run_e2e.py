@@ -53,8 +53,10 @@ def test_run_two_stages_all_roles_exit_0(tmp_path, tiny_model, arith):
 
 
 def test_run_survives_a_sigkilled_trainer(tmp_path, tiny_model, arith):
+    # PPO here (GRPO is the other test's), so the critic's resume is checked end to end too
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
-                          stages=False, extra={"trainer.save_interval": 3})
+                          stages=False, extra={"trainer.save_interval": 3, "algorithm.algorithm_type": "ppo",
+                                               "critic.optim.lr": 1e-3})
     job = tmp_path / "ckpt/t/r"
     log = tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log)
