@@ -553,6 +553,19 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
             f"{ebp}.path: required when storage_type is 'file' (the {alg.algorithm_type} dataset)"
         )
 
+    # over-rollout: Trinity-RFT applies it only under a dynamic sync style
+    orc = ex.over_rollout
+    if not 0 <= orc.ratio < 1:
+        problems.append(f"explorer.over_rollout.ratio: must be in [0, 1), got {orc.ratio}")
+    elif orc.ratio > 0 and cfg.synchronizer.sync_style == "fixed":
+        warnings.append("explorer.over_rollout.ratio is ignored with synchronizer.sync_style 'fixed' "
+                        "(every step waits for all its tasks); use explorer_driven or trainer_driven")
+    if orc.return_partial_tasks:
+        problems.append("explorer.over_rollout.return_partial_tasks: not implemented; a task is "
+                        "published only when all its rollouts succeeded")
+    if ex.dynamic_timeout.enable and ex.dynamic_timeout.ratio <= 0:
+        problems.append(f"explorer.dynamic_timeout.ratio: must be > 0, got {ex.dynamic_timeout.ratio}")
+
     # rollout engine inherits the model's limits
     rm = ex.rollout_model
     for attr in (

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -97,6 +98,15 @@ def train_reader(cfg: TrinityConfig) -> TaskReader:
     )
 
 
+def over_rollout_minimum(n: int, cfg: TrinityConfig) -> int:
+    """Tasks a step waits for: all ``n``, or ``ceil((1 - ratio) * n)`` (at least 1) with
+    over-rollout under a dynamic sync style."""
+    ratio = cfg.explorer.over_rollout.ratio
+    if ratio <= 0 or cfg.synchronizer.sync_style == "fixed" or n == 0:
+        return n
+    return max(1, math.ceil((1 - ratio) * n))
+
+
 async def until_stopped(coro: Any, stop: asyncio.Event, grace: float = 0.0) -> tuple[bool, Any]:
     """Run ``coro``; if ``stop`` is set first, give it ``grace`` seconds more, then cancel it.
     Returns (finished, result)."""
@@ -129,6 +139,7 @@ class Explorer:
         self.step = 0
         self.pool = RunnerPool(engines, cfg.explorer, cfg.run_id)
         self.monitor: Any = None
+        self._stragglers: set[asyncio.Task[TaskResult]] = set()
 
     async def report(self, m: Metric) -> None:
         """A metric to the monitor files and the metrics subject."""
@@ -155,6 +166,8 @@ class Explorer:
         version = self.engines[0].model_version
         await self.state.set_model_version(name, version)
         beat = asyncio.create_task(self._heartbeats())
+        every_s = cfg.explorer.runner_state_report_interval
+        report = asyncio.create_task(self.pool.report_state(every_s)) if every_s > 0 else None
         try:
             if cfg.explorer.eval_on_startup and self.step == 0:
                 await until_stopped(evaluate(cfg, self.pool, 0, self.report), self.stop)
@@ -169,9 +182,7 @@ class Explorer:
                 offset = reader.offset
                 tasks = reader.read_batch()
                 finished, results = await until_stopped(
-                    asyncio.gather(*(self._run_and_publish(t) for t in tasks)),
-                    self.stop, self.shutdown_grace,
-                )
+                    self._explore_step(tasks), self.stop, self.shutdown_grace)
                 if not finished:
                     reader.seek(offset)  # the abandoned step is re-run after a restart
                     self.stats.interrupted = True
@@ -179,6 +190,7 @@ class Explorer:
                     break
                 self.step += 1
                 self.stats.steps += 1
+                self.pool.steps_seen = self.step
                 await self.state.put(CURSOR_KEY, {"step": self.step, "reader": reader.state_dict()})
                 await self._step_metrics(results, time.monotonic() - t0)
                 await sync.after_step(self.step)
@@ -192,6 +204,10 @@ class Explorer:
                 await self._finish(sync)
         finally:
             beat.cancel()
+            if report is not None:
+                report.cancel()
+            for t in self._stragglers:  # shutdown: unpublished stragglers are abandoned
+                t.cancel()
             if self.monitor is not None:
                 self.monitor.close()
             with contextlib.suppress(Exception):
@@ -229,8 +245,46 @@ class Explorer:
             self.monitor.close()
         return self.stats
 
+    async def _explore_step(self, tasks: list[Any]) -> list[TaskResult]:
+        """Run and publish one step's tasks; returns the results the step waited for.
+
+        With ``explorer.over_rollout.ratio`` r > 0 (dynamic sync styles only, as in
+        Trinity-RFT) the step ends once ``ceil((1 - r) * n)`` tasks are done plus at most
+        ``wait_after_min`` seconds: slow tasks go on in the background and publish their
+        groups when they finish (the end of the taskset waits for them). The price: the
+        cursor has moved past them, so a straggler cut off by a shutdown is not re-run."""
+        running = [asyncio.ensure_future(self._run_and_publish(t)) for t in tasks]
+        need = over_rollout_minimum(len(tasks), self.cfg)
+        try:
+            if need >= len(running):
+                return list(await asyncio.gather(*running))
+            done: set[asyncio.Future[TaskResult]] = set()
+            pending: set[asyncio.Future[TaskResult]] = set(running)
+            while len(done) < need:
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                done |= finished
+            if pending:
+                finished, pending = await asyncio.wait(pending, timeout=self.cfg.explorer.over_rollout.wait_after_min)
+                done |= finished
+        except asyncio.CancelledError:
+            for t in running:
+                t.cancel()
+            raise
+        for t in pending:
+            self._stragglers.add(t)
+            t.add_done_callback(self._stragglers.discard)
+        if pending:
+            log.info("over_rollout: step %d goes on with %d of %d tasks (%d still running)",
+                     self.step + 1, len(done), len(running), len(pending))
+        return [t.result() for t in running if t in done]
+
     async def _finish(self, sync: SyncClient) -> None:
         """The taskset is done: say so, take the trainer's final weights, evaluate them."""
+        if self._stragglers:  # over_rollout: every group is published before "finished"
+            ok, _ = await until_stopped(asyncio.gather(*self._stragglers), self.stop)
+            if not ok:
+                self.stats.interrupted = True
+                return
         await self.state.put(FINISHED_KEY, {"step": self.step, "ts": time.time()})
         log.info("taskset exhausted after step %d: waiting for the final weights", self.step)
         ok, _ = await until_stopped(sync.final(self.engines), self.stop)

@@ -12,6 +12,12 @@ when *all* its sub-tasks succeeded (no half groups).
 ``multi-threading`` in threads. Sync workflows always run in a worker thread (so their
 blocking model calls can hop onto this event loop). A hung *sync* workflow cannot be killed:
 its thread is abandoned after the timeout and the task retried.
+
+``dynamic_timeout`` (experimental in Trinity-RFT too) shortens the timeout to ``ratio`` times
+the mean time of the sub-tasks that succeeded, once ``warmup_min_steps`` steps were seen:
+one stuck rollout then costs a few typical task times instead of ``max_timeout``.
+``runner_state_report_interval`` logs the pool every that many seconds (busy runners, the
+longest-running tasks, successes and failures) for watching a slow run.
 """
 
 from __future__ import annotations
@@ -46,6 +52,13 @@ class TaskResult:
     @property
     def ok(self) -> bool:
         return self.group is not None
+
+
+def dynamic_timeout(max_timeout: float, success_seconds: list[float], ratio: float) -> float:
+    """``min(max_timeout, ratio * mean(success_seconds))``; ``max_timeout`` before any success."""
+    if not success_seconds:
+        return max_timeout
+    return min(max_timeout, ratio * sum(success_seconds) / len(success_seconds))
 
 
 @dataclass
@@ -87,6 +100,30 @@ class RunnerPool:
         self.timeout = float(cfg.max_timeout)
         self.failed = 0
         self.succeeded = 0
+        self.steps_seen = 0  # the explorer counts its steps here (dynamic timeout warm-up)
+        self._success_seconds: list[float] = []
+        self._running: dict[int, tuple[str, float]] = {}  # id(part) -> (task id, start)
+
+    def current_timeout(self) -> float:
+        """The timeout of the next workflow call (``max_timeout`` unless dynamic)."""
+        dt = self.cfg.dynamic_timeout
+        if not dt.enable or self.steps_seen < dt.warmup_min_steps:
+            return self.timeout
+        return dynamic_timeout(self.timeout, self._success_seconds[-1000:], dt.ratio)
+
+    def state_line(self) -> str:
+        """Busy runners, the longest-running tasks, successes and failures (one log line)."""
+        now = time.monotonic()
+        running = sorted(((now - t0, tid) for tid, t0 in self._running.values()), reverse=True)
+        longest = ", ".join(f"{tid} {age:.0f}s" for age, tid in running[:3])
+        return (f"runners busy={len(running)}/{self.size} succeeded={self.succeeded} failed={self.failed} "
+                f"timeout={self.current_timeout():.0f}s" + (f" longest: {longest}" if longest else ""))
+
+    async def report_state(self, interval: float) -> None:
+        """Log :meth:`state_line` every ``interval`` seconds (runs until cancelled)."""
+        while True:
+            await asyncio.sleep(interval)
+            log.info("%s", self.state_line())
 
     @property
     def size(self) -> int:
@@ -138,22 +175,26 @@ class RunnerPool:
         tries = self.cfg.max_retry_times + 1
         for attempt in range(1, tries + 1):
             engine = await self._slots.get()
+            timeout = self.current_timeout()
+            t0 = time.monotonic()
+            self._running[id(part)] = (part.task.task_id, t0)
             try:
-                exps = await asyncio.wait_for(
-                    self._call(engine, part.task, part.repeat), self.timeout
-                )
+                exps = await asyncio.wait_for(self._call(engine, part.task, part.repeat), timeout)
                 if not exps:
                     raise RuntimeError("workflow returned no experiences")
                 part.experiences = exps
+                self._success_seconds.append(time.monotonic() - t0)
                 return None, attempt
             except asyncio.TimeoutError:
-                err = f"timed out after {self.timeout:g}s (max_timeout)"
+                why = "max_timeout" if timeout >= self.timeout else "dynamic_timeout"
+                err = f"timed out after {timeout:g}s ({why})"
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a workflow may raise anything
                 err = f"{type(e).__name__}: {e}"
                 log.debug("workflow traceback task=%s\n%s", part.task.task_id, traceback.format_exc())
             finally:
+                self._running.pop(id(part), None)
                 self._slots.put_nowait(engine)
             log.warning(
                 "workflow failed task_id=%s attempt=%d/%d error=%s",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -253,3 +254,74 @@ async def test_stop_abandons_the_step_without_half_groups_or_cursor_move(
     groups = await read_groups(cfg.nats, cfg.run_id, expect=2, timeout=3)
     assert sorted(g.task_id for g in groups) == ["arith/0", "arith/2"]
     assert all(len(g.experiences) == 2 for g in groups)
+
+
+@register_workflow("slow_task_one")
+class SlowTaskOne(Workflow):
+    """Task 1 takes 3 s more than the others; then the math workflow."""
+
+    is_async = True
+
+    async def run_async(self):
+        from roles.explorer.workflows.math import MathWorkflow
+
+        if self.task.index == 1:
+            await asyncio.sleep(3)
+        if self.task.index == 4:
+            await asyncio.sleep(float(os.environ.get("TEST_TASK4_SLEEP", "0")))
+        wf = MathWorkflow(task=self.task, model=self.model)
+        wf.repeat_times = self.repeat_times
+        return await wf.run_async()
+
+
+def test_dynamic_timeout_and_over_rollout_minimum() -> None:
+    from roles.explorer.main import over_rollout_minimum
+    from roles.explorer.runner import dynamic_timeout
+
+    assert dynamic_timeout(600, [], 3.0) == 600
+    assert dynamic_timeout(600, [1.0, 3.0], 3.0) == 6.0 and dynamic_timeout(5, [10.0], 3.0) == 5
+    cfg = load_from_dict({"explorer": {"over_rollout": {"ratio": 0.5}},
+                          "synchronizer": {"sync_style": "explorer_driven"}})
+    assert over_rollout_minimum(8, cfg) == 4 and over_rollout_minimum(3, cfg) == 2
+    assert over_rollout_minimum(8, cfg.model_copy(update={"synchronizer": cfg.synchronizer.model_copy(
+        update={"sync_style": "fixed"})})) == 8
+
+
+def load_from_dict(d):
+    from schemas.config import TrinityConfig
+
+    return TrinityConfig.model_validate(d)
+
+
+async def test_over_rollout_goes_on_without_the_slow_task_and_publishes_it_later(
+    tmp_path, tiny_model, arith, hf_engine, nats_server, caplog
+) -> None:
+    path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url=nats_server.url,
+                        batch_size=3, repeat_times=2,
+                        extra={"buffer.explorer_input.default_workflow_type": "slow_task_one",
+                               "synchronizer.sync_style": "explorer_driven",
+                               "explorer.over_rollout": {"ratio": 0.34, "wait_after_min": 0.2},
+                               "explorer.runner_state_report_interval": 1})
+    cfg = load(path)
+    caplog.set_level(logging.INFO)
+    stats = await _explore_in_process(cfg, hf_engine)
+    # step 1 went on with tasks 0 and 2; task 1 was published later, before "finished"
+    assert stats.steps == 2 and stats.published == 6 and not stats.failed
+    assert "over_rollout: step 1 goes on with 2 of 3 tasks (1 still running)" in caplog.text
+    assert "runners busy=" in caplog.text and "longest: arith/1" in caplog.text
+    groups = await read_groups(cfg.nats, cfg.run_id, expect=6)
+    assert sorted(g.task_id for g in groups) == [f"arith/{i}" for i in range(6)]
+
+
+async def test_dynamic_timeout_cuts_a_task_far_slower_than_the_others(
+    tmp_path, tiny_model, arith, hf_engine, nats_server, monkeypatch
+) -> None:
+    monkeypatch.setenv("TEST_TASK4_SLEEP", "600")
+    path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url=nats_server.url,
+                        batch_size=3, repeat_times=2,
+                        extra={"buffer.explorer_input.default_workflow_type": "slow_task_one",
+                               "explorer.max_timeout": 900, "explorer.max_retry_times": 0,
+                               "explorer.dynamic_timeout": {"enable": True, "ratio": 3.0, "warmup_min_steps": 1}})
+    stats = await asyncio.wait_for(_explore_in_process(load(path), hf_engine), 300)
+    assert stats.steps == 2 and stats.published == 5
+    assert [t for t, _ in stats.failed] == ["arith/4"] and "(dynamic_timeout)" in stats.failed[0][1]

@@ -271,3 +271,21 @@ def test_dotenv_like_honchos_selects_the_file_and_ignores_other_programs_variabl
     env.write_text("TRINITY_BUFER__BATCH_SIZE=7\n")  # a typo of ours is still an error, named
     with pytest.raises(ConfigError, match="trinity_bufer"):
         load_config(str(yml), environ={}, dotenv_file=env)
+
+
+def test_over_rollout_and_dynamic_timeout_checks(tmp_path):
+    fixed = load(write(tmp_path, "explorer:\n  over_rollout: {ratio: 0.25}\n"))
+    assert any("explorer.over_rollout.ratio is ignored with synchronizer.sync_style 'fixed'" in w
+               for w in fixed.warnings)
+    p = write(tmp_path, """
+        synchronizer: {sync_style: explorer_driven}
+        explorer:
+          over_rollout: {ratio: 1.5, return_partial_tasks: true}
+          dynamic_timeout: {enable: true, ratio: 0}
+    """)
+    with pytest.raises(ConfigError) as e:
+        load(p)
+    msg = str(e.value)
+    assert "explorer.over_rollout.ratio: must be in [0, 1), got 1.5" in msg
+    assert "explorer.over_rollout.return_partial_tasks: not implemented" in msg
+    assert "explorer.dynamic_timeout.ratio: must be > 0" in msg
