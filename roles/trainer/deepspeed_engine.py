@@ -35,6 +35,17 @@ def launcher_env() -> None:
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
 
+def checkpoint_safe_globals() -> list[Any]:
+    """The DeepSpeed classes a ZeRO optimizer's ``state_dict`` holds (loss scaler, stage
+    enum, fragment addresses). Trainer state is loaded with ``weights_only`` (no arbitrary
+    pickles), so these few are allowed by name when the engine is DeepSpeed."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
 def ds_config(*, zero_stage: int, bf16: bool, grad_clip: float, offload_optimizer: bool = False,
               offload_param: bool = False) -> dict[str, Any]:
     """The DeepSpeed config dict (pure)."""
@@ -133,5 +144,18 @@ class DeepSpeedEngine:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Restore what :meth:`optimizer_state` returned. A ZeRO optimizer takes a list of
+        per-rank states and, with ``load_from_fp32_weights``, its fp32 master partition from
+        the state too (the weights it steps, which the module's weights are a copy of)."""
+        from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+        from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+        if isinstance(self.optimizer, DeepSpeedZeroOptimizer | DeepSpeedZeroOptimizer_Stage3):
+            if self.engine.dp_world_size > 1:
+                raise NotImplementedError(
+                    "resuming a multi-process DeepSpeed trainer: each rank needs its own optimizer "
+                    "partition saved, and the trainer saves rank 0's only")
+            self.optimizer.load_state_dict([state["optimizer"]], load_from_fp32_weights=True)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

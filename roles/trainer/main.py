@@ -48,11 +48,17 @@ def total_steps(cfg: TrinityConfig) -> int | None:
     return cfg.trainer.total_steps or cfg.buffer.total_steps
 
 
+def engine_kind(cfg: TrinityConfig) -> str:
+    """``trainer.trainer_type`` resolved: ``auto`` (and veRL's name) is DeepSpeed on a GPU."""
+    kind = cfg.trainer.trainer_type
+    if kind in ("auto", "verl"):
+        kind = "deepspeed" if torch.cuda.is_available() else "pytorch"
+    return kind
+
+
 def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str) -> Any:
     """The engine ``trainer.trainer_type`` names (``auto``: DeepSpeed when a GPU is present)."""
-    kind = cfg.trainer.trainer_type
-    if kind == "auto":
-        kind = "deepspeed" if torch.cuda.is_available() else "pytorch"
+    kind = engine_kind(cfg)
     steps = total_steps(cfg) or 10**9
     if kind == "deepspeed":
         from .deepspeed_engine import DeepSpeedEngine
@@ -80,7 +86,13 @@ class Trainer:
         if cfg.continue_from_checkpoint:
             latest = ckpt.read_latest(self.job, "checkpoint")
             if latest is not None:
-                loaded = ckpt.load_checkpoint(self.job, latest)
+                safe = []
+                if engine_kind(cfg) == "deepspeed":
+                    from .deepspeed_engine import checkpoint_safe_globals
+
+                    safe = checkpoint_safe_globals()
+                with torch.serialization.safe_globals(safe):
+                    loaded = ckpt.load_checkpoint(self.job, latest)
         self.engine = build_engine(cfg, self.spec, cfg.model.model_path)
         from transformers import AutoTokenizer
 
