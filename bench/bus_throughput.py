@@ -84,6 +84,7 @@ async def bus_produce(
     encoded = [codec.encode(g) for g in groups] if args.no_codec else []
     ready(go)
     await go.wait()
+    cpu0 = time.process_time()
     if args.no_codec:  # the bus's own cost only: pre-encoded bytes, same headers and ids
         for g, data in zip(groups, encoded, strict=True):
             await pub.submit_encoded(data, "exp", g.msg_id(), describe(g, run_id))
@@ -92,6 +93,7 @@ async def bus_produce(
             await pub.submit_group(g)
     await pub.flush()
     await nc.close()
+    print(f"CPU {time.process_time() - cpu0}", flush=True)
 
 
 async def bus_consume(
@@ -105,6 +107,7 @@ async def bus_consume(
     ).start()
     ready(go)
     await go.wait()
+    cpu0 = time.process_time()
     got = 0
     while got < args.groups:
         items = await con.fetch(args.batch, timeout=2)
@@ -113,6 +116,7 @@ async def bus_consume(
             await con.ack(items)
     print(f"DONE {time.time()}", flush=True)
     await nc.close()
+    print(f"CPU {time.process_time() - cpu0}", flush=True)
 
 
 def _raw_names(run_id: str) -> tuple[str, str]:
@@ -137,6 +141,7 @@ async def raw_produce(
     window = asyncio.Semaphore(cfg.publish_concurrency)
     ready(go)
     await go.wait()
+    cpu0 = time.process_time()
     futs = []
     for p in payloads:
         await window.acquire()
@@ -145,6 +150,7 @@ async def raw_produce(
         futs.append(f)
     await asyncio.gather(*futs)
     await nc.close()
+    print(f"CPU {time.process_time() - cpu0}", flush=True)
 
 
 async def raw_consume(
@@ -160,6 +166,7 @@ async def raw_consume(
     sub = await js.pull_subscribe(subject, durable="bench", stream=stream)
     ready(go)
     await go.wait()
+    cpu0 = time.process_time()
     got = 0
     while got < args.groups:
         try:
@@ -172,6 +179,7 @@ async def raw_consume(
     await nc.flush()
     print(f"DONE {time.time()}", flush=True)
     await nc.close()
+    print(f"CPU {time.process_time() - cpu0}", flush=True)
 
 
 ROLES = {
@@ -197,9 +205,22 @@ async def child(args: argparse.Namespace) -> None:
     await ROLES[args.role](cfg, args.run_id, args, asyncio.Event())
 
 
-async def one_path(args: argparse.Namespace, url: str, path: str, run_id: str) -> float:
-    """Run ``path``'s producer and consumer processes; seconds from GO to the last ack."""
-    common = [f"--url={url}", f"--run-id={run_id}", f"--groups={args.groups}", f"--experiences={args.experiences}",
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the nats-server process has used so far (Linux)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_path(
+    args: argparse.Namespace, server: EmbeddedServer, path: str, run_id: str
+) -> tuple[float, dict[str, float]]:
+    """Run ``path``'s producer and consumer processes. Returns the seconds from GO to the
+    last ack and the CPU seconds each of producer, consumer and nats-server spent meanwhile:
+    on a machine with few cores the CPU, not the wire, is what the two paths share."""
+    common = [f"--url={server.url}", f"--run-id={run_id}", f"--groups={args.groups}", f"--experiences={args.experiences}",
               f"--tokens={args.tokens}", f"--prompt={args.prompt}", f"--batch={args.batch}",
               f"--concurrency={args.concurrency}"] + (["--no-codec"] if args.no_codec else [])  # fmt: skip
     procs = []
@@ -219,18 +240,20 @@ async def one_path(args: argparse.Namespace, url: str, path: str, run_id: str) -
         line = (await p.stdout.readline()).decode().strip()
         if line != "READY":
             raise RuntimeError(f"bench child failed to start: {line!r}")
+    assert server.proc is not None
+    s0 = server_cpu(server.proc.pid)
     t0 = time.time()
     for p in procs:
         assert p.stdin is not None
         p.stdin.write(b"GO\n")
         await p.stdin.drain()
-    assert procs[0].stdout is not None
-    line = (await procs[0].stdout.readline()).decode().strip()
-    for p in procs:
-        await p.wait()
-    if not line.startswith("DONE "):
-        raise RuntimeError(f"{path} consumer failed: {line!r}")
-    return float(line.split()[1]) - t0
+    outs = [(await p.communicate())[0].decode().split("\n") for p in procs]
+    s1 = server_cpu(server.proc.pid)
+    done = [x for x in outs[0] if x.startswith("DONE ")]
+    if not done:
+        raise RuntimeError(f"{path} consumer failed: {outs[0][-3:]!r}")
+    cpu = [float(x.split()[1]) for o in outs for x in o if x.startswith("CPU ")]
+    return float(done[0].split()[1]) - t0, {"consumer": cpu[0], "producer": cpu[1], "server": s1 - s0}
 
 
 async def main() -> None:
@@ -274,11 +297,16 @@ async def main() -> None:
     mb = per * args.groups / 1e6
     with tempfile.TemporaryDirectory() as d, EmbeddedServer(d, port=free_port()) as server:
         raw_best = bus_best = float("inf")
+        raw_cpu: dict[str, float] = {}
+        bus_cpu: dict[str, float] = {}
         for r in range(args.repeat):
             tag = uuid.uuid4().hex[:8]
-            raw = await one_path(args, server.url, "raw", f"bench.raw{tag}")
-            bus_t = await one_path(args, server.url, "bus", f"bench.bus{tag}")
-            raw_best, bus_best = min(raw_best, raw), min(bus_best, bus_t)
+            raw, cpu_r = await one_path(args, server, "raw", f"bench.raw{tag}")
+            bus_t, cpu_b = await one_path(args, server, "bus", f"bench.bus{tag}")
+            if raw < raw_best:
+                raw_best, raw_cpu = raw, cpu_r
+            if bus_t < bus_best:
+                bus_best, bus_cpu = bus_t, cpu_b
             print(
                 f"round {r + 1}: raw {args.groups / raw:8.0f} groups/s   bus {args.groups / bus_t:8.0f} groups/s",
                 flush=True,
@@ -303,6 +331,11 @@ async def main() -> None:
     print(f"  ratio bus/raw: {raw_best / bus_best:.2f}  (target >= 0.70)")
     print(f"  codec alone in this process: encode {t_enc * 1e3:.2f} ms, decode {t_dec * 1e3:.2f} ms per group "
           f"(a ceiling of {1 / max(t_enc, t_dec):.0f} groups/s per core)")  # fmt: skip
+    ms = {k: 1e3 / args.groups for k in ("raw", "bus")}
+    for who in ("producer", "consumer", "server"):
+        print(f"  CPU per group, {who:8s}: raw {raw_cpu[who] * ms['raw']:.2f} ms   bus {bus_cpu[who] * ms['bus']:.2f} ms")
+    print(f"  CPU per group, all     : raw {sum(raw_cpu.values()) * ms['raw']:.2f} ms   "
+          f"bus {sum(bus_cpu.values()) * ms['bus']:.2f} ms   ({os.cpu_count()} cores)")  # fmt: skip
 
 
 if __name__ == "__main__":

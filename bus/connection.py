@@ -34,6 +34,33 @@ log = structlog.get_logger(__name__)
 BACKOFF_CAP = 10.0
 
 
+class Client(NATS):
+    """nats-py's client with a faster header parser, and nothing else changed.
+
+    Why: nats-py (2.16) parses every message's headers in Python and checks each header
+    name for whitespace one character at a time in a generator. With the seven readable
+    headers an experience group carries that is ~70 us per message, a tenth of what a
+    consumer spends on a 65 KB group. This parser gives the same result (names are ASCII,
+    stripped, without inner whitespace; values stripped, UTF-8 with replacement); without
+    it nothing breaks, consuming is only slower."""
+
+    @staticmethod
+    def _parse_header_lines(raw: bytes) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for line in raw.split(b"\r\n"):
+            name, sep, value = line.partition(b":")
+            if not sep:
+                continue
+            try:
+                key = name.strip().decode("ascii")
+            except UnicodeDecodeError:
+                continue
+            if key and key.split() != [key]:  # whitespace in a name: invalid
+                continue
+            out[key] = value.strip().decode("utf-8", "replace")
+        return out
+
+
 def redact(url: str) -> str:
     """The URL without a password, for logs and errors."""
     out = []
@@ -209,7 +236,7 @@ async def connect(
     pause = 0.05
     while True:
         ev = _Events(url, name)
-        nc = NATS()
+        nc = Client()
         ev.nc = nc
         kw: dict[str, Any] = dict(
             servers=servers,

@@ -151,3 +151,25 @@ async def test_nkey_seed_file_auth(nats_binary: str, tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
+
+
+def test_header_parser_agrees_with_nats_py():
+    """bus.connection.Client only swaps nats-py's header parser for a faster one: on any
+    header block, well formed or not, both must give the same dict."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from nats.aio.client import Client as NatsClient
+
+    from bus.connection import Client
+
+    piece = st.sampled_from([b"Trinity-Run", b"Nats-Msg-Id", b" ", b"\t", b":", b"\xff", b"\x1c", b"a b",
+                             b"\xc3\xa9", b"v", b"", b"-", b"\r\n"])
+    line = st.lists(piece, max_size=6).map(b"".join)
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(line, max_size=8))
+    def check(lines):
+        raw = b"\r\n".join(lines) + b"\r\n\r\n"
+        assert Client._parse_header_lines(raw) == NatsClient._parse_header_lines(raw)
+
+    check()
