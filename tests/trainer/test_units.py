@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from ops.algorithms import resolve
 from roles.buffer.pipeline import Pipeline, drop_equal_reward_groups, reward_shaping

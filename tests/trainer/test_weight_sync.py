@@ -16,7 +16,6 @@ import torch
 from .helpers import ROOT, write_config
 
 
-
 def _hf_logprobs(model_dir, weights_file, tokens, prompt_length):
     from transformers import AutoModelForCausalLM
 
