@@ -195,7 +195,7 @@ def read_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
 #: ``TRINITY_*`` variables that are not config values: which file to load, and settings read
 #: by the processes themselves. A ``.env`` may hold them (honcho's does) beside config values.
 NON_CONFIG_VARS = ("TRINITY_CONFIG", "TRINITY_WEIGHT_SYNC_HOST", "TRINITY_PLUGIN_DIRS",
-                   "TRINITY_SUPERVISED", "TRINITY_TEST_VLLM")
+                   "TRINITY_SUPERVISED")
 
 
 def read_dotenv(path: str | os.PathLike[str]) -> dict[str, Any]:

