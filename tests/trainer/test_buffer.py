@@ -58,7 +58,7 @@ async def _with_buffer(cfg, body):
             except (bus.NoResponders, bus.RequestTimeout):
                 if task.done() or loop.time() > deadline:
                     await task  # raises the buffer's error, if any
-                    raise AssertionError("the buffer never answered")
+                    raise AssertionError("the buffer never answered") from None
                 await asyncio.sleep(0.2)
         return await body(nc)
     finally:

@@ -56,7 +56,7 @@ def test_lr_schedule_warmup_then_cosine_to_floor():
     f = [lr_factor(s, total_steps=10, warmup_steps=2, scheduler="cosine", min_lr_ratio=0.1) for s in range(11)]
     assert f[0] == pytest.approx(0.5) and f[1] == pytest.approx(1.0) and f[2] == pytest.approx(1.0)
     assert f[10] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(f[2:], f[3:]))
+    assert all(a >= b for a, b in zip(f[2:], f[3:], strict=False))
     assert lr_factor(7, total_steps=10, warmup_steps=0, scheduler="constant", min_lr_ratio=0.1) == 1.0
 
 

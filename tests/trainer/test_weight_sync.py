@@ -71,11 +71,11 @@ def test_broadcast_and_checkpoint_into_engine(tmp_path, nats_cfg, run_id, tiny_m
         got = r["logprobs"]
         want = _hf_logprobs(tiny_model, tmp_path / f"weights_v{r['version']}.pt", r["tokens"], r["prompt_length"])
         assert len(got) == len(want) > 0
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4, (r["version"], got, want)
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4, (r["version"], got, want)
     # the weights really moved: version 1 and 2 give different logprobs for the same tokens
     r = results[1]
     v1 = _hf_logprobs(tiny_model, tmp_path / "weights_v1.pt", r["tokens"], r["prompt_length"])
     v2 = _hf_logprobs(tiny_model, tmp_path / "weights_v2.pt", r["tokens"], r["prompt_length"])
-    assert max(abs(a - b) for a, b in zip(v1, v2)) > 1e-3
+    assert max(abs(a - b) for a, b in zip(v1, v2, strict=True)) > 1e-3
     events = (tmp_path / "ckpt" / project / name / "global_step_2" / "actor" / "huggingface")
     assert (events / "model.safetensors").exists()
