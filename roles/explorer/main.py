@@ -332,11 +332,16 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) ->
     try:
         nc = await bus.connect(cfg.nats, name=cfg.explorer.name)
         explorer = Explorer(cfg, engines, nc)
+        forward = None
         if stop is None:
             stop_on_signals(explorer.stop)
         else:
-            asyncio.get_running_loop().create_task(_forward(stop, explorer.stop))
-        stats = await (explorer.bench() if cfg.mode == "bench" else explorer.run())
+            forward = asyncio.get_running_loop().create_task(_forward(stop, explorer.stop))
+        try:
+            stats = await (explorer.bench() if cfg.mode == "bench" else explorer.run())
+        finally:
+            if forward is not None:
+                forward.cancel()
         log.info("explorer done steps=%d published=%d failed=%d interrupted=%s",
                  stats.steps, stats.published, len(stats.failed), stats.interrupted)
         return not stats.interrupted
