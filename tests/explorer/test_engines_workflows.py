@@ -124,6 +124,15 @@ async def test_multi_turn_action_mask(hf_engine) -> None:
     assert e.action_mask.sum() > 0 and not e.action_mask.all()
 
 
+async def _math(wf: Workflow):
+    """The math workflow on ``wf``'s task and model (what the test workflows do after their trick)."""
+    from roles.explorer.workflows.math import MathWorkflow
+
+    inner = MathWorkflow(task=wf.task, model=wf.model)
+    inner.repeat_times = wf.repeat_times
+    return await inner.run_async()
+
+
 @register_workflow("flaky_every_third")
 class FlakyEveryThird(Workflow):
     """Raises on tasks 2, 5, 8, ...; otherwise the math workflow."""
@@ -131,13 +140,9 @@ class FlakyEveryThird(Workflow):
     is_async = True
 
     async def run_async(self):
-        from roles.explorer.workflows.math import MathWorkflow
-
         if self.task.index % 3 == 2:
             raise RuntimeError(f"boom on {self.task.task_id}")
-        wf = MathWorkflow(task=self.task, model=self.model)
-        wf.repeat_times = self.repeat_times
-        return await wf.run_async()
+        return await _math(self)
 
 
 @register_workflow("hangs_forever")
@@ -215,13 +220,9 @@ class SlowSecond(Workflow):
     is_async = True
 
     async def run_async(self):
-        from roles.explorer.workflows.math import MathWorkflow
-
         if self.task.index == 1:
             await asyncio.sleep(3600)
-        wf = MathWorkflow(task=self.task, model=self.model)
-        wf.repeat_times = self.repeat_times
-        return await wf.run_async()
+        return await _math(self)
 
 
 async def test_stop_abandons_the_step_without_half_groups_or_cursor_move(
@@ -263,15 +264,11 @@ class SlowTaskOne(Workflow):
     is_async = True
 
     async def run_async(self):
-        from roles.explorer.workflows.math import MathWorkflow
-
         if self.task.index == 1:
             await asyncio.sleep(3)
         if self.task.index == 4:
             await asyncio.sleep(float(os.environ.get("TEST_TASK4_SLEEP", "0")))
-        wf = MathWorkflow(task=self.task, model=self.model)
-        wf.repeat_times = self.repeat_times
-        return await wf.run_async()
+        return await _math(self)
 
 
 def test_dynamic_timeout_and_over_rollout_minimum() -> None:
