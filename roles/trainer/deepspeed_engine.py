@@ -140,6 +140,17 @@ class DeepSpeedEngine:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self._full_state()
 
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Full weights into the model (ZeRO-3: gathered, written by rank 0, re-partitioned)."""
+        if self.zero_stage == 3:
+            import deepspeed
+
+            params = list(self.model.parameters())
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                self.model.load_state_dict(state, strict=False)
+        else:
+            self.model.load_state_dict(state, strict=False)
+
     def optimizer_state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 

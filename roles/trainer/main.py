@@ -116,7 +116,7 @@ class Trainer:
             pad_token_id=self.tokenizer.pad_token_id or 0,
         )
         if loaded is not None:
-            self.engine.model.load_state_dict(loaded.state_dict, strict=False)
+            self.engine.load_state_dict(loaded.state_dict)
             ts = loaded.trainer_state or {}
             if critic is not None and "critic" in ts:
                 critic.load_state(ts["critic"])

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO engine on CPU (its CPU accelerator, gloo): stages 1 and 2, one and two
+"""DeepSpeed ZeRO engine on CPU (its CPU accelerator, gloo): stages 1, 2 and 3, one and two
 processes. Ranks train on different data; afterwards their parameters are equal and moved."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _port() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage,world", [(1, 1), (2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("stage,world", [(1, 1), (2, 1), (1, 2), (2, 2), (3, 1), (3, 2)])
 def test_zero_stage_trains_and_ranks_agree(tmp_path, tiny_model, stage, world):
     _drop_stale_lock()
     port = str(_port())
@@ -61,7 +61,7 @@ def test_zero_stage_trains_and_ranks_agree(tmp_path, tiny_model, stage, world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2])
+@pytest.mark.parametrize("stage", [2, 3])
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_model, stage):
     """The real Trainer on the DeepSpeed engine: a trainer restarted from a checkpoint takes
     step 3 exactly as the one that kept running did (weights, Adam moments, schedule)."""
