@@ -9,7 +9,7 @@ is the pairing :func:`ops.policy_losses.dpo_loss` expects.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +105,15 @@ def collate(exps: Sequence[Experience], pad_token_id: int = 0) -> Batch:
         rew[i] = 0.0 if e.reward is None else float(e.reward)
         expert[i] = bool(e.info.get("is_expert", False))
     return Batch(ids, am, ri, act, old, adv, ret, rew, expert, [r[0].group_id for r in rows], [r[3] for r in rows], has_old)
+
+
+def per_micro_batch(batch: Batch, mbs: Sequence[Sequence[int]], fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+    """``fn`` (one ``B' x T`` tensor per micro-batch, e.g. log-probs or values) over the
+    whole batch, assembled back into ``B x T`` rows in batch order."""
+    out = torch.zeros_like(batch.old_logprob)
+    for rows in mbs:
+        out[torch.as_tensor(list(rows))] = fn(batch.select(rows))
+    return out
 
 
 def micro_batches(

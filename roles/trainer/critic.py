@@ -19,11 +19,11 @@ import torch
 from ops.value import value_loss
 from schemas.config import CriticConfig
 
-from .batch import Batch
+from .batch import Batch, per_micro_batch
 from .engine import TorchEngine
 
 
-def load_value_model(path: str, gradient_checkpointing: bool = False) -> Any:
+def load_value_model(path: str) -> Any:
     from transformers import AutoConfig, AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
 
@@ -36,8 +36,6 @@ def load_value_model(path: str, gradient_checkpointing: bool = False) -> Any:
         model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
     finally:
         hf_logging.set_verbosity(level)
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
     if torch.cuda.is_available():
         model = model.cuda()
     return model
@@ -62,10 +60,7 @@ class Critic:
     @torch.no_grad()
     def values(self, batch: Batch, micro_batches: list[list[int]]) -> torch.Tensor:
         """Values of the whole batch (B x T), computed micro-batch by micro-batch."""
-        out = torch.zeros_like(batch.old_logprob)
-        for rows in micro_batches:
-            out[torch.as_tensor(rows)] = self.forward(batch.select(rows))
-        return out * batch.action_mask
+        return per_micro_batch(batch, micro_batches, self.forward) * batch.action_mask
 
     def update(self, batch: Batch, micro_batches: list[list[int]], old_values: torch.Tensor) -> dict[str, float]:
         """One optimizer step on the clipped value loss towards ``batch.returns`` (a token

@@ -49,9 +49,10 @@ def total_steps(cfg: TrinityConfig) -> int | None:
 
 
 def engine_kind(cfg: TrinityConfig) -> str:
-    """``trainer.trainer_type`` resolved: ``auto`` (and veRL's name) is DeepSpeed on a GPU."""
+    """``trainer.trainer_type`` resolved: ``auto`` is DeepSpeed on a GPU (the loader has
+    already turned veRL's name into ``auto``)."""
     kind = cfg.trainer.trainer_type
-    if kind in ("auto", "verl"):
+    if kind == "auto":
         kind = "deepspeed" if torch.cuda.is_available() else "pytorch"
     return kind
 

@@ -19,7 +19,7 @@ from ops.kl import kl_loss, kl_penalty
 from ops.logits import entropy_from_logits, logprobs_from_logits
 from schemas.data import Experience
 
-from .batch import Batch, collate, micro_batches
+from .batch import Batch, collate, micro_batches, per_micro_batch
 
 
 def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -68,12 +68,10 @@ class StepRunner:
 
     @torch.no_grad()
     def _batch_logprobs(self, model: Any, batch: Batch, mbs: list[list[int]]) -> torch.Tensor:
-        out = torch.zeros_like(batch.old_logprob)
-        for rows in mbs:
-            out[torch.as_tensor(rows)] = token_logprobs(model, batch.select(rows), self.temperature, False)[0]
-        return out
+        return per_micro_batch(batch, mbs, lambda mb: token_logprobs(model, mb, self.temperature, False)[0])
 
-    def _advantages_in_trainer(self, batch: Batch, mbs: list[list[int]]) -> tuple[torch.Tensor | None, dict[str, float]]:
+    def _advantages_in_trainer(self, batch: Batch, mbs: list[list[int]],
+                               ref_all: torch.Tensor | None) -> tuple[torch.Tensor | None, dict[str, float]]:
         """Advantages that need the whole batch, the critic or the reference model: values
         (critic), the KL penalty in the reward (reference vs the sampler's log-probs), then
         the advantage function. Returns the values (the critic's old predictions) and metrics."""
@@ -87,9 +85,8 @@ class StepRunner:
             old = batch.old_logprob
             if not bool(batch.has_old.all()):
                 old = torch.where(batch.has_old.unsqueeze(-1), old, self._batch_logprobs(self.engine, batch, mbs))
-            ref = self._batch_logprobs(self.ref, batch, mbs)
             args = {**spec.kl_penalty_fn_args, "kl_coef": self.kl_coef}
-            rewards, km = kl_penalty(rewards, old, ref, batch.action_mask, kl_fn=spec.kl_penalty_fn, **args)
+            rewards, km = kl_penalty(rewards, old, ref_all, batch.action_mask, kl_fn=spec.kl_penalty_fn, **args)
             self.kl_coef = km.get("next_kl_coef", self.kl_coef)
             metrics.update({f"kl_penalty/{k}": v for k, v in km.items()})
         res = ops.get("advantage_fn", spec.advantage_fn)(
@@ -107,7 +104,12 @@ class StepRunner:
         lengths = batch.attention_mask.sum(-1).tolist()
         mbs = micro_batches(lengths, use_dynamic_bsz=self.use_dynamic_bsz, max_token_len=self.max_token_len,
                             micro_batch_size=self.micro_batch_size, pair=self.spec.policy_loss_fn == "dpo")
-        old_values, extra = self._advantages_in_trainer(batch, mbs)
+        # the reference model's log-probs, once for the step: the KL penalty in the reward and
+        # the policy loop (KL loss, DPO) both use them; critic-warmup steps need them only for
+        # the penalty
+        needs_ref = self.spec.kl_penalty_fn != "none" or step > self.critic_warmup
+        ref_all = self._batch_logprobs(self.ref, batch, mbs) if self.ref is not None and needs_ref else None
+        old_values, extra = self._advantages_in_trainer(batch, mbs, ref_all)
         if self.critic is not None and old_values is not None:
             extra.update(self.critic.update(batch, mbs, old_values))
         if step <= self.critic_warmup:  # PPO: the critic learns first, the actor waits
@@ -118,10 +120,7 @@ class StepRunner:
         for i, rows in enumerate(mbs):
             mb = batch.select(rows)
             w = len(rows) / batch.size if seq_mode else int(mb.action_mask.sum()) / token_total
-            ref_lp = None
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref_lp, _ = token_logprobs(self.ref, mb, self.temperature, False)
+            ref_lp = None if ref_all is None else ref_all[torch.as_tensor(rows)]
             lp, ent = token_logprobs(self.engine, mb, self.temperature, self.with_entropy)
             old = torch.where(mb.has_old.unsqueeze(-1), mb.old_logprob, lp.detach())
             mask = mb.action_mask
