@@ -433,7 +433,14 @@ def serve_forever(
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.start(inherit_output=True)
+        try:
+            server.start(inherit_output=True)
+        except BusError:
+            # A stop request that reached the server while we still waited for it to be
+            # ready makes it exit "while starting": that is the clean shutdown asked for.
+            if stop_requested and server.proc is not None:
+                return server.proc.wait()
+            raise
         proc = server.proc
         assert proc is not None
         if stop_requested:

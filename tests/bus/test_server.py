@@ -64,9 +64,20 @@ def test_ensure_server(nats_binary, tmp_path: Path, nats_server) -> None:
             s.stop()
 
 
-def test_serve_forever_runs_until_sigterm(nats_binary, tmp_path: Path) -> None:
+# The slow variant holds serve_forever in its wait-until-ready loop for 2 s after the server
+# listens, so the SIGTERM reaches the server while serve_forever is still "starting" it (a race
+# CI once lost: the server's clean exit was reported as a failed start, exit 1).
+SLOW_READY = (
+    "import time; from bus.server import EmbeddedServer; _t0 = time.monotonic();"
+    "_ready = EmbeddedServer._says_ready;"
+    "EmbeddedServer._says_ready = lambda self: time.monotonic() - _t0 > 2 and _ready(self);"
+)
+
+
+@pytest.mark.parametrize("slow_ready", [False, True], ids=["ready", "sigterm_while_starting"])
+def test_serve_forever_runs_until_sigterm(nats_binary, tmp_path: Path, slow_ready: bool) -> None:
     port = free_port()
-    code = (
+    code = (SLOW_READY if slow_ready else "") + (
         "import sys; from bus.server import serve_forever; from schemas.config import NatsConfig;"
         f"sys.exit(serve_forever(NatsConfig(url='nats://127.0.0.1:{port}'), {str(tmp_path)!r}))"
     )
