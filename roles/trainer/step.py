@@ -62,7 +62,8 @@ class StepRunner:
         self.pad = pad_token_id
         self.policy_fn = ops.get("policy_loss_fn", spec.policy_loss_fn)
         self.entropy_fn = ops.get("entropy_loss_fn", spec.entropy_loss_fn)
-        self.with_entropy = spec.entropy_loss_fn != "none" or True
+        # entropy is always measured (a per-step metric); it is a loss only with entropy_loss_fn
+        self.with_entropy = True
         # The KL-in-reward coefficient changes step to step when adaptive; checkpoints keep it.
         self.kl_coef = float(spec.kl_penalty_fn_args.get("kl_coef", 0.001))
 
