@@ -341,6 +341,10 @@ async def main() -> None:
         print(f"  CPU per group, {who:8s}: raw {raw_cpu[who] * ms['raw']:.2f} ms   bus {bus_cpu[who] * ms['bus']:.2f} ms")
     print(f"  CPU per group, all     : raw {sum(raw_cpu.values()) * ms['raw']:.2f} ms   "
           f"bus {sum(bus_cpu.values()) * ms['bus']:.2f} ms   ({os.cpu_count()} cores)")  # fmt: skip
+    # When producer, consumer and server share fewer cores than they could keep busy, the
+    # throughput ratio is this CPU ratio; it also moves less than wall time on a busy machine.
+    cpu_ratio = (sum(raw_cpu.values()) * ms["raw"]) / (sum(bus_cpu.values()) * ms["bus"])
+    print(f"  CPU ratio raw/bus: {cpu_ratio:.2f}  (what the throughput ratio tends to when CPU-bound)")
 
 
 if __name__ == "__main__":
