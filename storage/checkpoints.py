@@ -642,13 +642,15 @@ def save_checkpoint(
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
     max_checkpoints_to_keep: int = 0,
     trainer_meta: Mapping[str, Any] | None = None,
+    world_size: int = 1,
 ) -> Path:
-    """Save one single-process checkpoint and commit it; returns ``global_step_N/actor``.
+    """Save one checkpoint's full weights and rank 0's trainer state, and commit it; returns
+    ``global_step_N/actor``.
 
     With ``save_hf`` the weights go to ``huggingface/`` only; without, to a trainer shard, with
     config and tokenizer still written to ``huggingface/`` so that ``trinity convert`` needs no
-    base model. Multi-rank trainers call :func:`save_model_shard` and
-    :func:`save_trainer_state` on each rank, then :func:`commit_checkpoint` on rank 0."""
+    base model. With ``world_size`` > 1 the other ranks must have written their own trainer
+    state (:func:`save_trainer_state`) before rank 0 calls this: it commits the step."""
     actor = actor_dir(job, step)
     actor.mkdir(parents=True, exist_ok=True)
     if save_hf:
@@ -669,7 +671,7 @@ def save_checkpoint(
             if tokenizer is not None:
                 tokenizer.save_pretrained(hf)
     if trainer_state is not None:
-        save_trainer_state(actor, trainer_state)
+        save_trainer_state(actor, trainer_state, 0, world_size)
     if trainer_meta is not None:
         write_meta(job, "trainer", trainer_meta)
     commit_checkpoint(job, step, max_checkpoints_to_keep)

@@ -151,7 +151,22 @@ class DeepSpeedEngine:
         else:
             self.model.load_state_dict(state, strict=False)
 
+    @property
+    def rank(self) -> int:
+        """This process's rank among the trainer's processes (0 alone)."""
+        return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+    def barrier(self) -> None:
+        """Wait for every trainer process (nothing to wait for alone)."""
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
     def optimizer_state(self) -> dict[str, Any]:
+        """This rank's optimizer state: under ZeRO its partition only (each rank saves its own)."""
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
@@ -162,11 +177,11 @@ class DeepSpeedEngine:
         from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
         if isinstance(self.optimizer, DeepSpeedZeroOptimizer | DeepSpeedZeroOptimizer_Stage3):
-            if self.engine.dp_world_size > 1:
-                raise NotImplementedError(
-                    "resuming a multi-process DeepSpeed trainer: each rank needs its own optimizer "
-                    "partition saved, and the trainer saves rank 0's only")
-            self.optimizer.load_state_dict([state["optimizer"]], load_from_fp32_weights=True)
+            # The list is indexed by data-parallel rank and each rank reads only its own entry
+            # (every rank saved its own partition): the others' partitions are not loaded.
+            per_rank: list[Any] = [None] * self.engine.dp_world_size
+            per_rank[torch.distributed.get_rank(group=self.optimizer.dp_process_group)] = state["optimizer"]
+            self.optimizer.load_state_dict(per_rank, load_from_fp32_weights=True)
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -35,6 +35,8 @@ def warmup_steps(opt: OptimizerConfig, total_steps: int) -> int:
 
 class TrainEngine(Protocol):
     model: Any
+    rank: int  # among the trainer's processes; 0 saves what is shared
+    world_size: int
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
     def backward(self, loss: torch.Tensor) -> None: ...
@@ -46,6 +48,7 @@ class TrainEngine(Protocol):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
     def optimizer_state(self) -> dict[str, Any]: ...
     def load_optimizer_state(self, state: dict[str, Any]) -> None: ...
+    def barrier(self) -> None: ...
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False) -> Any:
@@ -59,6 +62,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, gradient_ch
 
 class TorchEngine:
     """One process, plain ``torch.optim.AdamW`` and ``LambdaLR``."""
+
+    rank = 0
+    world_size = 1
 
     def __init__(self, model: Any, opt: OptimizerConfig, *, total_steps: int, grad_clip: float) -> None:
         self.model = model
@@ -120,3 +126,6 @@ class TorchEngine:
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+    def barrier(self) -> None:
+        """One process: nothing to wait for."""

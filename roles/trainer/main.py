@@ -48,6 +48,17 @@ def total_steps(cfg: TrinityConfig) -> int | None:
     return cfg.trainer.total_steps or cfg.buffer.total_steps
 
 
+def launch_rank(cfg: TrinityConfig) -> tuple[int, int]:
+    """(rank, world size) the launcher gave this trainer process (``deepspeed``/``torchrun``
+    set ``RANK``/``WORLD_SIZE``); (0, 1) alone. Several processes need the DeepSpeed engine."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and engine_kind(cfg) != "deepspeed":
+        raise ValueError(
+            f"trainer.trainer_type: {engine_kind(cfg)!r} trains in one process, but WORLD_SIZE={world}; "
+            "use deepspeed for several")
+    return rank, world
+
+
 def engine_kind(cfg: TrinityConfig) -> str:
     """``trainer.trainer_type`` resolved: ``auto`` is DeepSpeed on a GPU (the loader has
     already turned veRL's name into ``auto``)."""
@@ -83,6 +94,11 @@ class Trainer:
         self.job.mkdir(parents=True, exist_ok=True)
         self.step = 0
         self.consumed = 0
+        rank, world = launch_rank(cfg)
+        if world > 1 and self.spec.use_critic:
+            raise NotImplementedError(
+                f"algorithm {self.spec.algorithm_type!r} needs a critic, which trains in one process; "
+                f"run the trainer as one process (WORLD_SIZE={world})")
         loaded = None
         if cfg.continue_from_checkpoint:
             latest = ckpt.read_latest(self.job, "checkpoint")
@@ -93,7 +109,13 @@ class Trainer:
 
                     safe = checkpoint_safe_globals()
                 with torch.serialization.safe_globals(safe):
-                    loaded = ckpt.load_checkpoint(self.job, latest)
+                    loaded = ckpt.load_checkpoint(self.job, latest, rank=rank, world_size=world)
+                if loaded is not None and loaded.trainer_state is None:
+                    saved_by = sorted(p.name for p in loaded.actor_dir.glob("trainer_state*.pt"))
+                    if saved_by:  # the optimizer partitions are per rank: they do not re-split
+                        raise ValueError(
+                            f"{loaded.actor_dir}: saved by a trainer of another size ({', '.join(saved_by)}); "
+                            f"this one has {world} process(es): resume with as many as saved it")
         self.engine = build_engine(cfg, self.spec, cfg.model.model_path)
         from transformers import AutoTokenizer
 
@@ -144,18 +166,30 @@ class Trainer:
         return ckpt.hf_weights_complete(ckpt.hf_dir(self.job, self.step))
 
     def save(self, final: bool) -> Path:
+        """Checkpoint this step; with several processes every rank calls it (ZeRO-3 gathers
+        the weights collectively, and each rank saves its own optimizer partition and RNG)."""
         t = self.cfg.trainer
         hf = t.save_hf_checkpoint == "always" or (t.save_hf_checkpoint == "last" and final)
         state = {"engine": self.engine.optimizer_state(), "rng": ckpt.capture_rng_state(),
                  "step": self.step, "consumed": self.consumed, "kl_coef": self.runner.kl_coef}
         if self.runner.critic is not None:
             state["critic"] = self.runner.critic.state()
-        return ckpt.save_checkpoint(
-            self.job, self.step, state_dict=self.engine.state_dict(), config=self.engine.model.config,
-            tokenizer=self.tokenizer, trainer_state=state, save_hf=hf,
-            max_checkpoints_to_keep=t.max_checkpoints_to_keep,
-            trainer_meta={"latest_iteration": self.step, "consumed": self.consumed},
-        )
+        weights = self.engine.state_dict()
+        rank, world = self.engine.rank, self.engine.world_size
+        actor = ckpt.actor_dir(self.job, self.step)
+        if rank != 0:
+            ckpt.save_trainer_state(actor, state, rank, world)
+        self.engine.barrier()  # every partition is on disk before rank 0 commits the step
+        if rank == 0:
+            ckpt.save_checkpoint(
+                self.job, self.step, state_dict=weights, config=self.engine.model.config,
+                tokenizer=self.tokenizer, trainer_state=state, save_hf=hf,
+                max_checkpoints_to_keep=t.max_checkpoints_to_keep,
+                trainer_meta={"latest_iteration": self.step, "consumed": self.consumed},
+                world_size=world,
+            )
+        self.engine.barrier()  # and it is committed when save returns on any rank
+        return actor
 
 
 async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, timeout: float) -> BatchReply:

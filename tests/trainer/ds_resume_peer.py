@@ -1,11 +1,13 @@
 """One process of the DeepSpeed resume test: ``python -m tests.trainer.ds_resume_peer CONFIG
 OUT first|resumed``. ``first`` trains steps 1-2, checkpoints, trains step 3; ``resumed`` is
 a new trainer that resumes from that checkpoint and trains step 3 on the same batch. Each
-writes its parameters after step 3 and the step's metrics."""
+writes its parameters after step 3 and the step's metrics. Under a launcher's ``RANK`` and
+``WORLD_SIZE`` every rank does so on its own data (files suffixed ``_rank<r>``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -16,8 +18,10 @@ def main(config: str, out: str, mode: str) -> None:
     from tests.explorer.helpers import load
     from tests.trainer.helpers import groups
 
-    def batch(step: int) -> list:
-        return [e for g in groups("t.ds", step * 2, 2, size=4) for e in g.experiences]
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+    def batch(step: int) -> list:  # each rank its own data, as data parallelism gives it
+        return [e for g in groups("t.ds", step * 2 + 100 * rank, 2, size=4) for e in g.experiences]
 
     tr = Trainer(load(config))
     if mode == "first":
@@ -27,8 +31,9 @@ def main(config: str, out: str, mode: str) -> None:
     assert tr.step == 2, tr.step
     metrics = tr.train(batch(3), 3)
     params = {k: v.detach().float() for k, v in tr.engine.named_tensors()}
-    torch.save(params, f"{out}/{mode}.pt")
-    with open(f"{out}/{mode}.json", "w") as f:
+    tag = mode if world == 1 else f"{mode}_rank{rank}"
+    torch.save(params, f"{out}/{tag}.pt")
+    with open(f"{out}/{tag}.json", "w") as f:
         json.dump({k: metrics[k] for k in ("loss", "grad_norm", "lr")}, f)
 
 

@@ -61,10 +61,12 @@ def test_zero_stage_trains_and_ranks_agree(tmp_path, tiny_model, stage, world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_model, stage):
+@pytest.mark.parametrize("stage,world", [(2, 1), (3, 1), (2, 2), (3, 2)])
+def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_model, stage, world):
     """The real Trainer on the DeepSpeed engine: a trainer restarted from a checkpoint takes
-    step 3 exactly as the one that kept running did (weights, Adam moments, schedule)."""
+    step 3 exactly as the one that kept running did (weights, Adam moments, schedule). With
+    two processes each rank saves and reloads its own optimizer partition; a trainer of
+    another size refuses that checkpoint."""
     from .helpers import write_config
 
     _drop_stale_lock()
@@ -78,15 +80,34 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_m
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
     env.update(TORCH_EXTENSIONS_DIR=EXT_DIR, OMP_NUM_THREADS="1")
+
+    def launch(mode: str, n: int) -> list[subprocess.Popen]:
+        port = str(_port())
+        procs = []
+        for rank in range(n):
+            e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=port)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.trainer.ds_resume_peer", str(cfg), str(tmp_path), mode], cwd=ROOT,
+                env=e, stdout=open(tmp_path / f"{mode}{rank}.log", "wb"), stderr=subprocess.STDOUT))
+        for p in procs:
+            p.wait(900)
+        return procs
+
     for mode in ("first", "resumed"):
-        r = subprocess.run([sys.executable, "-m", "tests.trainer.ds_resume_peer", str(cfg), str(tmp_path), mode],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, (mode, r.stdout[-2000:], r.stderr[-3000:])
+        for rank, p in enumerate(launch(mode, world)):
+            assert p.returncode == 0, (mode, rank, (tmp_path / f"{mode}{rank}.log").read_text()[-3000:])
     import torch
 
-    a, b = torch.load(tmp_path / "first.pt"), torch.load(tmp_path / "resumed.pt")
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-6), k
-    ma, mb = (json.loads((tmp_path / f"{m}.json").read_text()) for m in ("first", "resumed"))
-    assert ma["lr"] == mb["lr"] and abs(ma["loss"] - mb["loss"]) < 1e-6, (ma, mb)
+    tags = [""] if world == 1 else [f"_rank{r}" for r in range(world)]
+    for tag in tags:
+        a, b = torch.load(tmp_path / f"first{tag}.pt"), torch.load(tmp_path / f"resumed{tag}.pt")
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.allclose(a[k], b[k], atol=1e-6), (tag, k)
+        ma, mb = (json.loads((tmp_path / f"{m}{tag}.json").read_text()) for m in ("first", "resumed"))
+        assert ma["lr"] == mb["lr"] and abs(ma["loss"] - mb["loss"]) < 1e-6, (tag, ma, mb)
+    if world > 1:  # one process cannot take two processes' optimizer partitions
+        (p,) = launch("resumed", 1)
+        log = (tmp_path / "resumed0.log").read_text()
+        assert p.returncode != 0 and "resume with as many as saved it" in log, log[-3000:]
