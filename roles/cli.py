@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from schemas.loader import ConfigError, to_yaml
 
@@ -162,6 +163,24 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+def launch_trainer_ranks(cfg: Any) -> None:
+    """Start one trainer process per GPU it has (see ``roles/trainer/ranks.py``) by becoming
+    ``torchrun`` over them; nothing when one process is enough or a launcher started this one
+    (``RANK`` is set)."""
+    if "RANK" in os.environ:
+        return
+    from roles.trainer.main import engine_kind
+    from roles.trainer.ranks import exec_ranks, trainer_processes
+
+    n, first_gpu = trainer_processes(cfg)
+    if n == 1:
+        return
+    if engine_kind(cfg) != "deepspeed":
+        raise ValueError(f"trainer.trainer_type: {engine_kind(cfg)!r} trains in one process, but "
+                         f"cluster.gpu_per_node gives the trainer {n} GPUs; use deepspeed")
+    exec_ranks(n, first_gpu, sys.argv[1:])
+
+
 def _run_role(role: str, args: argparse.Namespace) -> int:
     """Run one role process through every stage of the experiment (``roles/stages.py``)
     until it is done or signalled; logs go to the terminal and ``<job_dir>/log/<role>.log``."""
@@ -174,7 +193,14 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
 
     loaded = load(args)
     cfg = loaded.config
-    setup_logging(role, cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
+    if role == "trainer":
+        try:
+            launch_trainer_ranks(cfg)
+        except ValueError as e:
+            print(f"trinity trainer: {e}", file=sys.stderr, flush=True)
+            return 2
+    rank = int(os.environ.get("RANK", "0"))  # a trainer rank other than 0 logs to its own file
+    setup_logging(role if rank == 0 else f"{role}_rank{rank}", cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
     share_cpu()
     if role == "explorer":
         from roles.explorer.workflows.registry import load_plugin_dirs

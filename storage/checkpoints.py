@@ -519,6 +519,12 @@ def trainer_state_name(rank: int = 0, world_size: int = 1) -> str:
     return f"trainer_state_world_size_{world_size}_rank_{rank}.pt"
 
 
+def saved_trainer_states(actor: str | Path) -> list[str]:
+    """The trainer state files in an actor folder, one per rank that saved it: what a
+    trainer of another size names when it refuses the checkpoint."""
+    return sorted(p.name for p in Path(actor).glob("trainer_state*.pt"))
+
+
 def save_trainer_state(
     actor: str | Path, state: Mapping[str, Any], rank: int = 0, world_size: int = 1
 ) -> Path:

@@ -116,7 +116,7 @@ class TrainerSyncClient(_Side):
         await self.state.put(TRAINER_FINISHED, {"version": step, "ts": time.time()})
 
     async def after_step(self, step: int, trainer: Any) -> None:
-        """Call after every train step (``trainer`` has ``engine``, ``tokenizer``, ``job``)."""
+        """Call after every train step (``trainer``: a :class:`roles.trainer.main.Trainer`)."""
         p = self.plan
         if p.style == "explorer_driven":
             want = await self.state.get(WANT)
@@ -144,11 +144,10 @@ class TrainerSyncClient(_Side):
         from storage.checkpoints import save_state_dict_checkpoint
 
         t0 = time.perf_counter()
-        path = await asyncio.to_thread(
-            save_state_dict_checkpoint, trainer.job, version,
-            state_dict=dict(trainer.engine.named_tensors()), config=trainer.engine.model.config,
+        path = await asyncio.to_thread(lambda: save_state_dict_checkpoint(
+            trainer.job, version, state_dict=dict(trainer.weights()), config=trainer.engine.model.config,
             tokenizer=trainer.tokenizer,
-        )
+        ))
         self.seq += 1
         await self.state.put(OFFER, {"version": version, "method": "checkpoint", "path": str(path),
                                      "seq": self.seq, "ts": time.time()})
@@ -176,7 +175,7 @@ class TrainerSyncClient(_Side):
             if not joined:
                 raise TimeoutError("explorer did not join")
             t0 = time.perf_counter()
-            sent = await asyncio.to_thread(self.sender.send, list(trainer.engine.named_tensors()), version)
+            sent = await asyncio.to_thread(lambda: self.sender.send(trainer.weights(), version))
             dt = time.perf_counter() - t0
             await self.event("weights_sent", version, version, info={"bytes": sent, "seconds": dt})
             log.info("weights_sent", version=version, mb=round(sent / 2**20, 1), seconds=round(dt, 3))

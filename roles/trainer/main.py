@@ -30,7 +30,8 @@ from schemas.data import Metric
 from storage import checkpoints as ckpt
 
 from .engine import TorchEngine, load_model
-from .step import StepRunner
+from .ranks import STOP, DataParallel
+from .step import StepRunner, batch_metrics
 
 log = structlog.get_logger(__name__)
 
@@ -111,12 +112,14 @@ class Trainer:
                 with torch.serialization.safe_globals(safe):
                     loaded = ckpt.load_checkpoint(self.job, latest, rank=rank, world_size=world)
                 if loaded is not None and loaded.trainer_state is None:
-                    saved_by = sorted(p.name for p in loaded.actor_dir.glob("trainer_state*.pt"))
+                    saved_by = ckpt.saved_trainer_states(loaded.actor_dir)
                     if saved_by:  # the optimizer partitions are per rank: they do not re-split
                         raise ValueError(
                             f"{loaded.actor_dir}: saved by a trainer of another size ({', '.join(saved_by)}); "
                             f"this one has {world} process(es): resume with as many as saved it")
         self.engine = build_engine(cfg, self.spec, cfg.model.model_path)
+        # several processes: rank 0 leads (see ranks.py), the others follow its commands
+        self.dp = DataParallel() if world > 1 else None
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
@@ -153,21 +156,62 @@ class Trainer:
             self.consumed = int(ts.get("consumed", 0))
             log.info("resumed", step=self.step, consumed=self.consumed, path=str(loaded.actor_dir))
 
+    # The collective methods: with several processes the leader (rank 0) calls them, and
+    # :meth:`follow` makes every other rank call the same one with the same arguments.
+
+    def _lead(self, name: str, *args: Any) -> None:
+        if self.dp is not None:
+            self.dp.command(name, *args)
+
+    def follow(self) -> bool:
+        """A follower rank's whole life: run the leader's commands until it says stop;
+        returns what the leader's run returned (did the run get to its end)."""
+        calls = {"train": self._train, "save": self._save, "weights": self._weights}
+        while True:
+            name, args = self.dp.receive()
+            if name == STOP:
+                return bool(args[0])
+            calls[name](*args)
+
+    def stop_followers(self, done: bool) -> None:
+        self._lead(STOP, done)
+
     def train(self, exps: list[Any], step: int) -> dict[str, float]:
-        metrics = self.runner.run(exps, step)
+        """Train on batch ``step`` (every rank on its share of the rows); the whole batch's metrics."""
+        self._lead("train", exps, step)
+        return self._train(exps, step)
+
+    def _train(self, exps: list[Any], step: int) -> dict[str, float]:
+        metrics = self.runner.run(exps, step, dp=self.dp)
+        metrics.update(batch_metrics(exps, step))
         self.step = step
         self.consumed += len(exps)
-        with open(self.job / STEPS_LOG, "a") as f:
-            f.write(json.dumps({"step": step, "ids": [e.id for e in exps], "pid": os.getpid()}) + "\n")
+        if self.engine.rank == 0:
+            with open(self.job / STEPS_LOG, "a") as f:
+                f.write(json.dumps({"step": step, "ids": [e.id for e in exps], "pid": os.getpid(),
+                                    "world": self.engine.world_size}) + "\n")
         return metrics
+
+    def weights(self) -> list[tuple[str, Any]]:
+        """The full weights (name, tensor) for a weight sync; ZeRO-3 gathers them from every rank."""
+        if getattr(self.engine, "zero_stage", 0) == 3:
+            self._lead("weights")
+        return self._weights()
+
+    def _weights(self) -> list[tuple[str, Any]]:
+        return list(self.engine.named_tensors())
 
     def has_hf_checkpoint(self) -> bool:
         """Is there a Hugging Face folder of the current step (what the next stage loads)?"""
         return ckpt.hf_weights_complete(ckpt.hf_dir(self.job, self.step))
 
     def save(self, final: bool) -> Path:
-        """Checkpoint this step; with several processes every rank calls it (ZeRO-3 gathers
-        the weights collectively, and each rank saves its own optimizer partition and RNG)."""
+        """Checkpoint this step: every rank takes part (ZeRO-3 gathers the weights
+        collectively, and each rank saves its own optimizer partition and RNG)."""
+        self._lead("save", final)
+        return self._save(final)
+
+    def _save(self, final: bool) -> Path:
         t = self.cfg.trainer
         hf = t.save_hf_checkpoint == "always" or (t.save_hf_checkpoint == "last" and final)
         state = {"engine": self.engine.optimizer_state(), "rng": ckpt.capture_rng_state(),
@@ -203,10 +247,23 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> 
     """Train until the input is exhausted or ``total_steps``; True when it got there (False:
     stopped early by ``stop``, or SIGTERM/SIGINT when no ``stop`` is given)."""
     own_stop = stop is None
-    from roles.synchronizer.client import TrainerSyncClient
-
     stop = stop or asyncio.Event()
     trainer = await asyncio.to_thread(Trainer, cfg)
+    if trainer.dp is not None and not trainer.dp.leader:
+        log.info("trainer_follower_started", rank=trainer.dp.rank, world=trainer.dp.world, step=trainer.step)
+        return await asyncio.to_thread(trainer.follow)
+    # An error here ends this process, and its closed sockets fail the followers' next
+    # collective: telling them to stop could meet them inside another collective.
+    done = await _lead_run(cfg, trainer, stop, own_stop)
+    if trainer.dp is not None:
+        await asyncio.to_thread(trainer.stop_followers, done)
+    return done
+
+
+async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, own_stop: bool) -> bool:
+    """The trainer's bus loop (rank 0 alone talks to the bus)."""
+    from roles.synchronizer.client import TrainerSyncClient
+
     nc = await bus.connect(cfg.nats, name="trainer")
     js = bus.jetstream(nc, cfg.nats)
     await bus.ensure_streams(js, cfg.nats, cfg.run_id)

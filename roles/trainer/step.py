@@ -20,6 +20,7 @@ from ops.logits import entropy_from_logits, logprobs_from_logits
 from schemas.data import Experience
 
 from .batch import Batch, collate, micro_batches, per_micro_batch
+from .ranks import shard_rows
 
 
 def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -68,14 +69,31 @@ class StepRunner:
         self.kl_coef = float(spec.kl_penalty_fn_args.get("kl_coef", 0.001))
 
     @torch.no_grad()
-    def _batch_logprobs(self, model: Any, batch: Batch, mbs: list[list[int]]) -> torch.Tensor:
-        return per_micro_batch(batch, mbs, lambda mb: token_logprobs(model, mb, self.temperature, False)[0])
+    def _batch_logprobs(self, model: Any, batch: Batch, mbs: list[list[int]], dp: Any = None,
+                        fillers: int = 0) -> torch.Tensor:
+        """``model``'s log-probs of the rows in ``mbs`` (B x T, zeros elsewhere); with several
+        ranks each computes its rows and the sum is every row. ``fillers``: forwards whose
+        result is dropped, for a model whose forward is collective (ZeRO-3) on a rank with
+        fewer micro-batches than the others."""
+        def fn(mb: Batch) -> torch.Tensor:
+            return token_logprobs(model, mb, self.temperature, False)[0]
 
-    def _advantages_in_trainer(self, batch: Batch, mbs: list[list[int]],
-                               ref_all: torch.Tensor | None) -> tuple[torch.Tensor | None, dict[str, float]]:
+        out = per_micro_batch(batch, mbs, fn)
+        for _ in range(fillers):
+            fn(batch.select(self._filler(batch, mbs)))
+        return out if dp is None else dp.sum_tensor(out)
+
+    def _filler(self, batch: Batch, mbs: list[list[int]]) -> list[int]:
+        """Rows to run a weightless micro-batch on (any will do: its loss is multiplied by 0)."""
+        return mbs[0] if mbs else ([0, 1] if self.spec.policy_loss_fn == "dpo" else [0])
+
+    def _advantages_in_trainer(self, batch: Batch, mbs: list[list[int]], ref_all: torch.Tensor | None,
+                               dp: Any = None, fillers: int = 0) -> tuple[torch.Tensor | None, dict[str, float]]:
         """Advantages that need the whole batch, the critic or the reference model: values
         (critic), the KL penalty in the reward (reference vs the sampler's log-probs), then
-        the advantage function. Returns the values (the critic's old predictions) and metrics."""
+        the advantage function. Returns the values (the critic's old predictions) and metrics.
+        With several ranks each has the whole batch's inputs by now, so each computes the
+        same advantages (and adaptive KL coefficient) as one process would."""
         spec = self.spec
         if not (spec.advantage_fn and spec.compute_advantage_in_trainer):
             return None, {}
@@ -84,8 +102,9 @@ class StepRunner:
         rewards = batch.rewards
         if spec.kl_penalty_fn != "none":
             old = batch.old_logprob
-            if not bool(batch.has_old.all()):
-                old = torch.where(batch.has_old.unsqueeze(-1), old, self._batch_logprobs(self.engine, batch, mbs))
+            if not bool(batch.has_old.all()):  # the whole batch: every rank decides the same
+                old = torch.where(batch.has_old.unsqueeze(-1), old,
+                                  self._batch_logprobs(self.engine, batch, mbs, dp, fillers))
             args = {**spec.kl_penalty_fn_args, "kl_coef": self.kl_coef}
             rewards, km = kl_penalty(rewards, old, ref_all, batch.action_mask, kl_fn=spec.kl_penalty_fn, **args)
             self.kl_coef = km.get("next_kl_coef", self.kl_coef)
@@ -98,29 +117,45 @@ class StepRunner:
         metrics.update({f"advantage/{k}": v for k, v in res.metrics.items()})
         return values, metrics
 
-    def run(self, exps: list[Experience], step: int) -> dict[str, float]:
-        """Train on ``exps`` as step ``step``; returns the step's metrics."""
+    def run(self, exps: list[Experience], step: int, dp: Any = None) -> dict[str, float]:
+        """Train on ``exps`` as step ``step``; returns the step's metrics.
+
+        With several processes (``dp``, a :class:`~roles.trainer.ranks.DataParallel`) every
+        rank calls this with the whole batch and trains on its share of the rows. Each
+        micro-batch is weighted by its share of the whole batch's tokens (or sequences) times
+        the number of ranks, since DeepSpeed averages the ranks' gradients: the update is the
+        one a single process would make on the whole batch, and so are the metrics."""
         t0 = time.perf_counter()
         batch = collate(exps, self.pad)
         lengths = batch.attention_mask.sum(-1).tolist()
-        mbs = micro_batches(lengths, use_dynamic_bsz=self.use_dynamic_bsz, max_token_len=self.max_token_len,
-                            micro_batch_size=self.micro_batch_size, pair=self.spec.policy_loss_fn == "dpo")
+        pair = self.spec.policy_loss_fn == "dpo"
+        mine = list(range(batch.size)) if dp is None else shard_rows(lengths, dp.rank, dp.world, pair)
+        local = micro_batches([lengths[r] for r in mine], use_dynamic_bsz=self.use_dynamic_bsz,
+                              max_token_len=self.max_token_len, micro_batch_size=self.micro_batch_size, pair=pair)
+        mbs = [[mine[i] for i in mb] for mb in local]
+        # every rank runs as many micro-batches as the one with most: ZeRO's collectives run
+        # inside each forward/backward, so the short ranks add weightless ones
+        n_mb = len(mbs) if dp is None else dp.max(len(mbs))
+        fillers = n_mb - len(mbs)
         # the reference model's log-probs, once for the step: the KL penalty in the reward and
         # the policy loop (KL loss, DPO) both use them; critic-warmup steps need them only for
         # the penalty
         needs_ref = self.spec.kl_penalty_fn != "none" or step > self.critic_warmup
-        ref_all = self._batch_logprobs(self.ref, batch, mbs) if self.ref is not None and needs_ref else None
-        old_values, extra = self._advantages_in_trainer(batch, mbs, ref_all)
+        ref_all = self._batch_logprobs(self.ref, batch, mbs, dp) if self.ref is not None and needs_ref else None
+        old_values, extra = self._advantages_in_trainer(batch, mbs, ref_all, dp, fillers)
         if self.critic is not None and old_values is not None:
             extra.update(self.critic.update(batch, mbs, old_values))
         if step <= self.critic_warmup:  # PPO: the critic learns first, the actor waits
             return {**extra, "critic_warmup": 1.0, "step_time_s": time.perf_counter() - t0}
+        seq_mode = self.spec.loss_agg_mode != "token-mean" or pair
         token_total = max(int(batch.action_mask.sum()), 1)
-        seq_mode = self.spec.loss_agg_mode != "token-mean" or self.spec.policy_loss_fn == "dpo"
+        world = 1 if dp is None else dp.world
         sums: dict[str, float] = defaultdict(float)
-        for i, rows in enumerate(mbs):
+        filler = self._filler(batch, mbs)
+        for i in range(n_mb):
+            rows = mbs[i] if i < len(mbs) else filler
             mb = batch.select(rows)
-            w = len(rows) / batch.size if seq_mode else int(mb.action_mask.sum()) / token_total
+            share = 0.0 if i >= len(mbs) else (len(rows) / batch.size if seq_mode else int(mb.action_mask.sum()) / token_total)
             ref_lp = None if ref_all is None else ref_all[torch.as_tensor(rows)]
             lp, ent = token_logprobs(self.engine, mb, self.temperature, self.with_entropy)
             old = torch.where(mb.has_old.unsqueeze(-1), mb.old_logprob, lp.detach())
@@ -137,24 +172,36 @@ class StepRunner:
                 m.update(em)
             elif ent is not None:
                 m["entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
-            if i < len(mbs) - 1 and hasattr(self.engine, "engine"):  # DeepSpeed: accumulate
-                self.engine.backward(loss * w, last=False)
+            if i < n_mb - 1 and hasattr(self.engine, "engine"):  # DeepSpeed: accumulate
+                self.engine.backward(loss * (share * world), last=False)
             else:
-                self.engine.backward(loss * w)
+                self.engine.backward(loss * (share * world))
             m["loss"] = float(loss.detach())
             for k, v in m.items():
-                sums[k] += w * float(v)
+                sums[k] += share * float(v)
         grad_norm = self.engine.step()
+        if dp is not None:  # each rank's parts are weighted by its share of the whole batch
+            total: dict[str, float] = defaultdict(float)
+            for part in dp.gather(dict(sums)):
+                for k, v in part.items():
+                    total[k] += v
+            sums = total
         dt = time.perf_counter() - t0
         out = {**sums, **extra}
         out.update({
-            "grad_norm": grad_norm, "lr": self.engine.lr, "batch_size": float(len(exps)),
-            "micro_batches": float(len(mbs)), "tokens": float(batch.num_tokens),
-            "tokens_per_s": batch.num_tokens / max(dt, 1e-9), "step_time_s": dt,
-            "reward_mean": float(batch.rewards.mean()),
+            "grad_norm": grad_norm, "lr": self.engine.lr, "micro_batches": float(n_mb),
+            "tokens": float(batch.num_tokens), "tokens_per_s": batch.num_tokens / max(dt, 1e-9), "step_time_s": dt,
         })
-        versions = [e.model_version for e in exps if e.chosen is None and not e.info.get("is_expert")]
-        if versions:
-            out["staleness_mean"] = float(step - 1 - sum(versions) / len(versions))
-            out["staleness_max"] = float(step - 1 - min(versions))
         return out
+
+
+def batch_metrics(exps: list[Experience], step: int) -> dict[str, float]:
+    """What a step's metrics say about the batch itself (size, reward, staleness: how many
+    versions behind the trainer the experiences were generated), over the whole batch."""
+    out = {"batch_size": float(len(exps)),
+           "reward_mean": sum(float(e.reward or 0.0) for e in exps) / max(len(exps), 1)}
+    versions = [e.model_version for e in exps if e.chosen is None and not e.info.get("is_expert")]
+    if versions:
+        out["staleness_mean"] = float(step - 1 - sum(versions) / len(versions))
+        out["staleness_max"] = float(step - 1 - min(versions))
+    return out

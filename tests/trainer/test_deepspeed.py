@@ -111,3 +111,56 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_m
         (p,) = launch("resumed", 1)
         log = (tmp_path / "resumed0.log").read_text()
         assert p.returncode != 0 and "resume with as many as saved it" in log, log[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_ranks_train_as_one_process_on_the_whole_batch(tmp_path, tiny_model, stage):
+    """The real Trainer with two processes, rank 0 leading: each rank trains its share of
+    every batch (unequal shares, so unequal micro-batch counts, padded with weightless ones)
+    and the result is what one process makes of the whole batch: same weights, loss and
+    gradient norm (Adam hides a gradient's scale in the weights; the norm shows it). The
+    advantages are computed in the trainer (KL penalty in the reward) from every rank's
+    reference log-probs; a few experiences lack the sampler's log-probs, so the policy's
+    forward (collective under ZeRO-3) runs for them on every rank."""
+    import torch
+
+    from .helpers import write_config
+
+    _drop_stale_lock()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
+    env.update(TORCH_EXTENSIONS_DIR=EXT_DIR, OMP_NUM_THREADS="1")
+    for world in (1, 2):
+        cfg = write_config(
+            tmp_path / f"dp{world}.yaml", project="t", name="dp", checkpoint_root_dir=str(tmp_path / f"ckpt{world}"),
+            model={"model_path": str(tiny_model), "max_model_len": 128},
+            algorithm={"algorithm_type": "grpo", "repeat_times": 4, "kl_penalty_fn": "k1", "kl_loss_fn": "k2",
+                       "optimizer": {"lr": 1e-3}},
+            trainer={"trainer_type": "deepspeed", "deepspeed": {"zero_stage": stage}, "save_hf_checkpoint": "never",
+                     "use_dynamic_bsz": False, "micro_batch_size_per_gpu": 1},
+            buffer={"batch_size": 3, "total_steps": 3},
+        )
+        port = str(_port())
+        procs = []
+        for rank in range(world):
+            e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=port)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.trainer.ds_dp_peer", str(cfg), str(tmp_path)], cwd=ROOT, env=e,
+                stdout=open(tmp_path / f"w{world}r{rank}.log", "wb"), stderr=subprocess.STDOUT))
+        for rank, p in enumerate(procs):
+            p.wait(900)
+            assert p.returncode == 0, (world, rank, (tmp_path / f"w{world}r{rank}.log").read_text()[-3000:])
+    one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
+    assert one.keys() == two.keys()
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=1e-4), (k, float((one[k] - two[k]).abs().max()))
+    m1, m2 = (json.loads((tmp_path / f"world{w}.json").read_text()) for w in (1, 2))
+    for a, b in zip(m1, m2, strict=True):
+        # 12 rows, one per micro-batch: more than 6 on a rank means the other ran fillers
+        assert a["micro_batches"] == 12 and b["micro_batches"] > 6, (a["micro_batches"], b["micro_batches"])
+        for key in ("loss", "grad_norm", "kl_penalty/kl", "pg_loss", "tokens", "batch_size"):
+            assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (key, a[key], b[key])
+    actor = tmp_path / "ckpt2" / "t" / "dp" / "global_step_3" / "actor"
+    assert sorted(p.name for p in actor.glob("trainer_state*.pt")) == [
+        "trainer_state_world_size_2_rank_0.pt", "trainer_state_world_size_2_rank_1.pt"]

@@ -116,3 +116,37 @@ def test_batch_protocol_round_trip_and_errors():
     rep = BatchReply.unpack(BatchReply(3, [codec.encode(e)], [2], 8).pack())
     assert rep.partial and rep.experiences()[0].id == e.id and rep.experiences()[0].info["use_count"] == 2
     assert np.array_equal(rep.experiences()[0].tokens, e.tokens)
+
+
+def test_shard_rows_splits_by_tokens_keeps_pairs_and_covers_every_row():
+    from roles.trainer.ranks import shard_rows
+
+    lengths = [30, 10, 10, 10, 20, 20]
+    parts = [shard_rows(lengths, r, 2) for r in range(2)]
+    assert sorted(parts[0] + parts[1]) == list(range(6))
+    assert parts == [[0, 1, 2], [3, 4, 5]]  # 50 and 50 tokens, each in batch order
+    pairs = [shard_rows(lengths, r, 2, pair=True) for r in range(2)]
+    assert all(i + 1 in p for p in pairs for i in p if i % 2 == 0)  # chosen with its rejected
+    assert [shard_rows([5], r, 3) for r in range(3)] == [[0], [], []]  # fewer rows than ranks
+
+
+def test_trainer_processes_follow_the_cluster_split(tmp_path):
+    from roles.cli import launch_trainer_ranks
+    from roles.trainer.ranks import trainer_processes
+    from schemas.config import TrinityConfig
+
+    def cfg(**kw):
+        base = {"mode": "both", "cluster": {"gpu_per_node": 8},
+                "explorer": {"rollout_model": {"engine_num": 2, "tensor_parallel_size": 2}}}
+        base.update(kw)
+        return TrinityConfig.model_validate(base)
+
+    assert trainer_processes(cfg()) == (4, 4)  # explorer GPUs first, the trainer the rest
+    assert trainer_processes(cfg(mode="train")) == (8, 0)
+    assert trainer_processes(cfg(cluster={"gpu_per_node": 0})) == (1, 0)
+    with pytest.raises(ValueError, match="cluster.gpu_per_node: 4 GPU.*none to the trainer"):
+        trainer_processes(cfg(cluster={"gpu_per_node": 4}))
+    with pytest.raises(ValueError, match="cluster.node_num"):
+        trainer_processes(cfg(cluster={"gpu_per_node": 8, "node_num": 2}))
+    with pytest.raises(ValueError, match="trainer.trainer_type: 'pytorch' trains in one process"):
+        launch_trainer_ranks(cfg(mode="train", trainer={"trainer_type": "pytorch"}))

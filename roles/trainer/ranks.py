@@ -1,0 +1,134 @@
+"""Several trainer processes: data parallelism under ``torchrun`` or the DeepSpeed launcher.
+
+Why one leader: the trainer's bus conversation (batch requests, commits, metrics, KV, the
+sync client) stays one conversation, as with one process. Rank 0 holds it and tells the other
+ranks what to do over a gloo group of their own: the Trainer's collective methods (train this
+batch, save, gather the weights) and stop. Every rank gets the whole batch and trains on its
+share of the rows (:func:`shard_rows`); DeepSpeed averages the gradients across ranks.
+
+Why every rank runs the same number of micro-batches (:meth:`DataParallel.max`): ZeRO-2 and
+ZeRO-3 reduce gradients (ZeRO-3 also gathers parameters) inside every backward/forward, so
+a rank with one micro-batch fewer would leave the others waiting forever. The short ones run
+extra micro-batches with weight zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# Followers wait on the leader while it waits for data, which may take long in a slow run. A
+# leader that dies closes its sockets, which fails the followers' wait at once; this bound is
+# only for a leader that hangs.
+CONTROL_TIMEOUT = timedelta(days=7)
+
+STOP = "stop"
+
+
+def shard_rows(lengths: Sequence[int], rank: int, world: int, pair: bool = False) -> list[int]:
+    """The rows of a batch this rank trains on, in batch order (pure: every rank computes the
+    same split). Rows go largest first to the rank with the fewest tokens so far, so ranks
+    finish their micro-batches at about the same time; ``pair`` keeps rows 2k and 2k+1 on one
+    rank (DPO's chosen and rejected). A rank gets nothing when there are fewer rows than ranks."""
+    unit = 2 if pair else 1
+    units = [list(range(i, min(i + unit, len(lengths)))) for i in range(0, len(lengths), unit)]
+    loads = [0] * world
+    mine: list[int] = []
+    for u in sorted(units, key=lambda u: -sum(lengths[i] for i in u)):  # stable: ties keep order
+        r = min(range(world), key=lambda i: (loads[i], i))
+        loads[r] += sum(lengths[i] for i in u)
+        if r == rank:
+            mine += u
+    return sorted(mine)
+
+
+class DataParallel:
+    """The trainer ranks' control group (gloo, also on GPU: commands and metrics are small
+    Python objects on the CPU) and the few collectives a step needs."""
+
+    def __init__(self) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("several trainer processes need torch.distributed (the DeepSpeed engine starts it)")
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.group = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def command(self, name: str, *args: Any) -> None:
+        """Leader: tell every follower to call ``name(*args)``."""
+        dist.broadcast_object_list([(name, args)], src=0, group=self.group)
+
+    def receive(self) -> tuple[str, tuple]:
+        """Follower: wait for the leader's next command."""
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def max(self, n: int) -> int:
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t.item())
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        t = torch.tensor(list(values), dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return t.tolist()
+
+    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's tensor added up (rows each rank filled, zeros elsewhere: the whole)."""
+        out = t.detach().cpu().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        return out.to(t.device)
+
+    def gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+def trainer_processes(cfg: Any) -> tuple[int, int]:
+    """(processes, first GPU) for the trainer on this node: one process per GPU the explorer
+    leaves it, as Trinity-RFT splits ``cluster.gpu_per_node`` (the rollout engines take
+    ``engine_num * tensor_parallel_size`` GPUs, the trainer the rest; ``train`` mode has no
+    explorer and ``colocate`` shares the GPUs). One process without GPUs (``gpu_per_node: 0``)."""
+    c = cfg.cluster
+    if c.gpu_per_node <= 0:
+        return 1, 0
+    rm = cfg.explorer.rollout_model
+    explorer = rm.engine_num * rm.tensor_parallel_size if cfg.mode == "both" else 0
+    n = c.gpu_per_node - explorer
+    if n < 1:
+        raise ValueError(
+            f"cluster.gpu_per_node: {c.gpu_per_node} GPU(s) leave none to the trainer after the explorer's "
+            f"{explorer} (explorer.rollout_model.engine_num x tensor_parallel_size)")
+    if n > 1 and c.node_num > 1:
+        raise ValueError(
+            f"cluster.node_num: {c.node_num} nodes: start the trainer on each node under torchrun yourself "
+            "(torchrun --nnodes ... -m roles.cli trainer --config ...); trinity starts one node's ranks only")
+    return n, explorer
+
+
+def exec_ranks(n: int, first_gpu: int, argv: Sequence[str]) -> None:
+    """Replace this process by ``torchrun`` running ``n`` trainer processes with ``argv``
+    (``trainer --config ...``). Why exec: the process keeps its pid, so the supervisor's and
+    honcho's signals reach torchrun, which passes them on to every rank. Each rank then has
+    ``RANK``/``WORLD_SIZE``, and the trainer's GPUs are made the visible ones (the explorer's
+    come first) unless ``CUDA_VISIBLE_DEVICES`` already says which."""
+    import os
+    import sys
+
+    env = dict(os.environ)
+    if torch.cuda.is_available() and "CUDA_VISIBLE_DEVICES" not in env:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first_gpu + i) for i in range(n))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+           "-m", "roles.cli", *argv]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(sys.executable, cmd, env)
