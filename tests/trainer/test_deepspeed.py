@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from .helpers import ROOT
 
@@ -97,7 +98,6 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_m
     for mode in ("first", "resumed"):
         for rank, p in enumerate(launch(mode, world)):
             assert p.returncode == 0, (mode, rank, (tmp_path / f"{mode}{rank}.log").read_text()[-3000:])
-    import torch
 
     tags = [""] if world == 1 else [f"_rank{r}" for r in range(world)]
     for tag in tags:
@@ -113,18 +113,9 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_m
         assert p.returncode != 0 and "resume with as many as saved it" in log, log[-3000:]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_two_ranks_train_as_one_process_on_the_whole_batch(tmp_path, tiny_model, stage):
-    """The real Trainer with two processes, rank 0 leading: each rank trains its share of
-    every batch (unequal shares, so unequal micro-batch counts, padded with weightless ones)
-    and the result is what one process makes of the whole batch: same weights, loss and
-    gradient norm (Adam hides a gradient's scale in the weights; the norm shows it). The
-    advantages are computed in the trainer (KL penalty in the reward) from every rank's
-    reference log-probs; a few experiences lack the sampler's log-probs, so the policy's
-    forward (collective under ZeRO-3) runs for them on every rank."""
-    import torch
-
+def _one_and_two_ranks(tmp_path: Path, tiny_model: Path, stage: int) -> tuple[dict, dict, list, list]:
+    """Train three batches with the real Trainer as one process and as two (rank 0 leading;
+    ``tests/trainer/ds_dp_peer.py``); the leader's final weights and metrics of each."""
     from .helpers import write_config
 
     _drop_stale_lock()
@@ -152,10 +143,24 @@ def test_two_ranks_train_as_one_process_on_the_whole_batch(tmp_path, tiny_model,
             p.wait(900)
             assert p.returncode == 0, (world, rank, (tmp_path / f"w{world}r{rank}.log").read_text()[-3000:])
     one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
+    m1, m2 = (json.loads((tmp_path / f"world{w}.json").read_text()) for w in (1, 2))
+    return one, two, m1, m2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_ranks_train_as_one_process_on_the_whole_batch(tmp_path, tiny_model, stage):
+    """The real Trainer with two processes, rank 0 leading: each rank trains its share of
+    every batch (unequal shares, so unequal micro-batch counts, padded with weightless ones)
+    and the result is what one process makes of the whole batch: same weights, loss and
+    gradient norm (Adam hides a gradient's scale in the weights; the norm shows it). The
+    advantages are computed in the trainer (KL penalty in the reward) from every rank's
+    reference log-probs; a few experiences lack the sampler's log-probs, so the policy's
+    forward (collective under ZeRO-3) runs for them on every rank."""
+    one, two, m1, m2 = _one_and_two_ranks(tmp_path, tiny_model, stage)
     assert one.keys() == two.keys()
     for k in one:
         assert torch.allclose(one[k], two[k], atol=1e-4), (k, float((one[k] - two[k]).abs().max()))
-    m1, m2 = (json.loads((tmp_path / f"world{w}.json").read_text()) for w in (1, 2))
     for a, b in zip(m1, m2, strict=True):
         # 12 rows, one per micro-batch: more than 6 on a rank means the other ran fillers
         assert a["micro_batches"] == 12 and b["micro_batches"] > 6, (a["micro_batches"], b["micro_batches"])
@@ -164,3 +169,18 @@ def test_two_ranks_train_as_one_process_on_the_whole_batch(tmp_path, tiny_model,
     actor = tmp_path / "ckpt2" / "t" / "dp" / "global_step_3" / "actor"
     assert sorted(p.name for p in actor.glob("trainer_state*.pt")) == [
         "trainer_state_world_size_2_rank_0.pt", "trainer_state_world_size_2_rank_1.pt"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two NVIDIA GPUs")
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_gpus_train_as_one_gpu_on_the_whole_batch(tmp_path, tiny_model, stage):
+    """The same on two GPUs: NCCL under DeepSpeed, bf16 (the engine's choice on a GPU), the
+    control group still gloo. bf16 rounds differently when the batch is split, so the bounds
+    are bf16's, not fp32's."""
+    one, two, m1, m2 = _one_and_two_ranks(tmp_path, tiny_model, stage)
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=2e-2), (k, float((one[k] - two[k]).abs().max()))
+    for a, b in zip(m1, m2, strict=True):
+        for key in ("loss", "grad_norm", "kl_penalty/kl"):
+            assert abs(a[key] - b[key]) <= 5e-2 * max(1.0, abs(a[key])), (key, a[key], b[key])
