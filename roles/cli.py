@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trinity",
         description="Reinforcement fine-tuning of LLMs: explorer, buffer, trainer and synchronizer on NATS JetStream.",
     )
+    # the DeepSpeed launcher passes --local_rank=N before the command (LOCAL_RANK says the same)
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in HELP.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

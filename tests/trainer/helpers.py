@@ -20,12 +20,14 @@ def write_config(path: Path, **sections: Any) -> Path:
     return path
 
 
-def start_role(role: str, config: Path, log: Path, **env: str) -> subprocess.Popen:
-    """``python -m roles.cli <role> --config <config>`` with output to ``log``."""
+def start_role(role: str, config: Path, log: Path, launcher: list[str] | None = None, **env: str) -> subprocess.Popen:
+    """``python -m roles.cli <role> --config <config>`` with output to ``log``; ``launcher``:
+    a command that takes a module instead (``[deepspeed, ..., --module]``)."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
     full.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}, **env)
+    head = [*launcher] if launcher else [sys.executable, "-m"]
     return subprocess.Popen(
-        [sys.executable, "-m", "roles.cli", role, "--config", str(config)],
+        [*head, "roles.cli", role, "--config", str(config)],
         cwd=ROOT, env=full, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
     )
 

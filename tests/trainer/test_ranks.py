@@ -1,7 +1,8 @@
 """The trainer role with two processes, as a user starts it: ``trinity trainer`` sees that
-``cluster`` gives it two devices, becomes ``torchrun`` over two ranks of itself (DeepSpeed
-ZeRO-2 on the CPU accelerator), and with a real buffer on a real nats-server trains every
-published experience exactly once, checkpointing each rank's optimizer partition."""
+``cluster`` gives it two devices and becomes ``torchrun`` over two ranks of itself, or the
+DeepSpeed launcher starts two (``deepspeed --num_gpus 2 --module roles.cli trainer``). Either
+way (DeepSpeed ZeRO-2 on the CPU accelerator), with a real buffer on a real nats-server it
+trains every published experience exactly once, checkpointing each rank's optimizer partition."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +25,15 @@ pytest.importorskip("deepspeed")
 STEPS, BATCH, GROUP = 3, 8, 4
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.mark.slow
-def test_trainer_role_runs_two_ranks_under_torchrun(tmp_path, nats_cfg, run_id, tiny_model):
+@pytest.mark.parametrize("launcher", ["trinity", "deepspeed"])
+def test_trainer_role_runs_two_ranks(tmp_path, nats_cfg, run_id, tiny_model, launcher):
     from .test_deepspeed import EXT_DIR, _drop_stale_lock
 
     _drop_stale_lock()
@@ -31,7 +41,8 @@ def test_trainer_role_runs_two_ranks_under_torchrun(tmp_path, nats_cfg, run_id, 
     cfg = write_config(
         tmp_path / "cfg.yaml",
         project=project, name=name, mode="train", checkpoint_root_dir=str(tmp_path / "ckpt"),
-        cluster={"gpu_per_node": 2},  # on this CPU machine: two trainer processes
+        # trinity: on this CPU machine, two trainer processes; deepspeed: its launcher decides
+        cluster={"gpu_per_node": 2 if launcher == "trinity" else 0},
         model={"model_path": str(tiny_model)},
         algorithm={"algorithm_type": "grpo", "repeat_times": GROUP, "optimizer": {"lr": 1e-3}},
         buffer={"batch_size": BATCH // GROUP, "train_batch_size": BATCH, "total_steps": STEPS,
@@ -44,7 +55,12 @@ def test_trainer_role_runs_two_ranks_under_torchrun(tmp_path, nats_cfg, run_id, 
     job = tmp_path / "ckpt" / project / name
     published = groups(run_id, 0, STEPS * BATCH // GROUP)
     buffer = start_role("buffer", cfg, tmp_path / "buffer.log")
-    trainer = start_role("trainer", cfg, tmp_path / "trainer.log", TORCH_EXTENSIONS_DIR=EXT_DIR)
+    if launcher == "trinity":
+        trainer = start_role("trainer", cfg, tmp_path / "trainer.log", TORCH_EXTENSIONS_DIR=EXT_DIR)
+    else:
+        trainer = start_role("trainer", cfg, tmp_path / "trainer.log", TORCH_EXTENSIONS_DIR=EXT_DIR,
+                             launcher=[str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2",
+                                       "--master_port", str(_free_port()), "--module"])
     try:
         asyncio.run(publish(nats_cfg, run_id, published))
         trainer.wait(600)
