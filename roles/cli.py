@@ -171,15 +171,13 @@ def launch_trainer_ranks(cfg: Any) -> None:
     (``RANK`` is set)."""
     if "RANK" in os.environ:
         return
-    from roles.trainer.main import engine_kind
+    from roles.trainer.main import require_engine_for
     from roles.trainer.ranks import exec_ranks, trainer_processes
 
     n, first_gpu = trainer_processes(cfg)
     if n == 1:
         return
-    if engine_kind(cfg) != "deepspeed":
-        raise ValueError(f"trainer.trainer_type: {engine_kind(cfg)!r} trains in one process, but "
-                         f"cluster.gpu_per_node gives the trainer {n} GPUs; use deepspeed")
+    require_engine_for(cfg, n, f"cluster.gpu_per_node gives the trainer {n} GPUs")
     exec_ranks(n, first_gpu, sys.argv[1:])
 
 

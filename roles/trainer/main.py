@@ -51,13 +51,18 @@ def total_steps(cfg: TrinityConfig) -> int | None:
 
 def launch_rank(cfg: TrinityConfig) -> tuple[int, int]:
     """(rank, world size) the launcher gave this trainer process (``deepspeed``/``torchrun``
-    set ``RANK``/``WORLD_SIZE``); (0, 1) alone. Several processes need the DeepSpeed engine."""
+    set ``RANK``/``WORLD_SIZE``); (0, 1) alone."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and engine_kind(cfg) != "deepspeed":
-        raise ValueError(
-            f"trainer.trainer_type: {engine_kind(cfg)!r} trains in one process, but WORLD_SIZE={world}; "
-            "use deepspeed for several")
+    require_engine_for(cfg, world, f"WORLD_SIZE={world}")
     return rank, world
+
+
+def require_engine_for(cfg: TrinityConfig, processes: int, why: str) -> None:
+    """Several trainer processes need the DeepSpeed engine (PyTorch trains in one); ``why``
+    says where the number came from."""
+    if processes > 1 and engine_kind(cfg) != "deepspeed":
+        raise ValueError(
+            f"trainer.trainer_type: {engine_kind(cfg)!r} trains in one process, but {why}; use deepspeed")
 
 
 def engine_kind(cfg: TrinityConfig) -> str:

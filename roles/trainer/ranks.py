@@ -14,6 +14,8 @@ extra micro-batches with weight zero.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -76,11 +78,6 @@ class DataParallel:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return int(t.item())
 
-    def sum(self, values: Sequence[float]) -> list[float]:
-        t = torch.tensor(list(values), dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
-        return t.tolist()
-
     def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
         """Every rank's tensor added up (rows each rank filled, zeros elsewhere: the whole)."""
         out = t.detach().cpu().clone()
@@ -121,9 +118,6 @@ def exec_ranks(n: int, first_gpu: int, argv: Sequence[str]) -> None:
     honcho's signals reach torchrun, which passes them on to every rank. Each rank then has
     ``RANK``/``WORLD_SIZE``, and the trainer's GPUs are made the visible ones (the explorer's
     come first) unless ``CUDA_VISIBLE_DEVICES`` already says which."""
-    import os
-    import sys
-
     env = dict(os.environ)
     if torch.cuda.is_available() and "CUDA_VISIBLE_DEVICES" not in env:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first_gpu + i) for i in range(n))
