@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +31,18 @@ def start_role(role: str, config: Path, log: Path, launcher: list[str] | None = 
         [*head, "roles.cli", role, "--config", str(config)],
         cwd=ROOT, env=full, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
     )
+
+
+def stop_roles(*procs: subprocess.Popen) -> None:
+    """SIGTERM every role still running, then wait; SIGKILL one that does not stop in 30 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def wait_for(pred: Any, timeout: float, what: str, procs: list[subprocess.Popen] = ()) -> Any:

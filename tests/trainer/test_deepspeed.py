@@ -37,22 +37,28 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _run_ranks(args: list[str], world: int, logs: list[Path]) -> list[subprocess.Popen]:
+    """``python -m <args>`` as ``world`` ranks of one job (the launcher's variables set by
+    hand), output to ``logs[rank]``; waits for all and returns them (callers check exit codes)."""
+    port = str(_port())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
+    env.update(TORCH_EXTENSIONS_DIR=EXT_DIR, OMP_NUM_THREADS="1", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=port)
+    procs = [subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=open(logs[r], "wb"), stderr=subprocess.STDOUT) for r in range(world)]
+    for p in procs:
+        p.wait(900)
+    return procs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage,world", [(1, 1), (2, 1), (1, 2), (2, 2), (3, 1), (3, 2)])
 def test_zero_stage_trains_and_ranks_agree(tmp_path, tiny_model, stage, world):
     _drop_stale_lock()
-    port = str(_port())
-    procs = []
-    for rank in range(world):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, TORCH_EXTENSIONS_DIR=EXT_DIR, OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.trainer.ds_peer", str(tiny_model), str(stage), str(tmp_path)],
-            cwd=ROOT, env=env, stdout=open(tmp_path / f"log{rank}", "wb"), stderr=subprocess.STDOUT))
+    logs = [tmp_path / f"log{rank}" for rank in range(world)]
+    procs = _run_ranks(["tests.trainer.ds_peer", str(tiny_model), str(stage), str(tmp_path)], world, logs)
     for rank, p in enumerate(procs):
-        p.wait(900)
-        assert p.returncode == 0, (tmp_path / f"log{rank}").read_text()[-3000:]
+        assert p.returncode == 0, logs[rank].read_text()[-3000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for r in results:
         assert r["world"] == world and r["moved"] > 1e-4 and r["grad_norm"] > 0
@@ -79,21 +85,10 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_m
         trainer={"trainer_type": "deepspeed", "deepspeed": {"zero_stage": stage}, "save_hf_checkpoint": "never"},
         buffer={"batch_size": 2, "total_steps": 6},
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
-    env.update(TORCH_EXTENSIONS_DIR=EXT_DIR, OMP_NUM_THREADS="1")
 
     def launch(mode: str, n: int) -> list[subprocess.Popen]:
-        port = str(_port())
-        procs = []
-        for rank in range(n):
-            e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=port)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests.trainer.ds_resume_peer", str(cfg), str(tmp_path), mode], cwd=ROOT,
-                env=e, stdout=open(tmp_path / f"{mode}{rank}.log", "wb"), stderr=subprocess.STDOUT))
-        for p in procs:
-            p.wait(900)
-        return procs
+        return _run_ranks(["tests.trainer.ds_resume_peer", str(cfg), str(tmp_path), mode], n,
+                          [tmp_path / f"{mode}{rank}.log" for rank in range(n)])
 
     for mode in ("first", "resumed"):
         for rank, p in enumerate(launch(mode, world)):
@@ -119,8 +114,6 @@ def _one_and_two_ranks(tmp_path: Path, tiny_model: Path, stage: int) -> tuple[di
     from .helpers import write_config
 
     _drop_stale_lock()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
-    env.update(TORCH_EXTENSIONS_DIR=EXT_DIR, OMP_NUM_THREADS="1")
     for world in (1, 2):
         cfg = write_config(
             tmp_path / f"dp{world}.yaml", project="t", name="dp", checkpoint_root_dir=str(tmp_path / f"ckpt{world}"),
@@ -131,17 +124,10 @@ def _one_and_two_ranks(tmp_path: Path, tiny_model: Path, stage: int) -> tuple[di
                      "use_dynamic_bsz": False, "micro_batch_size_per_gpu": 1},
             buffer={"batch_size": 3, "total_steps": 3},
         )
-        port = str(_port())
-        procs = []
-        for rank in range(world):
-            e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=port)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests.trainer.ds_dp_peer", str(cfg), str(tmp_path)], cwd=ROOT, env=e,
-                stdout=open(tmp_path / f"w{world}r{rank}.log", "wb"), stderr=subprocess.STDOUT))
+        logs = [tmp_path / f"w{world}r{rank}.log" for rank in range(world)]
+        procs = _run_ranks(["tests.trainer.ds_dp_peer", str(cfg), str(tmp_path)], world, logs)
         for rank, p in enumerate(procs):
-            p.wait(900)
-            assert p.returncode == 0, (world, rank, (tmp_path / f"w{world}r{rank}.log").read_text()[-3000:])
+            assert p.returncode == 0, (world, rank, logs[rank].read_text()[-3000:])
     one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
     m1, m2 = (json.loads((tmp_path / f"world{w}.json").read_text()) for w in (1, 2))
     return one, two, m1, m2

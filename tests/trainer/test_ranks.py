@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -18,23 +16,17 @@ import pytest
 
 from storage.checkpoints import read_latest
 
-from .helpers import groups, publish, start_role, write_config
+from .helpers import groups, publish, start_role, stop_roles, write_config
 
 pytest.importorskip("deepspeed")
 
 STEPS, BATCH, GROUP = 3, 8, 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["trinity", "deepspeed"])
 def test_trainer_role_runs_two_ranks(tmp_path, nats_cfg, run_id, tiny_model, launcher):
-    from .test_deepspeed import EXT_DIR, _drop_stale_lock
+    from .test_deepspeed import EXT_DIR, _drop_stale_lock, _port
 
     _drop_stale_lock()
     project, name = run_id.split(".", 1)
@@ -60,21 +52,14 @@ def test_trainer_role_runs_two_ranks(tmp_path, nats_cfg, run_id, tiny_model, lau
     else:
         trainer = start_role("trainer", cfg, tmp_path / "trainer.log", TORCH_EXTENSIONS_DIR=EXT_DIR,
                              launcher=[str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2",
-                                       "--master_port", str(_free_port()), "--module"])
+                                       "--master_port", str(_port()), "--module"])
     try:
         asyncio.run(publish(nats_cfg, run_id, published))
         trainer.wait(600)
         log = (tmp_path / "trainer.log").read_text()
         assert trainer.returncode == 0, log[-4000:]
     finally:
-        for p in (trainer, buffer):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in (trainer, buffer):
-            try:
-                p.wait(30)
-            except Exception:
-                p.kill()
+        stop_roles(trainer, buffer)
     entries = [json.loads(line) for line in (job / "trainer_steps.jsonl").read_text().splitlines()]
     assert [e["step"] for e in entries] == list(range(1, STEPS + 1))
     assert {e["world"] for e in entries} == {2}

@@ -13,7 +13,7 @@ import pytest
 
 from storage.checkpoints import read_latest
 
-from .helpers import groups, publish, start_role, wait_for, write_config
+from .helpers import groups, publish, start_role, stop_roles, wait_for, write_config
 
 STEPS, BATCH, GROUP = 5, 8, 4  # 2 groups of 4 per step
 
@@ -58,14 +58,7 @@ def test_sigkill_trainer_resumes_without_repeating_or_skipping(tmp_path, nats_cf
         trainer.wait(240)
         assert trainer.returncode == 0, (tmp_path / "trainer2.log").read_text()[-3000:]
     finally:
-        for p in (trainer, buffer):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in (trainer, buffer):
-            try:
-                p.wait(30)
-            except Exception:
-                p.kill()
+        stop_roles(trainer, buffer)
     entries = _steps(steps_log)
     pids = {e["pid"] for e in entries}
     assert len(pids) == 2, "the second trainer did not train"
