@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import nats
 import nats.errors
 import structlog
+from nats.aio.client import _HEADER_KEY_RE, _HEADER_VALUE_NEWLINES
 from nats.aio.client import Client as NATS
 
 from schemas.config import NatsConfig
@@ -35,14 +36,20 @@ BACKOFF_CAP = 10.0
 
 
 class Client(NATS):
-    """nats-py's client with a faster header parser, and nothing else changed.
+    """nats-py's client with a faster header parser and publish command, nothing else changed.
 
     Why: nats-py (2.16) parses every message's headers in Python and checks each header
     name for whitespace one character at a time in a generator. With the seven readable
     headers an experience group carries that is ~70 us per message, a tenth of what a
-    consumer spends on a 65 KB group. This parser gives the same result (names are ASCII,
-    stripped, without inner whitespace; values stripped, UTF-8 with replacement); without
-    it nothing breaks, consuming is only slower."""
+    consumer spends on a 65 KB group. Publishing, it checks each header name with a regex
+    and builds the command by adding bytes to bytes, copying a 65 KB payload twice.
+
+    These two methods give the same results (tests compare them with nats-py's on arbitrary
+    input): names are ASCII, stripped, without inner whitespace; values stripped, UTF-8 with
+    replacement; the same HPUB bytes, built with one copy of the payload, a header name
+    checked once per client. Without them nothing breaks, the bus is only slower."""
+
+    _good_header_names: frozenset[str] = frozenset()
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
@@ -59,6 +66,45 @@ class Client(NATS):
                 continue
             out[key] = value.strip().decode("utf-8", "replace")
         return out
+
+    def _header_block(self, headers: dict[str, str]) -> bytes:
+        """The ``NATS/1.0`` header block nats-py would send for ``headers``."""
+        lines = ["NATS/1.0\r\n"]
+        good = self._good_header_names
+        for k, v in headers.items():
+            key = k.strip()
+            if key not in good:
+                if not key:
+                    continue  # nats-py skips empty names
+                if not _HEADER_KEY_RE.fullmatch(key):
+                    raise nats.errors.BadHeaderError(key)
+                good = self._good_header_names = good | {key}
+            lines.append(f"{key}: {v.strip().translate(_HEADER_VALUE_NEWLINES)}\r\n")
+        lines.append("\r\n")
+        return "".join(lines).encode()
+
+    async def _send_publish(
+        self,
+        subject: str,
+        reply: str,
+        payload: bytes,
+        payload_size: int,
+        headers: dict[str, Any] | None,
+    ) -> None:
+        if subject == "":
+            raise nats.errors.BadSubjectError
+        if headers is None:
+            cmd = b"".join((f"PUB {subject} {reply} {payload_size}\r\n".encode(), payload, b"\r\n"))
+        else:
+            hdr = self._header_block(headers)
+            n = len(hdr)
+            head = f"HPUB {subject} {reply} {n} {n + payload_size}\r\n".encode()
+            cmd = b"".join((head, hdr, payload, b"\r\n"))
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += payload_size
+        await self._send_command(cmd)
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
 
 
 def redact(url: str) -> str:

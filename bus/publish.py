@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import math
 import time
+from functools import partial
 from typing import Any
 
 import nats.errors
@@ -234,7 +235,7 @@ class Publisher:
         self.chunking = chunking
         self.attempt_timeout = attempt_timeout
         self._slots = asyncio.Semaphore(max(1, cfg.publish_concurrency))
-        self._tasks: set[asyncio.Task[list[api.PubAck]]] = set()
+        self._flights: set[asyncio.Future[list[api.PubAck]]] = set()
         self._failed: list[BaseException] = []
         self.published = 0
         self.duplicates = 0
@@ -272,32 +273,34 @@ class Publisher:
         return split_chunks(data, msg_id, headers, size)
 
     async def _send(
-        self, subject: str, frames: list[tuple[bytes, dict[str, str]]]
+        self, subject: str, frames: list[tuple[bytes, dict[str, str]]], timeout: float
     ) -> list[api.PubAck]:
-        timeout = self.cfg.publish_timeout
+        """Publish every frame and wait for their acks (retrying within ``timeout``)."""
         if len(frames) == 1:
             p, h = frames[0]
-            acks = [await publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout)]
-        else:
-            acks = list(
-                await asyncio.gather(
-                    *(
-                        publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout)
-                        for p, h in frames
-                    )
+            return [await publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout)]
+        return list(
+            await asyncio.gather(
+                *(
+                    publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout)
+                    for p, h in frames
                 )
             )
+        )
+
+    def _count(self, acks: list[api.PubAck]) -> None:
         self.published += 1
         if acks[0].duplicate:
             self.duplicates += 1
-        return acks
 
     async def publish(self, obj: Any, kind: str | None = None) -> api.PubAck:
         """Encode, publish and wait until stored. Returns the (last chunk's) PubAck;
         ``ack.duplicate`` is True when the server already had this message."""
         subject, frames = self.prepare(obj, kind)
         async with self._slots:
-            return (await self._send(subject, frames))[-1]
+            acks = await self._send(subject, frames, self.cfg.publish_timeout)
+        self._count(acks)
+        return acks[-1]
 
     async def publish_group(self, group: ExperienceGroup) -> api.PubAck:
         """Publish one experience group on ``trinity.<run>.exp`` and wait until stored."""
@@ -310,23 +313,20 @@ class Publisher:
         (``kind="ctl"``) and wait until stored."""
         return await self.publish(obj, kind)
 
-    async def submit(self, obj: Any, kind: str | None = None) -> asyncio.Task[list[api.PubAck]]:
-        """Start publishing ``obj``; returns once it holds an in-flight slot (backpressure).
-        The returned task resolves to its acks; :meth:`flush` waits for all of them."""
+    async def submit(self, obj: Any, kind: str | None = None) -> asyncio.Future[list[api.PubAck]]:
+        """Start publishing ``obj``; returns once it is on its way and holds an in-flight
+        slot (backpressure). The returned future resolves to its acks (or the failure);
+        :meth:`flush` waits for all of them."""
         self.raise_failed()
         subject, frames = self.prepare(obj, kind)
-        await self._slots.acquire()
-        task = asyncio.ensure_future(self._send(subject, frames))
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
+        return await self._launch(subject, frames)
 
-    async def submit_group(self, group: ExperienceGroup) -> asyncio.Task[list[api.PubAck]]:
+    async def submit_group(self, group: ExperienceGroup) -> asyncio.Future[list[api.PubAck]]:
         return await self.submit(group, "exp")
 
     async def submit_encoded(
         self, data: bytes, kind: str, msg_id: str, headers: dict[str, str] | None = None
-    ) -> asyncio.Task[list[api.PubAck]]:
+    ) -> asyncio.Future[list[api.PubAck]]:
         """Like :meth:`submit` for bytes that are already encoded (re-publishing a dead
         letter after a fix, forwarding, benchmarks): the caller supplies the de-dup id."""
         self.raise_failed()
@@ -334,17 +334,108 @@ class Publisher:
         h.setdefault(H_RUN, self.run_id)
         h[H_MSG_ID] = header_value(msg_id, limit=200)
         frames = self.frame(data, h[H_MSG_ID], h)
-        await self._slots.acquire()
-        task = asyncio.ensure_future(self._send(self.names.subject(kind), frames))
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
+        return await self._launch(self.names.subject(kind), frames)
 
-    def _done(self, task: asyncio.Task[list[api.PubAck]]) -> None:
-        self._tasks.discard(task)
+    # -- submitted messages ---------------------------------------------------------------
+    #
+    # A submitted message is one future (what submit returns). The common case, one frame, is
+    # sent right here and followed by callbacks: the ack resolves the future, a timer gives
+    # up on a lost ack. No task, no wait_for per message: at a thousand messages a second
+    # those were a good part of the producer's CPU. Any trouble with that first attempt (an
+    # error, a late ack, a reconnect) hands the message to publish_acked's retry loop in a
+    # task, with the time left; so do chunked messages. The same Nats-Msg-Id makes every
+    # re-send harmless.
+
+    async def _launch(
+        self, subject: str, frames: list[tuple[bytes, dict[str, str]]]
+    ) -> asyncio.Future[list[api.PubAck]]:
+        await self._slots.acquire()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[list[api.PubAck]] = loop.create_future()
+        self._flights.add(done)
+        done.add_done_callback(self._landed)
+        deadline = loop.time() + self.cfg.publish_timeout
+        if len(frames) == 1:
+            payload, headers = frames[0]
+            try:
+                ack = await self.js.publish_async(subject, payload, headers=headers)
+            except asyncio.CancelledError:
+                done.cancel()  # the caller gave up on it: free the slot
+                raise
+            except Exception:
+                pass  # not sent: the retry loop below sends it and explains a refusal
+            else:
+                wait = min(self.attempt_timeout + len(payload) / (20 * 1024 * 1024),
+                           self.cfg.publish_timeout)  # fmt: skip
+                timer = loop.call_later(wait, self._ack_late, subject, frames, done, ack, deadline)
+                ack.add_done_callback(partial(self._acked, subject, frames, done, timer, deadline))
+                return done
+        self._retry(subject, frames, done, deadline)
+        return done
+
+    def _acked(
+        self,
+        subject: str,
+        frames: list[tuple[bytes, dict[str, str]]],
+        done: asyncio.Future[list[api.PubAck]],
+        timer: asyncio.TimerHandle,
+        deadline: float,
+        ack: asyncio.Future[api.PubAck],
+    ) -> None:
+        if ack.cancelled():  # the timer gave up on it and handed the message over
+            return
+        timer.cancel()
+        if done.done():
+            return
+        if ack.exception() is None:
+            done.set_result([ack.result()])
+        else:
+            self._retry(subject, frames, done, deadline)
+
+    def _ack_late(
+        self,
+        subject: str,
+        frames: list[tuple[bytes, dict[str, str]]],
+        done: asyncio.Future[list[api.PubAck]],
+        ack: asyncio.Future[api.PubAck],
+        deadline: float,
+    ) -> None:
+        ack.cancel()  # nats-py forgets it; a late ack of this id no longer matters
+        if not done.done():
+            self._retry(subject, frames, done, deadline)
+
+    def _retry(
+        self,
+        subject: str,
+        frames: list[tuple[bytes, dict[str, str]]],
+        done: asyncio.Future[list[api.PubAck]],
+        deadline: float,
+    ) -> None:
+        left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        task = asyncio.ensure_future(self._send(subject, frames, left))
+
+        def settle(t: asyncio.Task[list[api.PubAck]]) -> None:
+            if done.done():
+                return
+            if t.cancelled():
+                done.cancel()
+            elif t.exception() is not None:
+                done.set_exception(t.exception())  # type: ignore[arg-type]
+            else:
+                done.set_result(t.result())
+
+        task.add_done_callback(settle)
+
+    def _landed(self, done: asyncio.Future[list[api.PubAck]]) -> None:
+        self._flights.discard(done)
         self._slots.release()
-        if not task.cancelled() and task.exception() is not None:
-            self._failed.append(task.exception())  # type: ignore[arg-type]
+        if done.cancelled():
+            return
+        err = done.exception()  # also marks it retrieved: flush() reports it
+        if err is not None:
+            self._failed.append(err)
+        else:
+            self._count(done.result())
 
     def raise_failed(self) -> None:
         """Raise the first failure of a submitted publish (once)."""
@@ -355,10 +446,10 @@ class Publisher:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        return len(self._flights)
 
     async def flush(self) -> None:
         """Wait until every submitted message is acked; raise the first failure."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
+        while self._flights:
+            await asyncio.wait(list(self._flights))
         self.raise_failed()
