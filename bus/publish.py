@@ -362,15 +362,16 @@ class Publisher:
             except asyncio.CancelledError:
                 done.cancel()  # the caller gave up on it: free the slot
                 raise
-            except Exception:
-                pass  # not sent: the retry loop below sends it and explains a refusal
+            except Exception as e:  # not sent: the retry loop sends it, or explains a refusal
+                self._retry(subject, frames, done, deadline, f"{type(e).__name__}: {e}")
+                return done
             else:
                 wait = min(self.attempt_timeout + len(payload) / (20 * 1024 * 1024),
                            self.cfg.publish_timeout)  # fmt: skip
                 timer = loop.call_later(wait, self._ack_late, subject, frames, done, ack, deadline)
                 ack.add_done_callback(partial(self._acked, subject, frames, done, timer, deadline))
                 return done
-        self._retry(subject, frames, done, deadline)
+        self._retry(subject, frames, done, deadline)  # chunks: publish_acked each, gathered
         return done
 
     def _acked(
@@ -387,10 +388,11 @@ class Publisher:
         timer.cancel()
         if done.done():
             return
-        if ack.exception() is None:
+        err = ack.exception()
+        if err is None:
             done.set_result([ack.result()])
         else:
-            self._retry(subject, frames, done, deadline)
+            self._retry(subject, frames, done, deadline, f"{type(err).__name__}: {err}")
 
     def _ack_late(
         self,
@@ -402,7 +404,7 @@ class Publisher:
     ) -> None:
         ack.cancel()  # nats-py forgets it; a late ack of this id no longer matters
         if not done.done():
-            self._retry(subject, frames, done, deadline)
+            self._retry(subject, frames, done, deadline, "no ack in time")
 
     def _retry(
         self,
@@ -410,8 +412,21 @@ class Publisher:
         frames: list[tuple[bytes, dict[str, str]]],
         done: asyncio.Future[list[api.PubAck]],
         deadline: float,
+        why: str = "",
     ) -> None:
-        left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        """Send ``frames`` with publish_acked in a task until ``deadline``; settle ``done``."""
+        left = deadline - asyncio.get_running_loop().time()
+        msg_id = frames[0][1].get(H_MSG_ID)
+        if why:
+            log.info("publish_retrying", subject=subject, msg_id=msg_id, why=why)
+        if left <= 0:
+            done.set_exception(
+                PublishError(
+                    f"no ack for {subject} (id {msg_id}) within publish_timeout "
+                    f"{self.cfg.publish_timeout}s: {why or 'out of time'}"
+                )
+            )
+            return
         task = asyncio.ensure_future(self._send(subject, frames, left))
 
         def settle(t: asyncio.Task[list[api.PubAck]]) -> None:

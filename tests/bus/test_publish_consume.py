@@ -8,7 +8,7 @@ import pytest
 
 import bus
 from bus.consume import Consumer
-from bus.errors import PayloadTooLarge
+from bus.errors import PayloadTooLarge, PublishError
 from bus.publish import H_CHUNK_COUNT, H_MSG_ID, MAX_MESSAGE_BYTES, Publisher
 from schemas import codec
 from schemas.data import ExperienceGroup, Metric, SyncEvent
@@ -197,3 +197,25 @@ async def test_batches_iterator_and_fetch_budget(nats_conn, nats_cfg, run_id) ->
         if seen == 20:
             stop.set()
     assert c.batch_size(64) == 64  # small messages seen: the full batch fits the budget
+
+
+async def test_submitted_publish_that_cannot_be_stored_fails_flush(nats_cfg, run_id) -> None:
+    """A submitted message nobody stores (no stream for the run) is retried until
+    publish_timeout, then flush() raises PublishError naming its id; the slot comes back and
+    the publisher goes on (here: a stream appears and the next message is stored)."""
+    cfg = nats_cfg.model_copy(update={"publish_timeout": 1.5})
+    nc = await bus.connect(cfg, name="test-nostream")
+    try:
+        pub = Publisher(nc, cfg, run_id, attempt_timeout=0.5)
+        g = make_group(run_id)
+        fut = await pub.submit_group(g)
+        with pytest.raises(PublishError, match=g.msg_id()):
+            await pub.flush()
+        assert fut.done() and isinstance(fut.exception(), PublishError)
+        assert pub.in_flight == 0 and pub.published == 0
+        await bus.ensure_streams(bus.jetstream(nc, cfg), cfg, run_id)
+        await pub.submit_group(make_group(run_id, group_id="g1"))
+        await pub.flush()
+        assert pub.published == 1 and await _stream_msgs(nc, cfg, run_id) == 1
+    finally:
+        await nc.close()
