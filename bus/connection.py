@@ -79,7 +79,10 @@ class Client(NATS):
                 if not _HEADER_KEY_RE.fullmatch(key):
                     raise nats.errors.BadHeaderError(key)
                 good = self._good_header_names = good | {key}
-            lines.append(f"{key}: {v.strip().translate(_HEADER_VALUE_NEWLINES)}\r\n")
+            value = v.strip()
+            if "\r" in value or "\n" in value:  # translate walks every character: rarely
+                value = value.translate(_HEADER_VALUE_NEWLINES)
+            lines.append(f"{key}: {value}\r\n")
         lines.append("\r\n")
         return "".join(lines).encode()
 

@@ -79,7 +79,9 @@ _SAFE = {i: None for i in range(32)} | {127: None}
 def header_value(v: Any, limit: int = 256) -> str:
     """A header-safe rendering: no control characters, ASCII, at most ``limit`` chars (so
     ``nats stream view`` stays readable and a hostile task id cannot break the protocol)."""
-    s = str(v).translate(_SAFE).encode("ascii", "backslashreplace").decode("ascii")
+    s = str(v)
+    if not (s.isascii() and s.isprintable()):  # the usual id needs neither pass (both slow)
+        s = s.translate(_SAFE).encode("ascii", "backslashreplace").decode("ascii")
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 

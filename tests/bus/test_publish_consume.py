@@ -219,3 +219,18 @@ async def test_submitted_publish_that_cannot_be_stored_fails_flush(nats_cfg, run
         assert pub.published == 1 and await _stream_msgs(nc, cfg, run_id) == 1
     finally:
         await nc.close()
+
+
+def test_header_value_is_ascii_without_control_characters() -> None:
+    """Headers must stay one readable ASCII line whatever a task id holds (the fast path for
+    plain ids must give what the full rendering gives)."""
+    from bus.publish import header_value
+
+    def full(v: object, limit: int = 256) -> str:
+        s = str(v).translate({i: None for i in range(32)} | {127: None})
+        s = s.encode("ascii", "backslashreplace").decode("ascii")
+        return s if len(s) <= limit else s[: limit - 3] + "..."
+
+    for v in [chr(i) for i in range(0x3000)] + ["t/1", "a\r\nb", "é", "x" * 300, 42, None]:
+        got = header_value(v)
+        assert got == full(v) and got.isascii() and "\r" not in got and "\n" not in got
