@@ -162,6 +162,12 @@ _RETRY = (
 )
 
 
+def attempt_wait(size: int, attempt_timeout: float) -> float:
+    """Seconds to wait for one attempt's ack: the base, plus time to move ``size`` bytes at a
+    slow 20 MB/s (a big chunk on a busy server must not be re-sent while still arriving)."""
+    return attempt_timeout + size / (20 * 1024 * 1024)
+
+
 async def publish_acked(
     js: JetStreamContext,
     subject: str,
@@ -175,7 +181,7 @@ async def publish_acked(
     re-sends harmless. Raises PublishError when the server refuses or never acks."""
     deadline = time.monotonic() + timeout
     attempt = 0
-    wait = attempt_timeout + len(payload) / (20 * 1024 * 1024)
+    wait = attempt_wait(len(payload), attempt_timeout)
     last: BaseException | None = None
     while True:
         attempt += 1
@@ -368,8 +374,9 @@ class Publisher:
                 self._retry(subject, frames, done, deadline, f"{type(e).__name__}: {e}")
                 return done
             else:
-                wait = min(self.attempt_timeout + len(payload) / (20 * 1024 * 1024),
-                           self.cfg.publish_timeout)  # fmt: skip
+                wait = min(
+                    attempt_wait(len(payload), self.attempt_timeout), self.cfg.publish_timeout
+                )
                 timer = loop.call_later(wait, self._ack_late, subject, frames, done, ack, deadline)
                 ack.add_done_callback(partial(self._acked, subject, frames, done, timer, deadline))
                 return done
