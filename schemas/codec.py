@@ -1,10 +1,12 @@
 """Pickle-free msgpack codec for the messages in :mod:`schemas.data`.
 
 A message is the msgpack map ``{"schema": name, "version": SCHEMA_VERSION, "payload": {...}}``
-where the payload maps field names to values. Arrays travel as msgpack ext types whose data is
-a small header (dtype string, ndim, int64 dims) followed by the raw little-endian element
-bytes; ext 1 is a numpy array, ext 2 a torch tensor (so bfloat16 and float8, which numpy
-lacks, survive). A message from the bus is data, never code: there is no pickle, and decoding
+where the payload maps field names to values. An array travels either inline, as a msgpack
+ext type whose data is a small header (dtype string, ndim, int64 dims) followed by the raw
+little-endian element bytes (ext 1 a numpy array, ext 2 a torch tensor, so bfloat16 and
+float8, which numpy lacks, survive), or, for the common 1-D numpy arrays of an Experience, in
+the message's array table (``"arrays"``, ext 3, see "The array table"), its field holding its
+index there. A message from the bus is data, never code: there is no pickle, and decoding
 anything malformed raises :class:`CodecError` (a ValueError) saying what is wrong, without
 allocating more than the message's own size.
 
@@ -229,14 +231,17 @@ def _parse_header(data: bytes) -> tuple[bytes, tuple[int, ...], int, int]:
     return wire, shape, count, offset
 
 
+def _bool_bytes_ok(data: bytes | memoryview, offset: int, count: int) -> bool:
+    """True if the ``count`` bytes at ``offset`` are all 0 or 1. A bool byte other than 0/1 is
+    not a bool: numpy and torch would carry it silently and give odd sums and comparisons."""
+    if count <= _BOOL_SMALL:
+        return not bytes(data[offset : offset + count]).translate(None, b"\0\1")
+    return np.frombuffer(data, np.uint8, count, offset).max() <= 1
+
+
 def _check_bool_bytes(data: bytes, offset: int) -> None:
-    """A bool byte other than 0/1 is not a bool: numpy and torch would carry it silently and
-    give odd sums and comparisons, so the message is refused."""
-    if len(data) - offset <= _BOOL_SMALL:
-        bad = bytes(data[offset:]).translate(None, b"\0\1")  # bytes() of bytes: no copy
-    else:
-        bad = np.frombuffer(data, np.uint8, offset=offset).max() > 1
-    if bad:
+    """Refuse a message whose bool array (the rest of ``data``) holds other bytes."""
+    if not _bool_bytes_ok(data, offset, len(data) - offset):
         raise CodecError("array: bool array holds bytes other than 0 and 1")
 
 
@@ -293,7 +298,131 @@ def decode_array(data: bytes) -> Any:
     if not isinstance(data, bytes | bytearray | memoryview) or len(data) < 1:
         raise CodecError("array: expected non-empty bytes")
     data = bytes(data)
+    if data[0] not in (EXT_NUMPY, EXT_TORCH):
+        raise CodecError(f"array: unknown array type {data[0]}")
     return _ext_hook(data[0], data[1:])
+
+
+# --------------------------------------------------------------------------------------------
+# The array table (schema version 2)
+#
+# An Experience holds up to nine arrays and a group of 8 holds ~24; as one ext each, every
+# array costs a Python call on each side (header, join, Ext; parse, frombuffer), which was
+# half of the codec's time. So in version 2 the common arrays (1-D numpy, a standard
+# little-endian dtype) travel in one table at the end of the envelope, ``"arrays": ext 3``,
+# and their fields hold the array's index in it: small ints that msgpack writes and parses in
+# C. The table is
+#
+#     u32 n | u64 b | n x u8 dtype code (index into _TABLE_WIRES) | n x u64 element counts |
+#     the bool arrays' bytes (b in all), then the other arrays' bytes, each in index order
+#
+# Each index must be used by exactly one field. Everything else (torch tensors, n-D arrays,
+# big-endian, numpy subclasses) still travels inline as ext 1/2, and version 1 messages
+# (every array inline, no table) still decode.
+# --------------------------------------------------------------------------------------------
+
+EXT_TABLE = 3
+_TABLE_WIRES = (b"|b1", b"|i1", b"|u1", b"<i2", b"<u2", b"<i4", b"<u4", b"<i8", b"<u8",
+                b"<f2", b"<f4", b"<f8", b"<c8", b"<c16")  # fmt: skip
+_TABLE_DTYPES = tuple(_NP_BY_WIRE[w] for w in _TABLE_WIRES)
+_TABLE_CODE: dict[np.dtype, int] = {dt: i for i, dt in enumerate(_TABLE_DTYPES)}
+_TABLE_ITEMSIZES = tuple(dt.itemsize for dt in _TABLE_DTYPES)
+_BOOL_CODE = _TABLE_CODE[np.dtype(bool)]
+#: n arrays, then the bytes of the bool arrays (which come first, so one check covers all)
+_TABLE_HEAD = struct.Struct("<IQ")
+
+
+class _Table:
+    """A decoded array table: the arrays by index, until the fields that name them take
+    them. Not a list, so that a table anywhere but ``"arrays"`` is refused as the wrong type."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def __repr__(self) -> str:
+        return f"<array table of {len(self.arrays)}>"
+
+
+def _table_head(arrays: list[np.ndarray], codes: list[int], bool_bytes: int) -> bytes:
+    n = len(arrays)
+    return _TABLE_HEAD.pack(n, bool_bytes) + bytes(codes) + struct.pack(f"<{n}Q", *map(len, arrays))
+
+
+def _table_ext(arrays: list[np.ndarray], codes: list[int]) -> msgpack.ExtType:
+    """Reference encoder of a table: bool bytes made 0/1 and strided arrays made contiguous
+    (the accelerated encoder gives way to this one for both, so the bytes agree)."""
+    bools = [_bool_bytes(a) for a, c in zip(arrays, codes, strict=True) if c == _BOOL_CODE]
+    others = [
+        a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        for a, c in zip(arrays, codes, strict=True)
+        if c != _BOOL_CODE
+    ]
+    head = _table_head(arrays, codes, sum(map(len, bools)))
+    return _new_tuple(_ExtType, (EXT_TABLE, b"".join([head, *bools, *others])))
+
+
+def _parse_table(data: bytes | memoryview) -> _Table:
+    """The arrays of a table, as read-only views of ``data``. numpy checks each view against
+    the buffer's length before making it, so no count can make it allocate."""
+    size = len(data)
+    if size < _TABLE_HEAD.size:
+        raise CodecError(f"array table: truncated ({size} bytes)")
+    n, bool_bytes = _TABLE_HEAD.unpack_from(data)
+    start = _TABLE_HEAD.size + 9 * n
+    if size < start or bool_bytes > size - start:
+        raise CodecError(f"array table: header of {n} arrays does not fit in {size} bytes")
+    codes = bytes(data[_TABLE_HEAD.size : _TABLE_HEAD.size + n])
+    counts = struct.unpack_from(f"<{n}Q", data, _TABLE_HEAD.size + n)
+    at_bool = start
+    at = start + bool_bytes
+    arrays = []
+    nd, dts, bool_dt = _ndarray, _TABLE_DTYPES, _TABLE_DTYPES[_BOOL_CODE]
+    try:
+        for code, k in zip(codes, counts, strict=True):
+            if code == _BOOL_CODE:
+                arrays.append(nd((k,), bool_dt, data, at_bool))
+                at_bool += k
+            else:
+                dt = dts[code]
+                arrays.append(nd((k,), dt, data, at))
+                at += k * dt.itemsize
+    except IndexError:
+        raise CodecError(f"array table: unknown dtype code {max(codes)}") from None
+    except (TypeError, ValueError):  # numpy: "buffer is too small", "array is too big"
+        at = -1
+    if at_bool != start + bool_bytes or at != size:
+        raise CodecError(f"array table: the counts of its {n} arrays do not fit its {size} bytes")
+    if bool_bytes and not _bool_bytes_ok(data, start, bool_bytes):
+        raise CodecError("array: bool array holds bytes other than 0 and 1")
+    return _Table(arrays)
+
+
+#: Experience fields that hold arrays: on the wire, each is a table index, an ext or nil.
+_ARRAY_FIELDS = ("tokens", "logprobs", "action_mask", "token_level_reward", "advantages",
+                 "returns", "chosen", "rejected", "teacher_logprobs")  # fmt: skip
+
+
+def _take_arrays(payload: Any, table: _Table | None, used: list[bool], where: str) -> None:
+    """Reference decoder: replace the table indices in one Experience payload map by their
+    arrays, in place. Anything that is not a map, and any field that is not an int, is left
+    for the field checks to judge."""
+    if type(payload) is not dict:
+        return
+    arrays = table.arrays if table is not None else []
+    for name in _ARRAY_FIELDS:
+        v = payload.get(name)
+        if type(v) is not int:
+            continue
+        if not 0 <= v < len(arrays):
+            raise CodecError(
+                f"{where}.{name}: array index {v} is outside the message's table of {len(arrays)}"
+            )
+        if used[v]:
+            raise CodecError(f"{where}.{name}: array index {v} is used by another field too")
+        used[v] = True
+        payload[name] = arrays[v]
 
 
 _ExtType = msgpack.ExtType
@@ -327,8 +456,21 @@ def _pack_array(a: Any, where: str, name: str) -> msgpack.ExtType:
     return _fail(where, name, "numpy array or torch tensor", a)
 
 
-def _pack_opt_array(a: Any, where: str, name: str) -> msgpack.ExtType | None:
-    return None if a is None else _pack_array(a, where, name)
+def _pack_field_array(a: Any, where: str, name: str) -> int | msgpack.ExtType:
+    """Encode side of an Experience array field: its index in this message's array table
+    (``_local.table``) for a 1-D numpy array of a standard little-endian dtype, otherwise the
+    array inline as an ext."""
+    if type(a) is np.ndarray and a.ndim == 1:
+        code = _TABLE_CODE.get(a.dtype)
+        if code is not None:
+            table = _local.table
+            table.append((a, code))
+            return len(table) - 1
+    return _pack_array(a, where, name)
+
+
+def _pack_opt_array(a: Any, where: str, name: str) -> int | msgpack.ExtType | None:
+    return None if a is None else _pack_field_array(a, where, name)
 
 
 def _default(obj: Any) -> Any:
@@ -355,6 +497,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
         return _unpack_numpy(data)
     if code == EXT_TORCH:
         return _unpack_torch(data)
+    if code == EXT_TABLE:
+        return _parse_table(data)
     raise CodecError(f"unknown msgpack ext type {code}")
 
 
@@ -632,7 +776,7 @@ _METRIC: tuple[tuple[str, Check], ...] = (
 # Checks that differ on the encode side: arrays are packed to ext types while checked, and
 # nested experiences are flattened to payload maps.
 _ENCODE_SIDE: dict[Check, Check] = {
-    _array: _pack_array,
+    _array: _pack_field_array,
     _opt_array: _pack_opt_array,
     _experiences_in: _experiences_out,
 }
@@ -728,7 +872,7 @@ def _experience_out(e: Experience, where: str) -> dict[str, Any]:
         and type(e.created_at) is float
     ):
         return _payload(e, where)
-    pack = _pack_array
+    pack = _pack_field_array
     logprobs = e.logprobs
     action_mask = e.action_mask
     token_level_reward = e.token_level_reward
@@ -1017,51 +1161,57 @@ _FLOAT_ONLY = frozenset((float,))
 if msgspec is not None:
     _Ext = msgspec.msgpack.Ext
 
+    class _TableMark:
+        """Stands for the ``"arrays"`` value while msgspec writes the envelope. It is the last
+        key, so by the time msgspec asks :func:`_ms_enc_hook` about it, the hook has seen (and
+        numbered) every array of the payload and can write the table."""
+
+    _TABLE_MARK = _TableMark()
+
     def _ms_enc_hook(a: Any) -> Any:
-        """msgspec calls this for the values it does not know: here only arrays, which
-        :func:`_fast_experience_ok` let through. The same ext bytes as :func:`_pack_array`,
-        whose 1-D numpy case is repeated here to save a call and a namedtuple per array."""
-        if type(a) is _ndarray:
-            fast = _NP_FAST.get(a.dtype)
-            if fast is not None and a.ndim == 1:
-                prefix_1d, is_bool = fast
-                head = prefix_1d + _PACK_DIM(len(a))
-                if is_bool:
-                    raw = a.tobytes()
-                    _ms_local.bools.append(raw)  # checked all together by _fast_encode
-                    return _Ext(EXT_NUMPY, head + raw)
-                try:
-                    return _Ext(EXT_NUMPY, b"".join((head, a)))
-                except TypeError:  # strided
-                    pass
+        """msgspec calls this for the values it does not know: the arrays that
+        :func:`_fast_experience_ok` let through, and the table mark. A table array becomes its
+        index (as :func:`_pack_field_array`); anything else an inline ext."""
+        if type(a) is _ndarray and a.ndim == 1:
+            code = _TABLE_CODE.get(a.dtype)
+            if code is not None:
+                local = _ms_local
+                arrays = local.arrays
+                arrays.append(a)
+                local.codes.append(code)
+                (local.bools if code == _BOOL_CODE else local.others).append(a)
+                return len(arrays) - 1
+        if a is _TABLE_MARK:
+            local = _ms_local
+            bools = local.bools
+            bool_bytes = sum(map(len, bools))
+            head = _table_head(local.arrays, local.codes, bool_bytes)
+            # join refuses a strided array (TypeError): the reference path copies it
+            table = b"".join([head, *bools, *local.others])
+            if bool_bytes and not _bool_bytes_ok(table, len(head), bool_bytes):
+                raise CodecError("bool bytes")  # the reference path makes them 0/1
+            return _Ext(EXT_TABLE, table)
         ext = _pack_array(a, "", "")
         return _Ext(ext.code, ext.data)
 
     def _ms_ext_hook(code: int, data: memoryview) -> Any:
-        """Arrays from a memoryview of the message: the common 1-D numpy case zero-copy,
-        everything else (and every error) through the reference hook on a copy."""
-        n = len(data)
-        if code == EXT_NUMPY and n > 13:
+        """The table from a memoryview of the message (its arrays are read-only views of the
+        message); inline arrays through the reference hook on a copy."""
+        if code == EXT_TABLE:
+            return _parse_table(data)
+        if code == EXT_NUMPY and len(data) > 13:
+            n = len(data)
             key, ndim, count = _UNPACK_HEAD13(data)
             fast = _NP_HEAD4.get(key)
             if fast is not None and ndim == 1 and 0 < count <= MAX_DIM:
                 dt, itemsize, is_bool = fast
                 if n - 13 == count * itemsize:
-                    a = _frombuffer(data, dt, count, 13)
-                    if is_bool:
-                        _ms_local.bools.append(a)  # checked all together by _fast_decode
-                    return a
+                    if is_bool and not _bool_bytes_ok(data, 13, count):
+                        raise CodecError("bool bytes")
+                    return _frombuffer(data, dt, count, 13)
         return _ext_hook(code, bytes(data))
 
     _ms_local = threading.local()
-
-    def _all_bools(parts: list[Any]) -> bool:
-        """True if every byte of these bool masks (bytes or arrays) is 0 or 1. One check
-        for all the masks of a message costs about what one mask alone does."""
-        raw = b"".join(parts)
-        if len(raw) <= _BOOL_SMALL:
-            return not raw.translate(None, b"\0\1")
-        return np.frombuffer(raw, np.uint8).max() <= 1
 
     def _ms_struct(cls: type, wire: dict[Check, Any]) -> Any:
         """A msgspec Struct mirroring a schema dataclass: same field names, order and
@@ -1097,11 +1247,12 @@ if msgspec is not None:
     )
     _astuple = msgspec.structs.astuple
     _GROUP_EXPERIENCES = _SPECS[ExperienceGroup].names.index("experiences")
+    _ARRAY_INDEX = tuple(_SPECS[Experience].names.index(n) for n in _ARRAY_FIELDS)
 
     def _envelope_type(name: str, payload: Any) -> Any:
         return msgspec.defstruct(
             f"_{name}_envelope",
-            [("version", int), ("payload", payload)],
+            [("version", int), ("payload", payload), ("arrays", Any, None)],
             tag_field="schema",
             tag=name,
             forbid_unknown_fields=True,
@@ -1114,9 +1265,18 @@ if msgspec is not None:
         ext_hook=_ms_ext_hook,
     )
 
-    def _ms_experience(w: Any) -> Experience | None:
-        """The Experience of a decoded wire struct, if its Any-typed fields are right."""
-        e = Experience(*_astuple(w))
+    def _ms_experience(w: Any, arrays: list[np.ndarray] | None, refs: list[int]) -> Any:
+        """The Experience of a decoded wire struct, its table indices replaced by arrays
+        (noted in ``refs``), if its Any-typed fields are right; None otherwise."""
+        args = _astuple(w)
+        if arrays is not None:
+            args = list(args)
+            for i in _ARRAY_INDEX:
+                v = args[i]
+                if type(v) is int:
+                    refs.append(v)
+                    args[i] = arrays[v]  # an IndexError sends it to the reference path
+        e = Experience(*args)
         nd = _ndarray
         tokens = e.tokens
         logprobs = e.logprobs
@@ -1159,43 +1319,58 @@ if msgspec is not None:
             return None
         try:
             obj.validate()
-            bools = _ms_local.bools = []
+            local = _ms_local
+            local.arrays = []
+            local.codes = []
+            local.bools = []
+            local.others = []
             # Into this thread's buffer, whose pages stay mapped from one message to the
             # next (a fresh output buffer per message costs page faults), then one copy out.
-            buf = getattr(_ms_local, "buf", None)
+            buf = getattr(local, "buf", None)
             if buf is None:
                 buf = bytearray()
             else:
-                _ms_local.buf = None  # taken
+                local.buf = None  # taken
             _ms_encoder.encode_into(
-                {"schema": spec.name, "version": SCHEMA_VERSION, "payload": obj}, buf
+                {
+                    "schema": spec.name,
+                    "version": SCHEMA_VERSION,
+                    "payload": obj,
+                    "arrays": _TABLE_MARK,
+                },
+                buf,
             )
         except Exception:  # the reference path says what is wrong
             return None
         out = bytes(buf)
         if len(out) <= _KEEP_PACKER_BYTES:
             _ms_local.buf = buf
-        if bools and not _all_bools(bools):
-            return None  # bools built from raw bytes: the reference path makes them 0/1
         return out
 
     def _fast_decode(data: bytes, expect: type | None) -> Any:
         try:
-            bools = _ms_local.bools = []
             env = _ms_decoder.decode(data)
-            if env.version != SCHEMA_VERSION:
+            table = env.arrays
+            if table is None:
+                if env.version != 1 and env.version != SCHEMA_VERSION:
+                    return None
+                arrays = None
+            elif env.version == SCHEMA_VERSION and type(table) is _Table:
+                arrays = table.arrays
+            else:
                 return None
+            refs: list[int] = []
             w = env.payload
             if type(w) is _ExperienceWire:
                 if expect is not None and expect is not Experience:
                     return None
-                obj = _ms_experience(w)
+                obj = _ms_experience(w, arrays, refs)
             else:
                 if expect is not None and expect is not ExperienceGroup:
                     return None
                 exps = []
                 for x in w.experiences:
-                    e = _ms_experience(x)
+                    e = _ms_experience(x, arrays, refs)
                     if e is None:
                         return None
                     exps.append(e)
@@ -1204,9 +1379,11 @@ if msgspec is not None:
                 obj = ExperienceGroup(*args)
             if obj is None:
                 return None
+            if arrays is not None:  # every table entry used once, by exactly one field
+                n = len(arrays)
+                if len(refs) != n or (n and (min(refs) < 0 or len(set(refs)) != n)):
+                    return None
             obj.validate()
-            if bools and not _all_bools(bools):
-                return None  # the reference path names the bad mask
             return obj
         except Exception:  # anything at all: the reference path decides and explains
             return None
@@ -1255,12 +1432,17 @@ def encode(obj: Any) -> bytes:
         out = _fast_encode(obj, spec)
         if out is not None:
             return out
+    with_table = spec.cls is ExperienceGroup or spec.cls is Experience
+    if with_table:
+        table = _local.table = []  # (array, dtype code), filled by _pack_field_array
     payload = _experience_out(obj, "Experience") if spec.cls is Experience else _payload(obj)
     try:
         obj.validate()
     except ValueError as e:
         raise CodecError(str(e)) from None
     envelope = {"schema": spec.name, "version": SCHEMA_VERSION, "payload": payload}
+    if with_table:
+        envelope["arrays"] = _table_ext([a for a, _ in table], [c for _, c in table])
     try:
         return _pack(envelope)
     except CodecError:
@@ -1302,28 +1484,74 @@ def decode(data: bytes, expect: type | None = None, *, max_bytes: int = 64 << 20
         raise CodecError(
             f"message: not a valid msgpack message ({type(e).__name__}: {e})"
         ) from None
-    if type(env) is not dict or set(env) != {"schema", "version", "payload"}:
+    if type(env) is not dict or not _ENVELOPE <= set(env) <= _ENVELOPE_TABLE:
         got = f"keys {[_short(k) for k in list(env)[:5]]}" if type(env) is dict else _describe(env)
-        raise CodecError(f"message: expected a map with keys schema, version, payload; got {got}")
+        raise CodecError(
+            f"message: expected a map with keys schema, version, payload (and arrays); got {got}"
+        )
     name, version = env["schema"], env["version"]
     spec = _SPEC_BY_NAME.get(name) if isinstance(name, str) else None
     if spec is None:
         raise CodecError(f"message: unknown schema {_describe(name)}; known: {sorted(SCHEMAS)}")
-    if type(version) is not int or version != SCHEMA_VERSION:
+    if type(version) is not int or version not in _READ_VERSIONS:
         raise CodecError(
             f"message: unsupported version {_short(version)} of schema {name!r} "
-            f"(this build reads version {SCHEMA_VERSION})"
+            f"(this build reads versions {', '.join(map(str, _READ_VERSIONS))})"
         )
     if expect is not None and spec.cls is not expect:
         exp = getattr(expect, "__name__", repr(expect))
         raise CodecError(f"message: expected a {exp}, got a {spec.cls.__name__} ({name!r})")
+    used = _take_table(env, spec, version)
     try:
         if spec.cls is Experience:
             obj = _experience_in(env["payload"])
             if obj is not None:
-                return _validated(obj)
-        return _build(spec.cls, env["payload"], spec.cls.__name__)
+                obj = _validated(obj)
+        else:
+            obj = None
+        if obj is None:
+            obj = _build(spec.cls, env["payload"], spec.cls.__name__)
     except CodecError:
         raise
     except Exception as e:  # a bug here must still not take the consumer down
         raise CodecError(f"{spec.cls.__name__}: cannot decode ({type(e).__name__}: {e})") from None
+    if not all(used):
+        unused = [i for i, u in enumerate(used) if not u]
+        raise CodecError(
+            f"message: array table entries {unused[:5]}{' ...' if len(unused) > 5 else ''} "
+            "are not used by any field"
+        )
+    return obj
+
+
+_ENVELOPE = frozenset(("schema", "version", "payload"))
+_ENVELOPE_TABLE = _ENVELOPE | {"arrays"}
+#: Versions decode reads: 1 (every array inline) and the current one (the array table).
+_READ_VERSIONS = (1, SCHEMA_VERSION)
+
+
+def _take_table(env: dict[str, Any], spec: _Spec, version: int) -> list[bool]:
+    """Reference decoder: put the arrays of the envelope's table into the payload's fields
+    that name them (in place). Returns which table entries were used; every one must be."""
+    has_arrays = spec.cls is ExperienceGroup or spec.cls is Experience
+    if "arrays" in env:
+        if version == 1 or not has_arrays:
+            raise CodecError(
+                f"message: a version {version} {spec.name!r} message carries no array table"
+            )
+        if type(env["arrays"]) is not _Table:
+            raise CodecError(
+                f"message: arrays: expected an array table (ext {EXT_TABLE}), "
+                f"got {_describe(env['arrays'])}"
+            )
+    if version == 1 or not has_arrays:
+        return []
+    table = env.get("arrays")
+    used = [False] * (len(table.arrays) if table is not None else 0)
+    payload = env["payload"]
+    if spec.cls is Experience:
+        _take_arrays(payload, table, used, "Experience")
+    elif type(payload) is dict and type(payload.get("experiences")) is list:
+        for i, p in enumerate(payload["experiences"]):
+            _take_arrays(p, table, used, f"ExperienceGroup.experiences[{i}]")
+    return used

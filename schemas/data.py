@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 
 #: Version of the wire layout of every schema below. Bump it when a field changes meaning or
-#: type; the codec rejects messages of any other version instead of misreading them.
-SCHEMA_VERSION = 1
+#: type; the codec rejects messages of any other version instead of misreading them. Version 2
+#: moved an Experience's arrays into one table per message (see schemas.codec); version 1
+#: messages (every array inline) are still read.
+SCHEMA_VERSION = 2
 
 
 def _kind(a: Any) -> str:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from schemas.codec import (
     EXT_NUMPY,
+    EXT_TABLE,
     MAX_NDIM,
     CodecError,
     decode,
@@ -572,8 +573,8 @@ def envelope(**over: Any) -> bytes:
 
 
 def test_unknown_version_and_schema() -> None:
-    with pytest.raises(CodecError, match="unsupported version 2"):
-        decode(envelope(version=2))
+    with pytest.raises(CodecError, match="unsupported version 3"):
+        decode(envelope(version=3))
     with pytest.raises(CodecError, match="unknown schema"):
         decode(envelope(schema="pickle"))
     with pytest.raises(CodecError, match="keys"):
@@ -694,7 +695,7 @@ def test_invalid_payload_is_codec_error_on_decode() -> None:
 # back, same errors; and the validate() shortcut never passes what the full checks refuse.
 # ------------------------------------------------------------------------------------------
 
-from contextlib import contextmanager  # noqa: E402
+from contextlib import contextmanager, nullcontext  # noqa: E402
 
 from schemas import codec as codec_module  # noqa: E402
 from schemas import data as data_module  # noqa: E402
@@ -877,12 +878,15 @@ def test_validate_shortcut_never_accepts_what_the_full_checks_refuse(e: Experien
 def test_bad_bool_bytes_in_a_group_are_refused_and_normalized(n_exp: int) -> None:
     g = bench_group(n_exp=n_exp)
     env = msgpack.unpackb(encode(g), raw=False, ext_hook=msgpack.ExtType)
-    mask = env["payload"]["experiences"][-1]["action_mask"]
-    env["payload"]["experiences"][-1]["action_mask"] = msgpack.ExtType(
-        mask.code, mask.data[:-1] + b"\x02"
-    )
+    table = bytearray(env["arrays"].data)
+    n, bool_bytes = struct.unpack_from("<IQ", table)
+    table[12 + 9 * n + bool_bytes - 1] = 2  # the last byte of the last mask
+    env["arrays"] = msgpack.ExtType(EXT_TABLE, bytes(table))
     with pytest.raises(CodecError, match="bytes other than 0 and 1"):
         decode(msgpack.packb(env), ExperienceGroup)
+    # the same in a version 1 message, where the mask travels inline
+    with pytest.raises(CodecError, match="bytes other than 0 and 1"):
+        decode(ext_message(header(b"|b1", (2,)) + b"\x01\x02"))
     raw = bytearray(g.experiences[-1].action_mask.tobytes())
     raw[0] = 7
     g.experiences[-1].action_mask = np.frombuffer(bytes(raw), bool)
@@ -890,3 +894,105 @@ def test_bad_bool_bytes_in_a_group_are_refused_and_normalized(n_exp: int) -> Non
     with reference_only():
         assert encode(g) == out
     assert decode(out, ExperienceGroup).experiences[-1].action_mask.view(np.uint8).max() == 1
+
+
+# ------------------------------------------------------------------------------------------
+# The array table (version 2): common arrays travel in one table, fields hold their index
+# ------------------------------------------------------------------------------------------
+
+
+def unpacked(obj: Any) -> dict[str, Any]:
+    return msgpack.unpackb(encode(obj), raw=False, ext_hook=msgpack.ExtType)
+
+
+def test_common_arrays_travel_in_the_table_and_others_inline() -> None:
+    env = unpacked(rich_experience())
+    assert env["version"] == SCHEMA_VERSION == 2 and list(env)[-1] == "arrays"
+    assert env["arrays"].code == EXT_TABLE
+    p = env["payload"]
+    # 1-D numpy arrays of standard dtypes are table indices, in field order
+    names = ["tokens", "logprobs", "action_mask", "token_level_reward", "advantages", "returns",
+             "chosen", "rejected"]  # fmt: skip
+    assert [p[n] for n in names] == list(range(len(names)))
+    assert isinstance(p["teacher_logprobs"], msgpack.ExtType)  # torch bf16: inline ext 2
+    g = small_group()
+    g.experiences[0].advantages = np.zeros((3,), ">f4")  # big-endian: inline, made little
+    g.experiences[1].advantages = np.zeros((3,), np.float32)
+    exps = unpacked(g)["payload"]["experiences"]
+    assert isinstance(exps[0]["advantages"], msgpack.ExtType) and exps[1]["advantages"] == 6
+    assert decode(encode(g)).experiences[0].advantages.dtype == np.dtype("<f4")
+
+
+def test_version_1_messages_still_decode() -> None:
+    """Every array inline, no table: what this codec wrote before version 2."""
+    g = small_group()
+    env = unpacked(g)
+    for p, e in zip(env["payload"]["experiences"], g.experiences, strict=True):
+        for name in ("tokens", "logprobs", "action_mask"):
+            p[name] = msgpack.ExtType(EXT_NUMPY, encode_array(getattr(e, name))[1:])
+    del env["arrays"]
+    env["version"] = 1
+    back = decode(msgpack.packb(env), ExperienceGroup)
+    assert same(g, back)
+    env["arrays"] = msgpack.ExtType(EXT_TABLE, struct.pack("<IQ", 0, 0))
+    with pytest.raises(CodecError, match="version 1 'experience_group' message carries no"):
+        decode(msgpack.packb(env))
+
+
+def test_table_indices_are_checked_and_named() -> None:
+    def with_edit(edit: Any) -> bytes:
+        env = unpacked(small_group())
+        edit(env)
+        return msgpack.packb(env)
+
+    def set_field(i: int, name: str, v: Any) -> Any:
+        return lambda env: env["payload"]["experiences"][i].__setitem__(name, v)
+
+    cases = [
+        (set_field(1, "logprobs", 99), r"experiences\[1\].logprobs: array index 99 is outside"),
+        (set_field(1, "logprobs", -1), r"experiences\[1\].logprobs: array index -1 is outside"),
+        (set_field(1, "logprobs", 0), r"experiences\[1\].logprobs: array index 0 is used by"),
+        (set_field(1, "logprobs", None), r"array table entries \[4\] are not used"),
+        (set_field(0, "tokens", [1, 2]), r"experiences\[0\].tokens: expected numpy array"),
+        (lambda env: env.pop("arrays"), r"experiences\[0\].tokens: array index 0 is outside"),
+        (lambda env: env.__setitem__("arrays", 7), "arrays: expected an array table"),
+    ]
+    for edit, match in cases:
+        for ref in (False, True):
+            ctx = reference_only() if ref else nullcontext()
+            with ctx, pytest.raises(CodecError, match=match):
+                decode(with_edit(edit))
+    # a table outside "arrays", or in a schema without arrays, is refused too
+    table = unpacked(small_group())["arrays"]
+    with pytest.raises(CodecError, match="info.x: expected plain data"):
+        decode(with_edit(lambda env: env["payload"]["experiences"][0]["info"].update(x=table)))
+    metric = msgpack.unpackb(encode(Metric("r", 1, "train", {})), raw=False)
+    metric["arrays"] = table
+    with pytest.raises(CodecError, match="'metric' message carries no array table"):
+        decode(msgpack.packb(metric))
+
+
+@pytest.mark.parametrize(
+    "table,match",
+    [
+        (b"\x01\x00", "truncated"),
+        (struct.pack("<IQ", 5, 0), "does not fit"),
+        (struct.pack("<IQ", 1, 0) + b"\x63" + struct.pack("<Q", 1) + b"\0", "unknown dtype"),
+        (struct.pack("<IQ", 1, 0) + b"\x05" + struct.pack("<Q", 2**40), "do not fit"),
+        (struct.pack("<IQ", 1, 0) + b"\x05" + struct.pack("<Q", 1) + b"\0" * 5, "do not fit"),
+        (struct.pack("<IQ", 1, 1) + b"\x05" + struct.pack("<Q", 1) + b"\0" * 5, "do not fit"),
+        (struct.pack("<IQ", 1, 2) + b"\x00" + struct.pack("<Q", 2) + b"\1\3", "other than 0"),
+    ],
+)
+def test_malformed_tables_are_refused_without_allocating(table: bytes, match: str) -> None:
+    env = unpacked(Experience(id="e", task_id="t", group_id="g", run_id="r",
+                              tokens=np.zeros(1, np.int32), prompt_length=0))  # fmt: skip
+    env["arrays"] = msgpack.ExtType(EXT_TABLE, table)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError, match=match):
+            decode(msgpack.packb(env))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
