@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import bus  # noqa: E402
 from bus.publish import describe  # noqa: E402
 from bus.server import EmbeddedServer, free_port  # noqa: E402
-from roles.cli import freeze_heap  # noqa: E402
+from roles.cli import freeze_heap, keep_freed_memory  # noqa: E402
 from schemas import codec  # noqa: E402
 from schemas.config import NatsConfig  # noqa: E402
 from schemas.data import Experience, ExperienceGroup  # noqa: E402
@@ -209,6 +209,7 @@ async def child(args: argparse.Namespace) -> None:
     # then skips the imported modules (a consumer holding a batch of decoded groups triggers
     # one now and then; unfrozen it cost ~0.1 ms per group here)
     freeze_heap()
+    keep_freed_memory()  # as role processes do, for both paths alike (page faults, see there)
     cfg = NatsConfig(url=args.url, publish_concurrency=args.concurrency)
     await ROLES[args.role](cfg, args.run_id, args, asyncio.Event())
 

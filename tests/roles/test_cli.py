@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K = "examples/grpo_gsm8k/gsm8k.yaml"
 
@@ -99,3 +101,13 @@ def test_freeze_heap_takes_live_objects_out_of_full_collections() -> None:
         assert gc.get_freeze_count() > max(before, 1000)  # the imported modules at least
     finally:
         gc.unfreeze()
+
+
+def test_keep_freed_memory_applies_on_glibc() -> None:
+    import platform
+
+    from roles.cli import keep_freed_memory
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt's thresholds are glibc's")
+    assert keep_freed_memory() and keep_freed_memory()  # idempotent
