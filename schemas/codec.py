@@ -330,6 +330,10 @@ _TABLE_ITEMSIZES = tuple(dt.itemsize for dt in _TABLE_DTYPES)
 _BOOL_CODE = _TABLE_CODE[np.dtype(bool)]
 #: n arrays, then the bytes of the bool arrays (which come first, so one check covers all)
 _TABLE_HEAD = struct.Struct("<IQ")
+#: Arrays one table may hold (a group of 8 has ~24). Past it, encoders put arrays inline, and
+#: decode refuses a bigger table: each entry is 9 bytes on the wire but a ~150-byte array
+#: object, so an unbounded table of empty arrays would let a 9 MB message cost 170 MB.
+MAX_TABLE_ARRAYS = 4096
 
 
 class _Table:
@@ -370,6 +374,8 @@ def _parse_table(data: bytes | memoryview) -> _Table:
     if size < _TABLE_HEAD.size:
         raise CodecError(f"array table: truncated ({size} bytes)")
     n, bool_bytes = _TABLE_HEAD.unpack_from(data)
+    if n > MAX_TABLE_ARRAYS:
+        raise CodecError(f"array table: {n} arrays exceed {MAX_TABLE_ARRAYS}")
     start = _TABLE_HEAD.size + 9 * n
     if size < start or bool_bytes > size - start:
         raise CodecError(f"array table: header of {n} arrays does not fit in {size} bytes")
@@ -462,8 +468,8 @@ def _pack_field_array(a: Any, where: str, name: str) -> int | msgpack.ExtType:
     array inline as an ext."""
     if type(a) is np.ndarray and a.ndim == 1:
         code = _TABLE_CODE.get(a.dtype)
-        if code is not None:
-            table = _local.table
+        table = _local.table
+        if code is not None and len(table) < MAX_TABLE_ARRAYS:
             table.append((a, code))
             return len(table) - 1
     return _pack_array(a, where, name)
@@ -1174,9 +1180,9 @@ if msgspec is not None:
         index (as :func:`_pack_field_array`); anything else an inline ext."""
         if type(a) is _ndarray and a.ndim == 1:
             code = _TABLE_CODE.get(a.dtype)
-            if code is not None:
-                local = _ms_local
-                arrays = local.arrays
+            local = _ms_local
+            arrays = local.arrays
+            if code is not None and len(arrays) < MAX_TABLE_ARRAYS:
                 arrays.append(a)
                 local.codes.append(code)
                 (local.bools if code == _BOOL_CODE else local.others).append(a)

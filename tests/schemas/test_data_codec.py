@@ -977,6 +977,7 @@ def test_table_indices_are_checked_and_named() -> None:
     [
         (b"\x01\x00", "truncated"),
         (struct.pack("<IQ", 5, 0), "does not fit"),
+        (struct.pack("<IQ", 10**6, 0) + b"\x05" * 10**6 + b"\0" * (8 * 10**6), "exceed 4096"),
         (struct.pack("<IQ", 1, 0) + b"\x63" + struct.pack("<Q", 1) + b"\0", "unknown dtype"),
         (struct.pack("<IQ", 1, 0) + b"\x05" + struct.pack("<Q", 2**40), "do not fit"),
         (struct.pack("<IQ", 1, 0) + b"\x05" + struct.pack("<Q", 1) + b"\0" * 5, "do not fit"),
@@ -988,11 +989,25 @@ def test_malformed_tables_are_refused_without_allocating(table: bytes, match: st
     env = unpacked(Experience(id="e", task_id="t", group_id="g", run_id="r",
                               tokens=np.zeros(1, np.int32), prompt_length=0))  # fmt: skip
     env["arrays"] = msgpack.ExtType(EXT_TABLE, table)
+    msg = msgpack.packb(env)
     tracemalloc.start()
     try:
         with pytest.raises(CodecError, match=match):
-            decode(msgpack.packb(env))
+            decode(msg)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 1 << 20
+    assert peak < 2 * len(msg) + (1 << 20)  # the message's copies, nothing per array
+
+
+def test_arrays_past_the_table_limit_travel_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec_module, "MAX_TABLE_ARRAYS", 4)
+    g = bench_group(n_exp=3)  # 12 arrays: 4 in the table, 8 inline
+    raw = encode(g)
+    with reference_only():
+        assert encode(g) == raw
+        assert same(g, decode(raw, ExperienceGroup))
+    assert same(g, decode(raw, ExperienceGroup))
+    exps = msgpack.unpackb(raw, raw=False, ext_hook=msgpack.ExtType)["payload"]["experiences"]
+    assert [exps[0][n] for n in ("tokens", "logprobs", "action_mask", "advantages")] == [0, 1, 2, 3]
+    assert all(isinstance(exps[2][n], msgpack.ExtType) for n in ("tokens", "advantages"))
