@@ -1011,3 +1011,16 @@ def test_arrays_past_the_table_limit_travel_inline(monkeypatch: pytest.MonkeyPat
     exps = msgpack.unpackb(raw, raw=False, ext_hook=msgpack.ExtType)["payload"]["experiences"]
     assert [exps[0][n] for n in ("tokens", "logprobs", "action_mask", "advantages")] == [0, 1, 2, 3]
     assert all(isinstance(exps[2][n], msgpack.ExtType) for n in ("tokens", "advantages"))
+
+
+@pytest.mark.parametrize("tokens", [1, 20, 300, 9000])  # tables under 256, 64K and beyond
+def test_both_routes_write_the_same_table_header_at_every_size(tokens: int) -> None:
+    for e in (1, 2):
+        g = bench_group(n_exp=e, tokens=tokens, prompt=tokens // 2)
+        raw = encode(g)
+        with reference_only():
+            assert encode(g) == raw
+        assert same(g, decode(raw, ExperienceGroup))
+    for size in (1, 2, 4, 8, 16, 17, 255, 256, 65535, 65536):
+        blob = msgpack.packb(msgpack.ExtType(EXT_TABLE, b"\0" * size))
+        assert codec_module._ext_head(EXT_TABLE, size) == blob[: len(blob) - size]
