@@ -493,6 +493,18 @@ def ext_message(ext_data: bytes, code: int = EXT_NUMPY) -> bytes:
     return msgpack.packb({"schema": "experience", "version": SCHEMA_VERSION, "payload": payload})
 
 
+def refused_peak(msg: bytes, match: str) -> int:
+    """Decode ``msg``, which must fail with a CodecError matching ``match``; returns the peak
+    bytes Python allocated meanwhile."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError, match=match):
+            decode(msg)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def header(dtype: bytes, shape: tuple[int, ...]) -> bytes:
     return (
         bytes([len(dtype)]) + dtype + bytes([len(shape)]) + struct.pack(f"<{len(shape)}q", *shape)
@@ -513,14 +525,7 @@ def header(dtype: bytes, shape: tuple[int, ...]) -> bytes:
 def test_absurd_shape_is_rejected_without_allocating(shape: tuple, match: str, code: int) -> None:
     dtype = b"<i4" if code == 1 else b"int32"
     msg = ext_message(header(dtype, shape) + b"\0" * 16, code)
-    tracemalloc.start()
-    try:
-        with pytest.raises(CodecError, match=match):
-            decode(msg)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 1 << 20
+    assert refused_peak(msg, match) < 1 << 20
 
 
 def test_array_header_errors() -> None:
@@ -990,14 +995,8 @@ def test_malformed_tables_are_refused_without_allocating(table: bytes, match: st
                               tokens=np.zeros(1, np.int32), prompt_length=0))  # fmt: skip
     env["arrays"] = msgpack.ExtType(EXT_TABLE, table)
     msg = msgpack.packb(env)
-    tracemalloc.start()
-    try:
-        with pytest.raises(CodecError, match=match):
-            decode(msg)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 2 * len(msg) + (1 << 20)  # the message's copies, nothing per array
+    # the message's copies, nothing per array
+    assert refused_peak(msg, match) < 2 * len(msg) + (1 << 20)
 
 
 def test_arrays_past_the_table_limit_travel_inline(monkeypatch: pytest.MonkeyPatch) -> None:
