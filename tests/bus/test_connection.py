@@ -176,9 +176,9 @@ def test_header_parser_agrees_with_nats_py():
 
 
 def test_publish_command_agrees_with_nats_py():
-    """bus.connection.Client builds the PUB/HPUB command itself (one copy of the payload, a
-    header name checked once): on any headers, valid or not, it must send nats-py's bytes or
-    raise nats-py's error."""
+    """bus.connection.Client queues the PUB/HPUB command itself (the payload not copied, a
+    header name checked once): on any headers, valid or not, it must queue nats-py's bytes
+    (and count them alike) or raise nats-py's error."""
     import asyncio
 
     from hypothesis import given, settings
@@ -188,18 +188,15 @@ def test_publish_command_agrees_with_nats_py():
     from bus.connection import Client
 
     async def command(cls: type, client: NatsClient, headers: dict | None, payload: bytes):
-        sent: list[bytes] = []
-
-        async def capture(cmd: bytes, priority: bool = False) -> None:
-            sent.append(cmd)
-
-        client._send_command = capture  # type: ignore[method-assign]
+        client._pending, client._pending_data_size = [b"PING\r\n"], 6  # something queued
         client._flush_queue = None
         try:
             await cls._send_publish(client, "trinity.r.exp", "_INBOX.x", payload, len(payload), headers)
         except Exception as e:  # noqa: BLE001 - the error itself is compared
             return type(e), str(e)
-        return sent
+        queued = b"".join(client._pending)
+        assert client._pending_data_size == len(queued)
+        return queued
 
     text = st.text(st.sampled_from(["a", "Z", "-", " ", "\t", "\r", "\n", "é", ":", "_", "~"]), max_size=6)
     headers = st.none() | st.dictionaries(text | st.sampled_from(["Nats-Msg-Id", "Trinity-Run"]), text, max_size=5)
@@ -213,3 +210,18 @@ def test_publish_command_agrees_with_nats_py():
             assert got == asyncio.run(command(NatsClient, theirs, h, payload))
 
     check()
+
+
+def test_publish_queues_a_snapshot_of_a_mutable_payload():
+    """The payload is queued uncopied only when it is bytes: a bytearray the caller changes
+    after publish() returned must still be sent as it was."""
+    import asyncio
+
+    from bus.connection import Client
+
+    client = Client()
+    client._flush_queue = None
+    buf = bytearray(b"abc")
+    asyncio.run(client._send_publish("s", "", buf, 3, None))
+    buf[:] = b"xyz"
+    assert b"".join(client._pending) == b"PUB s  3\r\nabc\r\n"
