@@ -1090,42 +1090,63 @@ def _fast_array(a: Any) -> bool:
     return type(a) is _ndarray or _is_tensor(a)
 
 
-def _fast_experience_ok(e: Experience) -> bool:
-    """Encode side: True if every field of ``e`` has the exact type the wire takes as is
-    (no int for a float, no numpy scalar, no str subclass, arrays numpy or torch)."""
-    nd = _ndarray
+class _Collect:
+    """The array table an encode is building: arrays in index order, their dtype codes, and
+    the bool ones and the others apart (the table writes the bools first)."""
+
+    __slots__ = ("arrays", "codes", "bools", "others")
+
+    def __init__(self) -> None:
+        self.arrays: list[np.ndarray] = []
+        self.codes: list[int] = []
+        self.bools: list[np.ndarray] = []
+        self.others: list[np.ndarray] = []
+
+
+#: Kind (``dtype.kind``) of each table dtype code, for the encode-side validity checks.
+_CODE_KIND = tuple(dt.kind for dt in _TABLE_DTYPES)
+
+
+def _plain_index(a: Any, kinds: str, length: int, t: _Collect) -> int:
+    """Encode side: ``a``'s index in the table ``t`` builds, if ``a`` is a 1-D numpy array of
+    a table dtype of one of ``kinds`` and (when ``length >= 0``) that length, as
+    :meth:`Experience.validate` wants it; else -1, and the caller gives way."""
+    if type(a) is not _ndarray or a.ndim != 1 or (length >= 0 and len(a) != length):
+        return -1
+    code = _TABLE_CODE.get(a.dtype)
+    if code is None or _CODE_KIND[code] not in kinds:
+        return -1
+    arrays = t.arrays
+    arrays.append(a)
+    t.codes.append(code)
+    (t.bools if code == _BOOL_CODE else t.others).append(a)
+    return len(arrays) - 1
+
+
+def _wire_values(e: Experience, t: _Collect) -> tuple[Any, ...] | None:
+    """Encode side: the field values of ``e`` as the wire takes them, its arrays as table
+    indices, if ``e`` is plainly valid (what :func:`_plainly_valid` accepts, so ``validate``
+    has nothing to say) and every field has the exact type the wire takes as is (no int for
+    a float, no numpy scalar, no str subclass, plain info). None otherwise: the reference
+    encoder then normalizes it (torch tensors, 2-D teacher logprobs, ...) or raises naming
+    the field. One pass, so each field is looked at once."""
     tokens = e.tokens
-    logprobs = e.logprobs
-    action_mask = e.action_mask
+    p = e.prompt_length
     reward = e.reward
-    token_level_reward = e.token_level_reward
-    advantages = e.advantages
-    returns = e.returns
+    version = e.model_version
     messages = e.messages
     prompt_text = e.prompt_text
     response_text = e.response_text
-    chosen = e.chosen
-    rejected = e.rejected
-    teacher_logprobs = e.teacher_logprobs
     info = e.info
-    return (
+    if not (
         type(e.id) is str
         and type(e.task_id) is str
         and type(e.group_id) is str
         and type(e.run_id) is str
-        and (type(tokens) is nd or _fast_array(tokens))
-        and type(e.prompt_length) is int
-        and (logprobs is None or type(logprobs) is nd or _fast_array(logprobs))
-        and (action_mask is None or type(action_mask) is nd or _fast_array(action_mask))
+        and type(p) is int
         and (reward is None or type(reward) is float)
-        and (
-            token_level_reward is None
-            or type(token_level_reward) is nd
-            or _fast_array(token_level_reward)
-        )
-        and (advantages is None or type(advantages) is nd or _fast_array(advantages))
-        and (returns is None or type(returns) is nd or _fast_array(returns))
-        and type(e.model_version) is int
+        and type(version) is int
+        and version >= 0
         and type(e.prompt_truncated) is bool
         and type(e.response_truncated) is bool
         and (
@@ -1138,69 +1159,42 @@ def _fast_experience_ok(e: Experience) -> bool:
         )
         and (prompt_text is None or type(prompt_text) is str)
         and (response_text is None or type(response_text) is str)
-        and (chosen is None or type(chosen) is nd or _fast_array(chosen))
-        and (rejected is None or type(rejected) is nd or _fast_array(rejected))
-        and (
-            teacher_logprobs is None
-            or type(teacher_logprobs) is nd
-            or _fast_array(teacher_logprobs)
-        )
         and type(info) is dict
         and (not info or _flat_plain(info) or _exact_plain(info))
         and type(e.created_at) is float
-    )
-
-
-def _fast_group_ok(g: ExperienceGroup) -> bool:
-    metrics = g.metrics
-    experiences = g.experiences
-    if not (
-        type(g.group_id) is str
-        and type(g.task_id) is str
-        and type(g.run_id) is str
-        and type(g.model_version) is int
-        and type(experiences) is list
-        and type(g.is_eval) is bool
-        and type(g.taskset) is str
-        and type(metrics) is dict
-        and (
-            not metrics
-            or (
-                _STR_ONLY.issuperset(map(type, metrics))
-                and _FLOAT_ONLY.issuperset(map(type, metrics.values()))
-            )
-        )
-        and type(g.created_at) is float
     ):
-        return False
-    for e in experiences:
-        if type(e) is not Experience or not _fast_experience_ok(e):
-            return False
-    return True
+        return None
+    ti = _plain_index(tokens, "iu", -1, t)
+    if ti < 0 or not 0 <= p <= len(tokens):
+        return None
+    r = len(tokens) - p
+    # in field order: that is the order the reference encoder numbers them in
+    ix = _plain_index
+    lp, am, tlr, adv, ret = e.logprobs, e.action_mask, e.token_level_reward, e.advantages, e.returns
+    lp = None if lp is None else ix(lp, "f", r, t)
+    am = None if am is None else ix(am, "b", r, t)
+    tlr = None if tlr is None else ix(tlr, "f", r, t)
+    adv = None if adv is None else ix(adv, "f", r, t)
+    ret = None if ret is None else ix(ret, "f", r, t)
+    chosen, rejected, tl = e.chosen, e.rejected, e.teacher_logprobs
+    if (chosen is None) != (rejected is None):
+        return None
+    if chosen is not None:
+        chosen, rejected = ix(chosen, "iu", -1, t), ix(rejected, "iu", -1, t)
+    tl = None if tl is None else ix(tl, "f", r, t)
+    if -1 in (lp, am, tlr, adv, ret, chosen, rejected, tl):
+        return None
+    return (
+        e.id, e.task_id, e.group_id, e.run_id, ti, p, lp, am, reward, tlr, adv, ret,
+        version, e.prompt_truncated, e.response_truncated, messages, prompt_text,
+        response_text, chosen, rejected, tl, info, e.created_at,
+    )  # fmt: skip
 
 
 _FLOAT_ONLY = frozenset((float,))
 
 
 if msgspec is not None:
-    _Ext = msgspec.msgpack.Ext
-
-    def _ms_enc_hook(a: Any) -> Any:
-        """msgspec calls this for the values it does not know: the arrays that
-        :func:`_fast_experience_ok` let through. A table array becomes its index (as
-        :func:`_pack_field_array`) and is kept for :func:`_fast_encode`; anything else an
-        inline ext."""
-        if type(a) is _ndarray and a.ndim == 1:
-            code = _TABLE_CODE.get(a.dtype)
-            local = _ms_local
-            arrays = local.arrays
-            if code is not None and len(arrays) < MAX_TABLE_ARRAYS:
-                arrays.append(a)
-                local.codes.append(code)
-                (local.bools if code == _BOOL_CODE else local.others).append(a)
-                return len(arrays) - 1
-        ext = _pack_array(a, "", "")
-        return _Ext(ext.code, ext.data)
 
     def _ms_ext_hook(code: int, data: memoryview) -> Any:
         """The table from a memoryview of the message (its arrays are read-only views of the
@@ -1266,7 +1260,7 @@ if msgspec is not None:
             forbid_unknown_fields=True,
         )
 
-    _ms_encoder = msgspec.msgpack.Encoder(enc_hook=_ms_enc_hook)
+    _ms_encoder = msgspec.msgpack.Encoder()
     _ms_decoder = msgspec.msgpack.Decoder(
         _envelope_type("experience_group", _GroupWire)
         | _envelope_type("experience", _ExperienceWire),
@@ -1322,14 +1316,65 @@ if msgspec is not None:
             _opt_dict_list(messages, "", "messages")
         return e
 
+    def _ms_wire(obj: Any, t: _Collect) -> Any:
+        """The wire struct of an ExperienceGroup or Experience, its arrays numbered into
+        ``t``, if it takes the fast route (see :func:`_wire_values`); None otherwise. msgspec
+        writes a Struct as the map of its fields in order, the bytes the reference encoder
+        writes for the dataclass, and knowing the arrays up front needs no hook."""
+        if type(obj) is Experience:
+            v = _wire_values(obj, t)
+            return None if v is None else _ExperienceWire(*v)
+        gid, tid, rid, version = obj.group_id, obj.task_id, obj.run_id, obj.model_version
+        exps, metrics = obj.experiences, obj.metrics
+        if not (
+            type(gid) is str
+            and type(tid) is str
+            and type(rid) is str
+            and type(version) is int
+            and version >= 0
+            and type(exps) is list
+            and type(obj.is_eval) is bool
+            and type(obj.taskset) is str
+            and type(metrics) is dict
+            and (
+                not metrics
+                or (
+                    _STR_ONLY.issuperset(map(type, metrics))
+                    and _FLOAT_ONLY.issuperset(map(type, metrics.values()))
+                )
+            )
+            and type(obj.created_at) is float
+        ):
+            return None
+        wire = []
+        seen: set[str] = set()
+        for e in exps:  # what ExperienceGroup.validate checks besides each experience
+            if type(e) is not Experience or e.id in seen:
+                return None
+            if e.group_id != gid or e.task_id != tid or e.run_id != rid:
+                return None
+            seen.add(e.id)
+            v = _wire_values(e, t)
+            if v is None:
+                return None
+            wire.append(_ExperienceWire(*v))
+        return _GroupWire(
+            gid, tid, rid, version, wire, obj.is_eval, obj.taskset, metrics, obj.created_at
+        )
+
     def _fast_encode(obj: Any, spec: _Spec) -> bytes | None:
-        """msgspec writes the envelope without its last key into this thread's buffer (whose
-        pages stay mapped from one message to the next), numbering the arrays as it goes; the
-        table is then appended by the one join that also makes the message. So the arrays'
-        bytes are copied once, straight from the arrays into the message: on these machines a
-        64 KB copy costs ~50 us, and joining the table first, copying it into the buffer and
-        the buffer out were two more."""
-        if not (_fast_group_ok(obj) if spec.cls is ExperienceGroup else _fast_experience_ok(obj)):
+        """The envelope with its payload as wire structs and the array table last. msgspec
+        writes the 3-key envelope into this thread's buffer (whose pages stay mapped from one
+        message to the next); the table is then appended by the one join that also makes the
+        message, so the arrays' bytes are copied once, straight from the arrays into it (a
+        64 KB copy costs ~50 us on these machines). None: the reference path decides."""
+        t = _Collect()
+        try:
+            payload = _ms_wire(obj, t)
+        except Exception:  # an unhashable id, a failing __eq__: the reference path explains
+            return None
+        arrays = t.arrays
+        if payload is None or len(arrays) > MAX_TABLE_ARRAYS:
             return None
         local = _ms_local
         buf = getattr(local, "buf", None)
@@ -1337,24 +1382,20 @@ if msgspec is not None:
             buf = bytearray()
         else:
             local.buf = None  # taken
+        bools = t.bools
         try:
-            obj.validate()
-            local.arrays = []
-            local.codes = []
-            local.bools = bools = []
-            local.others = []
             _ms_encoder.encode_into(
-                {"schema": spec.name, "version": SCHEMA_VERSION, "payload": obj}, buf
+                {"schema": spec.name, "version": SCHEMA_VERSION, "payload": payload}, buf
             )
             if buf[0] != 0x83:  # msgspec wrote the 3-key map as a fixmap
                 return None
             buf[0] = 0x84  # ... and it gets a 4th key: "arrays", the table
             bool_bytes = sum(map(len, bools))
-            head = _table_head(local.arrays, local.codes, bool_bytes)
-            size = len(head) + bool_bytes + sum(a.nbytes for a in local.others)
+            head = _table_head(arrays, t.codes, bool_bytes)
+            size = len(head) + bool_bytes + sum(a.nbytes for a in t.others)
             ext = _ext_head(EXT_TABLE, size)
             # join refuses a strided array (TypeError): the reference path copies it
-            out = b"".join([buf, _ARRAYS_KEY, ext, head, *bools, *local.others])
+            out = b"".join([buf, _ARRAYS_KEY, ext, head, *bools, *t.others])
         except Exception:  # the reference path says what is wrong
             return None
         finally:

@@ -4,6 +4,7 @@ allocation."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import subprocess
@@ -877,6 +878,79 @@ def test_validate_shortcut_never_accepts_what_the_full_checks_refuse(e: Experien
     g = ExperienceGroup(group_id="g", task_id="t", run_id="r", experiences=[e, e])
     with pytest.raises(ValueError):  # the same id twice, whatever the shortcut says
         g.validate()
+
+
+def encode_outcome(obj: Any) -> Any:
+    """What encode makes of ``obj``: the bytes, or the CodecError's message."""
+    try:
+        return encode(obj)
+    except CodecError as e:
+        return ("error", str(e))
+
+
+class _Name(str):
+    """A str subclass: valid, but not what the accelerated route writes as is."""
+
+
+@st.composite
+def nearly_valid_experiences(draw: Any) -> Experience:
+    """Experiences in the hot-path shape with at most one field off: by a length, a dtype, a
+    rank, a byte order, a stride or an exact type (valid but not written as is)."""
+    r = 6
+    f4 = np.arange(r, dtype=np.float32)
+    good: dict[str, Any] = dict(
+        id="e", tokens=np.arange(10, dtype=np.int32), prompt_length=4, logprobs=f4,
+        action_mask=np.ones(r, bool), reward=1.0, advantages=None, chosen=None, rejected=None,
+        teacher_logprobs=None, model_version=0, info={"a": 1, "b": "x"},
+    )  # fmt: skip
+    off: dict[str, list[Any]] = {
+        "id": [_Name("e")],
+        "tokens": [np.arange(10, dtype=">i4"), np.arange(10.0), np.arange(20, dtype=np.int32)[::2],
+                   np.arange(10, dtype=np.int32).reshape(2, 5)],
+        "prompt_length": [0, 10, 11, -1],
+        "logprobs": [None, f4[:-1], f4.astype(np.int32), f4.reshape(r, 1), torch.from_numpy(f4),
+                     f4.astype(">f4"), np.arange(2 * r, dtype=np.float32)[::2]],
+        "action_mask": [None, np.ones(r + 1, bool), np.ones(r, np.uint8)],
+        "reward": [None, 1, np.float32(1)],
+        "advantages": [f4, f4.astype(np.float64), f4.astype(np.float16), f4[:2]],
+        "chosen": [np.arange(3)],
+        "teacher_logprobs": [f4, np.zeros((r, 2), np.float32), f4[:1]],
+        "model_version": [3, -1],
+        "info": [{}, {"a": np.float32(1)}, {"a": [1, {"b": 2.0}]}],
+    }  # fmt: skip
+    name = draw(st.sampled_from([None, *off]))
+    if name is not None:
+        good[name] = draw(st.sampled_from(off[name]))
+        if name == "chosen" and draw(st.booleans()):
+            good["rejected"] = np.arange(2)  # a complete DPO pair (valid)
+    return Experience(task_id="t", group_id="g", run_id="r", **good)
+
+
+@needs_accel
+@settings(max_examples=300, deadline=None, suppress_health_check=_HC)
+@given(st.one_of(loose_experiences(), nearly_valid_experiences()), st.data())
+def test_accelerated_encode_takes_nothing_the_reference_path_refuses(
+    e: Experience, data: st.DataObject
+) -> None:
+    """The accelerated encoder judges validity itself (it calls no validate()): on often
+    invalid experiences, alone and in groups (a shared id, a foreign group id, a negative
+    version), both routes give the same bytes or the same error."""
+    other = dataclasses.replace(
+        e,
+        id=data.draw(st.sampled_from(["e", "e2"])),
+        group_id=data.draw(st.sampled_from(["g", "h"])),
+    )
+    g = ExperienceGroup(
+        group_id="g",
+        task_id="t",
+        run_id="r",
+        model_version=data.draw(st.integers(-1, 1)),
+        experiences=[e, other],
+    )
+    for obj in (e, g):
+        fast = encode_outcome(obj)
+        with reference_only():
+            assert encode_outcome(obj) == fast
 
 
 @pytest.mark.parametrize("n_exp", [1, 3])
