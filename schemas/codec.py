@@ -387,7 +387,13 @@ def _ext_head(code: int, size: int) -> bytes:
 
 def _parse_table(data: bytes | memoryview) -> _Table:
     """The arrays of a table, as read-only views of ``data``. numpy checks each view against
-    the buffer's length before making it, so no count can make it allocate."""
+    the buffer's length before making it, so no count can make it allocate.
+
+    Why slices: making an array from a buffer costs twice what slicing one does, so each
+    region (the bools, then the others) gets one view per dtype, made when first needed, and
+    each array is a slice of it. An array whose offset is not a multiple of its item size
+    (after an odd-sized one) is made from the buffer instead. A slice past the end would be
+    cut short silently, so the counts must add up to each region's size exactly."""
     size = len(data)
     if size < _TABLE_HEAD.size:
         raise CodecError(f"array table: truncated ({size} bytes)")
@@ -399,27 +405,37 @@ def _parse_table(data: bytes | memoryview) -> _Table:
         raise CodecError(f"array table: header of {n} arrays does not fit in {size} bytes")
     codes = bytes(data[_TABLE_HEAD.size : _TABLE_HEAD.size + n])
     counts = struct.unpack_from(f"<{n}Q", data, _TABLE_HEAD.size + n)
-    at_bool = start
-    at = start + bool_bytes
+    if bool_bytes and not _bool_bytes_ok(data, start, bool_bytes):
+        raise CodecError("array: bool array holds bytes other than 0 and 1")
+    nd, dts, sizes = _ndarray, _TABLE_DTYPES, _TABLE_ITEMSIZES
+    bools = nd((bool_bytes,), dts[_BOOL_CODE], data, start)
+    other = start + bool_bytes  # where the other arrays' region starts
+    rest = size - other  # and its size
+    views: list[Any] = [None] * len(dts)  # per dtype code: a view of the whole region
+    at_bool = at = 0  # bytes into each region
     arrays = []
-    nd, dts, bool_dt = _ndarray, _TABLE_DTYPES, _TABLE_DTYPES[_BOOL_CODE]
     try:
         for code, k in zip(codes, counts, strict=True):
             if code == _BOOL_CODE:
-                arrays.append(nd((k,), bool_dt, data, at_bool))
+                arrays.append(bools[at_bool : at_bool + k])
                 at_bool += k
+                continue
+            itemsize = sizes[code]
+            view = views[code]
+            if view is None:
+                view = views[code] = nd((rest // itemsize,), dts[code], data, other)
+            if at % itemsize:
+                arrays.append(nd((k,), dts[code], data, other + at))
             else:
-                dt = dts[code]
-                arrays.append(nd((k,), dt, data, at))
-                at += k * dt.itemsize
+                i = at // itemsize
+                arrays.append(view[i : i + k])
+            at += k * itemsize
     except IndexError:
         raise CodecError(f"array table: unknown dtype code {max(codes)}") from None
     except (TypeError, ValueError):  # numpy: "buffer is too small", "array is too big"
         at = -1
-    if at_bool != start + bool_bytes or at != size:
+    if at_bool != bool_bytes or at != rest:
         raise CodecError(f"array table: the counts of its {n} arrays do not fit its {size} bytes")
-    if bool_bytes and not _bool_bytes_ok(data, start, bool_bytes):
-        raise CodecError("array: bool array holds bytes other than 0 and 1")
     return _Table(arrays)
 
 

@@ -1002,6 +1002,36 @@ def test_common_arrays_travel_in_the_table_and_others_inline() -> None:
     assert decode(encode(g)).experiences[0].advantages.dtype == np.dtype("<f4")
 
 
+@pytest.mark.parametrize("n", [5, 6, 7, 8])
+def test_table_arrays_of_mixed_sizes_and_offsets_come_back(n: int) -> None:
+    """Decode slices each array from one view per dtype when its offset allows and makes
+    it from the buffer when not: every combination must give the same arrays back."""
+    rng = np.random.default_rng(n)
+    r = n - 2
+    e = Experience(
+        id="e", task_id="t", group_id="g", run_id="r", prompt_length=2,
+        tokens=rng.integers(0, 200, n).astype(np.uint8),
+        logprobs=rng.standard_normal(r).astype(np.float32),
+        action_mask=rng.integers(0, 2, r).astype(bool),
+        token_level_reward=rng.standard_normal(r).astype(np.float16),
+        advantages=rng.standard_normal(r),
+        returns=rng.standard_normal(r).astype(np.float32),
+        chosen=rng.integers(0, 9, n + 1).astype(np.int16),
+        rejected=rng.integers(0, 9, 3).astype(np.uint64),
+        teacher_logprobs=rng.standard_normal(r).astype(np.float32),
+    )  # fmt: skip
+    g = ExperienceGroup(group_id="g", task_id="t", run_id="r", experiences=[e, dataclasses.replace(e, id="f")])
+    raw = encode(g)
+    for ctx in (nullcontext(), reference_only()):
+        with ctx:
+            back = decode(raw, ExperienceGroup)
+        assert same(g, back)
+        for x in back.experiences:
+            for name in ("tokens", "logprobs", "advantages", "chosen", "rejected", "returns"):
+                a = getattr(x, name)
+                assert a.dtype == getattr(e, name).dtype and not a.flags.writeable
+
+
 def test_version_1_messages_still_decode() -> None:
     """Every array inline, no table: what this codec wrote before version 2."""
     g = small_group()
