@@ -19,7 +19,6 @@ import asyncio
 import hashlib
 import math
 import time
-from functools import partial
 from typing import Any
 
 import nats.errors
@@ -74,6 +73,11 @@ H_ORIG_ID = "Trinity-Original-Msg-Id"
 H_CONSUMER = "Trinity-Consumer"
 
 _SAFE = {i: None for i in range(32)} | {127: None}
+
+#: A sent message whose ack is awaited: subject, frames, its future, when to stop waiting for
+#: this ack, and when to give up on the message (publish_timeout).
+_Frames = list[tuple[bytes, dict[str, str]]]
+_Awaited = tuple[str, _Frames, asyncio.Future[list[api.PubAck]], float, float]
 
 
 def header_value(v: Any, limit: int = 256) -> str:
@@ -244,6 +248,11 @@ class Publisher:
         self.attempt_timeout = attempt_timeout
         self._slots = asyncio.Semaphore(max(1, cfg.publish_concurrency))
         self._flights: set[asyncio.Future[list[api.PubAck]]] = set()
+        # nats-py's ack future of each message sent by _launch -> what a retry needs and when
+        # to give up waiting for that ack; one sweep timer looks them over (see _sweep)
+        self._awaited: dict[asyncio.Future[api.PubAck], _Awaited] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._sweep_every = max(0.05, min(1.0, attempt_timeout / 4))
         self._failed: list[BaseException] = []
         self.published = 0
         self.duplicates = 0
@@ -347,10 +356,11 @@ class Publisher:
     # -- submitted messages ---------------------------------------------------------------
     #
     # A submitted message is one future (what submit returns). The common case, one frame, is
-    # sent right here and followed by callbacks: the ack resolves the future, a timer gives
-    # up on a lost ack. No task, no wait_for per message: at a thousand messages a second
-    # those were a good part of the producer's CPU. Any trouble with that first attempt (an
-    # error, a late ack, a reconnect) hands the message to publish_acked's retry loop in a
+    # sent right here and followed by a callback: the ack resolves the future. A lost ack is
+    # noticed by one sweep that runs every _sweep_every seconds while acks are awaited. No
+    # task, no wait_for, no timer per message: at a thousand messages a second those were a
+    # good part of the producer's CPU (a timer alone ~4%). Any trouble with that first attempt
+    # (an error, a late ack, a reconnect) hands the message to publish_acked's retry loop in a
     # task, with the time left; so do chunked messages. The same Nats-Msg-Id makes every
     # re-send harmless.
 
@@ -377,43 +387,39 @@ class Publisher:
                 wait = min(
                     attempt_wait(len(payload), self.attempt_timeout), self.cfg.publish_timeout
                 )
-                timer = loop.call_later(wait, self._ack_late, subject, frames, done, ack, deadline)
-                ack.add_done_callback(partial(self._acked, subject, frames, done, timer, deadline))
+                self._awaited[ack] = (subject, frames, done, loop.time() + wait, deadline)
+                ack.add_done_callback(self._acked)
+                if self._sweeper is None:
+                    self._sweeper = loop.call_later(self._sweep_every, self._sweep)
                 return done
         self._retry(subject, frames, done, deadline)  # chunks: publish_acked each, gathered
         return done
 
-    def _acked(
-        self,
-        subject: str,
-        frames: list[tuple[bytes, dict[str, str]]],
-        done: asyncio.Future[list[api.PubAck]],
-        timer: asyncio.TimerHandle,
-        deadline: float,
-        ack: asyncio.Future[api.PubAck],
-    ) -> None:
-        if ack.cancelled():  # the timer gave up on it and handed the message over
+    def _acked(self, ack: asyncio.Future[api.PubAck]) -> None:
+        entry = self._awaited.pop(ack, None)
+        if entry is None:  # the sweep gave up on it and handed the message over
             return
-        timer.cancel()
+        subject, frames, done, _, deadline = entry
         if done.done():
             return
-        err = ack.exception()
-        if err is None:
+        if ack.cancelled():  # not by us (nats-py, closing): send it again while time is left
+            self._retry(subject, frames, done, deadline, "ack wait cancelled")
+        elif (err := ack.exception()) is None:
             done.set_result([ack.result()])
         else:
             self._retry(subject, frames, done, deadline, f"{type(err).__name__}: {err}")
 
-    def _ack_late(
-        self,
-        subject: str,
-        frames: list[tuple[bytes, dict[str, str]]],
-        done: asyncio.Future[list[api.PubAck]],
-        ack: asyncio.Future[api.PubAck],
-        deadline: float,
-    ) -> None:
-        ack.cancel()  # nats-py forgets it; a late ack of this id no longer matters
-        if not done.done():
-            self._retry(subject, frames, done, deadline, "no ack in time")
+    def _sweep(self) -> None:
+        """Hand every message whose ack is overdue to the retry loop, and look again later
+        while any ack is awaited."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for ack in [a for a, entry in self._awaited.items() if entry[3] <= now]:
+            subject, frames, done, _, deadline = self._awaited.pop(ack)
+            ack.cancel()  # nats-py forgets it; a late ack of this id no longer matters
+            if not done.done():
+                self._retry(subject, frames, done, deadline, "no ack in time")
+        self._sweeper = loop.call_later(self._sweep_every, self._sweep) if self._awaited else None
 
     def _retry(
         self,

@@ -221,6 +221,31 @@ async def test_submitted_publish_that_cannot_be_stored_fails_flush(nats_cfg, run
         await nc.close()
 
 
+async def test_a_lost_ack_is_noticed_and_the_message_sent_again(nats_conn, nats_cfg, run_id) -> None:
+    """The first ack never arrives (the server stored the message, the reply got lost): the
+    sweep gives up on it after the attempt's wait, the retry loop sends it again with the
+    same id, and the stream holds it once."""
+    pub = Publisher(nats_conn, nats_cfg, run_id, attempt_timeout=0.2)
+    real = pub.js.publish_async
+    lost: list[asyncio.Future] = []
+
+    async def first_ack_lost(subject: str, payload: bytes, **kw: object) -> asyncio.Future:
+        fut = await real(subject, payload, **kw)
+        if lost:
+            return fut
+        lost.append(fut)
+        return asyncio.get_running_loop().create_future()  # an ack that never comes
+
+    pub.js.publish_async = first_ack_lost  # type: ignore[method-assign]
+    done = await pub.submit_group(make_group(run_id))
+    await pub.flush()
+    assert done.result()[0].duplicate  # the re-send found the first copy stored
+    assert pub.published == 1 and await _stream_msgs(nats_conn, nats_cfg, run_id) == 1
+    assert not pub._awaited
+    await asyncio.sleep(2 * pub._sweep_every)
+    assert pub._sweeper is None  # nothing awaited: the sweep stopped looking
+
+
 def test_header_value_is_ascii_without_control_characters() -> None:
     """Headers must stay one readable ASCII line whatever a task id holds (the fast path for
     plain ids must give what the full rendering gives)."""
