@@ -41,7 +41,16 @@ try:  # optional accelerator for the hot schemas, see "Accelerated path" below
 except ImportError:  # pragma: no cover - without it the reference path does everything
     msgspec = None
 
-from .data import SCHEMA_VERSION, SCHEMAS, Experience, ExperienceGroup, Metric, SyncEvent, Task
+from .data import (
+    SCHEMA_VERSION,
+    SCHEMAS,
+    Experience,
+    ExperienceGroup,
+    Metric,
+    SyncEvent,
+    Task,
+    _plainly_valid,
+)
 
 __all__ = [
     "CodecError",
@@ -1119,18 +1128,14 @@ class _Collect:
         self.others: list[np.ndarray] = []
 
 
-#: Kind (``dtype.kind``) of each table dtype code, for the encode-side validity checks.
-_CODE_KIND = tuple(dt.kind for dt in _TABLE_DTYPES)
-
-
-def _plain_index(a: Any, kinds: str, length: int, t: _Collect) -> int:
-    """Encode side: ``a``'s index in the table ``t`` builds, if ``a`` is a 1-D numpy array of
-    a table dtype of one of ``kinds`` and (when ``length >= 0``) that length, as
-    :meth:`Experience.validate` wants it; else -1, and the caller gives way."""
-    if type(a) is not _ndarray or a.ndim != 1 or (length >= 0 and len(a) != length):
+def _table_index(a: Any, t: _Collect) -> int:
+    """Encode side: ``a``'s index in the table ``t`` builds, if ``a`` is an array the table
+    takes (an exact 1-D numpy array of a standard little-endian dtype, as
+    :func:`_pack_field_array` decides); else -1, and the caller gives way."""
+    if type(a) is not _ndarray or a.ndim != 1:
         return -1
     code = _TABLE_CODE.get(a.dtype)
-    if code is None or _CODE_KIND[code] not in kinds:
+    if code is None:
         return -1
     arrays = t.arrays
     arrays.append(a)
@@ -1141,15 +1146,12 @@ def _plain_index(a: Any, kinds: str, length: int, t: _Collect) -> int:
 
 def _wire_values(e: Experience, t: _Collect) -> tuple[Any, ...] | None:
     """Encode side: the field values of ``e`` as the wire takes them, its arrays as table
-    indices, if ``e`` is plainly valid (what :func:`_plainly_valid` accepts, so ``validate``
-    has nothing to say) and every field has the exact type the wire takes as is (no int for
-    a float, no numpy scalar, no str subclass, plain info). None otherwise: the reference
-    encoder then normalizes it (torch tensors, 2-D teacher logprobs, ...) or raises naming
-    the field. One pass, so each field is looked at once."""
-    tokens = e.tokens
-    p = e.prompt_length
+    indices, if every field has the exact type the wire takes as is (no int for a float, no
+    numpy scalar, no str subclass, plain info, arrays the table takes) and ``e`` passes
+    :func:`_plainly_valid` (so ``validate`` has nothing to say). None otherwise: the
+    reference encoder then normalizes it (torch tensors, 2-D teacher logprobs, ...) or raises
+    naming the field."""
     reward = e.reward
-    version = e.model_version
     messages = e.messages
     prompt_text = e.prompt_text
     response_text = e.response_text
@@ -1159,10 +1161,7 @@ def _wire_values(e: Experience, t: _Collect) -> tuple[Any, ...] | None:
         and type(e.task_id) is str
         and type(e.group_id) is str
         and type(e.run_id) is str
-        and type(p) is int
         and (reward is None or type(reward) is float)
-        and type(version) is int
-        and version >= 0
         and type(e.prompt_truncated) is bool
         and type(e.response_truncated) is bool
         and (
@@ -1178,32 +1177,28 @@ def _wire_values(e: Experience, t: _Collect) -> tuple[Any, ...] | None:
         and type(info) is dict
         and (not info or _flat_plain(info) or _exact_plain(info))
         and type(e.created_at) is float
+        and _plainly_valid(e)  # also: prompt_length and model_version are ints
     ):
         return None
-    ti = _plain_index(tokens, "iu", -1, t)
-    if ti < 0 or not 0 <= p <= len(tokens):
-        return None
-    r = len(tokens) - p
     # in field order: that is the order the reference encoder numbers them in
-    ix = _plain_index
+    ix = _table_index
     lp, am, tlr, adv, ret = e.logprobs, e.action_mask, e.token_level_reward, e.advantages, e.returns
-    lp = None if lp is None else ix(lp, "f", r, t)
-    am = None if am is None else ix(am, "b", r, t)
-    tlr = None if tlr is None else ix(tlr, "f", r, t)
-    adv = None if adv is None else ix(adv, "f", r, t)
-    ret = None if ret is None else ix(ret, "f", r, t)
-    chosen, rejected, tl = e.chosen, e.rejected, e.teacher_logprobs
-    if (chosen is None) != (rejected is None):
-        return None
-    if chosen is not None:
-        chosen, rejected = ix(chosen, "iu", -1, t), ix(rejected, "iu", -1, t)
-    tl = None if tl is None else ix(tl, "f", r, t)
-    if -1 in (lp, am, tlr, adv, ret, chosen, rejected, tl):
+    ch, rj, tl = e.chosen, e.rejected, e.teacher_logprobs
+    ti = ix(e.tokens, t)
+    lp = None if lp is None else ix(lp, t)
+    am = None if am is None else ix(am, t)
+    tlr = None if tlr is None else ix(tlr, t)
+    adv = None if adv is None else ix(adv, t)
+    ret = None if ret is None else ix(ret, t)
+    ch = None if ch is None else ix(ch, t)
+    rj = None if rj is None else ix(rj, t)
+    tl = None if tl is None else ix(tl, t)
+    if -1 in (ti, lp, am, tlr, adv, ret, ch, rj, tl):
         return None
     return (
-        e.id, e.task_id, e.group_id, e.run_id, ti, p, lp, am, reward, tlr, adv, ret,
-        version, e.prompt_truncated, e.response_truncated, messages, prompt_text,
-        response_text, chosen, rejected, tl, info, e.created_at,
+        e.id, e.task_id, e.group_id, e.run_id, ti, e.prompt_length, lp, am, reward, tlr, adv,
+        ret, e.model_version, e.prompt_truncated, e.response_truncated, messages, prompt_text,
+        response_text, ch, rj, tl, info, e.created_at,
     )  # fmt: skip
 
 
