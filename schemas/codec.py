@@ -430,12 +430,12 @@ def _parse_table(data: bytes | memoryview) -> _Table:
                 at_bool += k
                 continue
             itemsize = sizes[code]
-            view = views[code]
-            if view is None:
-                view = views[code] = nd((rest // itemsize,), dts[code], data, other)
             if at % itemsize:
                 arrays.append(nd((k,), dts[code], data, other + at))
             else:
+                view = views[code]
+                if view is None:
+                    view = views[code] = nd((rest // itemsize,), dts[code], data, other)
                 i = at // itemsize
                 arrays.append(view[i : i + k])
             at += k * itemsize
