@@ -932,9 +932,10 @@ def nearly_valid_experiences(draw: Any) -> Experience:
 def test_accelerated_encode_takes_nothing_the_reference_path_refuses(
     e: Experience, data: st.DataObject
 ) -> None:
-    """The accelerated encoder judges validity itself (it calls no validate()): on often
-    invalid experiences, alone and in groups (a shared id, a foreign group id, a negative
-    version), both routes give the same bytes or the same error."""
+    """The accelerated encoder judges validity without validate() (it asks _plainly_valid
+    and checks the group's ids itself): on often invalid experiences, alone and in groups (a
+    shared id, a foreign group id, a negative version), both routes give the same bytes or
+    the same error."""
     other = dataclasses.replace(
         e,
         id=data.draw(st.sampled_from(["e", "e2"])),
