@@ -1,6 +1,6 @@
 """End-to-end bus throughput: experience groups through ``bus`` vs raw nats-py, same bytes.
 
-    python bench/bus_throughput.py [--groups 1500] [--experiences 8] [--tokens 1024] [--repeat 5]
+    python bench/bus_throughput.py [--groups 4000] [--experiences 8] [--tokens 1024] [--repeat 7]
 
 Starts a private ``nats-server`` (JetStream, file storage, 127.0.0.1, free port), then for
 each path publishes N realistic experience groups (8 x 1024-token experiences: int32 tokens,
@@ -278,9 +278,23 @@ async def one_path(
     }
 
 
+async def drop_streams(url: str) -> None:
+    """Delete every stream once a path has run. Each run writes ~100 MB or more to file
+    storage; left in place, the kernel writes those pages back to disk during the following
+    runs, on the same two cores, and the later rounds of a bench slowed by a third. Deleted
+    before that, they never reach the disk."""
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for info in await js.streams_info():
+        await js.delete_stream(info.config.name)
+    await nc.close()
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--groups", type=int, default=1500)
+    ap.add_argument("--groups", type=int, default=4000)
     ap.add_argument("--experiences", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--prompt", type=int, default=256)
@@ -289,7 +303,7 @@ async def main() -> None:
     ap.add_argument(
         "--repeat",
         type=int,
-        default=5,
+        default=7,
         help="rounds of all three paths (each goes first in turn); the ratios reported are "
         "the median over rounds of each round's own ratio, and best of each path",
     )
@@ -324,6 +338,7 @@ async def main() -> None:
             secs = {}
             for path in paths[r % 3 :] + paths[: r % 3]:  # each path goes first in turn
                 secs[path], used = await one_path(args, server, path, f"bench.{path}{tag}")
+                await drop_streams(server.url)
                 best[path] = min(best[path], secs[path])
                 cpu[path].append(used)
             for path in paired:
