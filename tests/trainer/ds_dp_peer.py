@@ -40,7 +40,7 @@ def main(config: str, out: str) -> None:
         return
     metrics = [tr.train(batch(step), step) for step in (1, 2, 3)]
     tr.save(final=False)
-    params = {k: v.detach().float().clone() for k, v in tr.weights()}
+    params = {k: v.detach().float().cpu().clone() for k, v in tr.weights()}
     if tr.dp is not None:
         tr.stop_followers(True)
     torch.save(params, f"{out}/world{world}.pt")

@@ -35,7 +35,7 @@ def main(model_dir: str, stage: int, out: str) -> None:
                            advantages=np.full(8, 1.0 if i % 2 else -1.0, np.float32)) for i in range(4)]
         metrics.append(runner.run(exps, step))
     after = dict(eng.named_tensors())
-    moved = max(float((after[k].float() - before[k].float()).abs().max()) for k in after)
+    moved = max(float((after[k].float().cpu() - before[k].float()).abs().max()) for k in after)
     sums = {k: float(v.double().sum()) for k, v in after.items()}
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump({"world": world, "moved": moved, "sums": sums, "grad_norm": metrics[-1]["grad_norm"],

@@ -30,7 +30,7 @@ def main(config: str, out: str, mode: str) -> None:
         tr.save(final=False)
     assert tr.step == 2, tr.step
     metrics = tr.train(batch(3), 3)
-    params = {k: v.detach().float() for k, v in tr.engine.named_tensors()}
+    params = {k: v.detach().float().cpu() for k, v in tr.engine.named_tensors()}
     tag = mode if world == 1 else f"{mode}_rank{rank}"
     torch.save(params, f"{out}/{tag}.pt")
     with open(f"{out}/{tag}.json", "w") as f:
