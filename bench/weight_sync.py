@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import socket
 import sys
 import time
@@ -59,7 +60,9 @@ def _raw(pg, nbytes: int, rank: int, dev) -> float:
 def _peer(rank: int, rdv: dict, shapes, dtypes, bucket_bytes: int, repeats: int, q) -> None:
     torch.set_num_threads(1)
     r = Rendezvous.from_dict(rdv)
-    dev = torch.device("cuda", 0) if r.backend == "nccl" else torch.device("cpu")
+    if r.backend == "nccl":  # trainer on GPU 0, explorer on GPU 1: NCCL wants a GPU per rank
+        torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank) if r.backend == "nccl" else torch.device("cpu")
     if rank == 0:
         side = WeightSender(r, timeout=300)
     else:
@@ -102,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="take the best of N")
     ap.add_argument("--backend", default="nccl" if torch.cuda.is_available() else "gloo")
     a = ap.parse_args(argv)
+    if a.backend == "nccl" and torch.cuda.device_count() < 2:
+        ap.error(f"--backend nccl needs two GPUs (trainer and explorer each on its own; NCCL refuses "
+                 f"two ranks on one GPU), this machine has {torch.cuda.device_count()}: use --backend gloo")
     shapes = model_shapes(a.params_m)
     n_params = sum(torch.Size(s).numel() for _, s in shapes)
     rdv = Rendezvous("127.0.0.1", _free_port(), 2, a.backend).to_dict()
@@ -112,7 +118,17 @@ def main(argv: list[str] | None = None) -> int:
              for r in (0, 1)]
     for p in procs:
         p.start()
-    rows = [q.get(timeout=900) for _ in dtypes]
+    rows = []
+    while len(rows) < len(dtypes):  # a peer that dies ends the bench instead of hanging it
+        try:
+            rows.append(q.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                print(f"a peer failed (exit codes {dead}); its error is above", file=sys.stderr)
+                return 1
     for p in procs:
         p.join(60)
     print(f"weight sync, {a.backend}, {len(shapes)} tensors, {n_params / 1e6:.1f}M params, "

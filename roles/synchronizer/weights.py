@@ -64,10 +64,34 @@ def _group(
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, world_size, td)
     if backend == "nccl":  # GPU nodes; exercised only by the GPU tests
+        _check_own_gpu(store, rank, world_size, td)
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = td
         return dist.ProcessGroupNCCL(store, rank, world_size, opts)
     raise ValueError(f"weight sync backend {backend!r}: expected 'gloo' or 'nccl'")
+
+
+def _check_own_gpu(
+    store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta
+) -> None:
+    """Raise, naming the ranks and the way out, if another rank of the group is on this
+    rank's GPU. NCCL refuses that ("Duplicate GPU detected"), but only inside the first
+    broadcast, as an "invalid usage" error that says nothing of trainer or engines; a
+    trainer and a vLLM engine sharing one GPU is the usual way to get there (seen on a
+    one-GPU H100 node). Each rank posts its GPU's UUID in the rendezvous store and reads
+    the others'."""
+    mine = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    store.set(f"gpu_uuid/{rank}", mine)
+    keys = [f"gpu_uuid/{r}" for r in range(world_size)]
+    store.wait(keys, timeout)
+    shared = [r for r in range(world_size) if r != rank and store.get(keys[r]).decode() == mine]
+    if shared:
+        raise RuntimeError(
+            f"weight sync over nccl: rank {rank} shares GPU {mine} with rank(s) {shared} "
+            f"(rank 0 is the trainer, the others rollout engine workers). NCCL needs each "
+            f"rank of the group on its own GPU: give the trainer and the explorer different "
+            f"GPUs (CUDA_VISIBLE_DEVICES), or set synchronizer.sync_method: checkpoint"
+        )
 
 
 def _device(backend: str) -> torch.device:

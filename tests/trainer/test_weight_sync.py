@@ -79,3 +79,35 @@ def test_broadcast_and_checkpoint_into_engine(tmp_path, nats_cfg, run_id, tiny_m
     assert max(abs(a - b) for a, b in zip(v1, v2, strict=True)) > 1e-3
     events = (tmp_path / "ckpt" / project / name / "global_step_2" / "actor" / "huggingface")
     assert (events / "model.safetensors").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_nccl_broadcast_wants_a_gpu_per_rank(tmp_path):
+    """Trainer rank to one engine rank over NCCL. With two GPUs each rank takes its own and
+    the tensors (bf16 and fp32) arrive bit for bit. With one, both ranks would share it, which
+    NCCL refuses deep in its first broadcast; both stop at connect with an error that says
+    what to change (separate GPUs, or sync_method checkpoint), and no rank hangs."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.trainer.nccl_peer", str(rank), str(port), str(tmp_path)],
+                              cwd=ROOT, env=env, stdout=open(tmp_path / f"log{rank}", "wb"), stderr=subprocess.STDOUT)
+             for rank in (0, 1)]
+    for p in procs:
+        p.wait(180)
+    logs = [(tmp_path / f"log{rank}").read_text()[-3000:] for rank in (0, 1)]
+    if torch.cuda.device_count() >= 2:
+        assert [p.returncode for p in procs] == [0, 0], logs
+        sent, got = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+        assert sent.keys() == got.keys() and got["version"] == 1
+        for k in ("embed.weight", "norm.weight"):
+            assert got[k].dtype == sent[k].dtype and torch.equal(got[k], sent[k]), k
+    else:
+        for rank, p in enumerate(procs):
+            assert p.returncode != 0, logs[rank]
+            err = (tmp_path / f"error{rank}.txt").read_text()
+            assert "shares GPU" in err and "sync_method: checkpoint" in err, err
