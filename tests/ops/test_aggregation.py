@@ -116,3 +116,49 @@ def test_logits_helpers_upcast_half_precision():
     ids = torch.randint(0, 50, (2, 3))
     assert logprobs_from_logits(logits, ids).dtype == torch.float32
     assert torch.isfinite(entropy_from_logits(logits)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("what", ["logprob", "entropy"])
+def test_blockwise_logprob_and_entropy_match_the_plain_forms(monkeypatch, dtype, temperature, what):
+    """The block-wise log-prob and entropy (float32 inside, softmax recomputed in backward)
+    against their plain forms in float64 on the same logits: values and the gradient that
+    reaches the logits, with blocks of 2 rows so that rows cross block edges; gradcheck in
+    float64; and a view such as the trainer's ``logits[:, :-1]`` gives the same numbers."""
+    import ops.logits
+
+    monkeypatch.setattr(ops.logits, "CHUNK_BYTES", 2 * 4 * 50)
+    torch.manual_seed(0)
+    z = (torch.randn(3, 7, 50) * 4).to(dtype).requires_grad_()
+    ids = torch.randint(0, 50, (3, 7))
+
+    def blockwise(x, tokens=ids):
+        if what == "logprob":
+            return logprobs_from_logits(x, tokens, temperature)
+        return entropy_from_logits(x, temperature)
+
+    def plain(x):
+        logp = torch.log_softmax(x / temperature, -1)
+        if what == "logprob":
+            return logp.gather(-1, ids[..., None]).squeeze(-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    weights = torch.randn(3, 7, dtype=torch.float64)
+    got = blockwise(z)
+    (got.double() * weights).sum().backward()
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    z64 = z.detach().double().requires_grad_()
+    want = plain(z64)
+    (want * weights).sum().backward()
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert_close(got.double(), want.detach(), atol=tol)
+    # the gradient comes back in the logits' dtype: bf16 rounds it to ~3 significant digits
+    gtol = 1e-2 if dtype == torch.bfloat16 else tol
+    assert torch.allclose(z.grad.double(), z64.grad, atol=gtol, rtol=gtol)
+    assert torch.autograd.gradcheck(
+        lambda x: blockwise(x, ids[0]), (z64.detach()[0].clone().requires_grad_(),)
+    )
+    view = z.detach()[:, :-1]
+    assert not view.is_contiguous()
+    assert torch.equal(blockwise(view, ids[:, :-1]), got.detach()[:, :-1])
