@@ -6,6 +6,7 @@ response); the results are ``B x T``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,6 +34,20 @@ def _rows_per_block(z: Tensor) -> int:
     return max(1, CHUNK_BYTES // max(4 * z.shape[-1], 1))
 
 
+def _per_row(z: Tensor) -> Tensor:
+    """An empty B x T tensor in the working dtype of ``z`` (float32 at least)."""
+    return torch.empty(z.shape[:2], dtype=_upcast(z[:0, :0]).dtype, device=z.device)
+
+
+def _scaled_blocks(z: Tensor, temperature: float, lse: Tensor) -> Iterator[tuple[int, slice, Tensor]]:
+    """Each block of rows of ``z / temperature`` in the working dtype, its log-sum-exp
+    written to ``lse`` before the block is yielded."""
+    for b, sl in _blocks(z, _rows_per_block(z)):
+        zc = _upcast(z[b, sl]) / temperature
+        lse[b, sl] = torch.logsumexp(zc, dim=-1)
+        yield b, sl, zc
+
+
 def _as_rows(logits: Tensor) -> Tensor:
     """``logits`` as B x T x V: a 3-D tensor as it is, any other shape as one batch row."""
     return logits if logits.dim() == 3 else logits.reshape(1, -1, logits.shape[-1])
@@ -53,16 +68,11 @@ class _TokenLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, z: Tensor, tokens: Tensor, temperature: float) -> Tensor:
-        work = _upcast(z[:0, :0]).dtype
-        out = torch.empty(z.shape[:2], dtype=work, device=z.device)
-        lse = torch.empty(z.shape[:2], dtype=work, device=z.device)
-        step = _rows_per_block(z)
-        for b, sl in _blocks(z, step):
-            zc = _upcast(z[b, sl]) / temperature
-            lse[b, sl] = torch.logsumexp(zc, dim=-1)
+        out, lse = _per_row(z), _per_row(z)
+        for b, sl, zc in _scaled_blocks(z, temperature, lse):
             out[b, sl] = zc.gather(-1, tokens[b, sl, None]).squeeze(-1) - lse[b, sl]
         ctx.save_for_backward(z, tokens, lse)
-        ctx.temperature, ctx.step = temperature, step
+        ctx.temperature = temperature
         return out
 
     @staticmethod
@@ -70,7 +80,7 @@ class _TokenLogprob(torch.autograd.Function):
         z, tokens, lse = ctx.saved_tensors
         t = ctx.temperature
         grad = torch.empty_like(z, memory_format=torch.contiguous_format)
-        for b, sl in _blocks(z, ctx.step):
+        for b, sl in _blocks(z, _rows_per_block(z)):
             gc = g[b, sl, None].to(lse.dtype) / t
             d = torch.exp(_upcast(z[b, sl]) / t - lse[b, sl, None]).mul_(-gc)
             d.scatter_add_(-1, tokens[b, sl, None], gc)
@@ -94,17 +104,12 @@ class _Entropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, z: Tensor, temperature: float) -> Tensor:
-        work = _upcast(z[:0, :0]).dtype
-        h = torch.empty(z.shape[:2], dtype=work, device=z.device)
-        lse = torch.empty(z.shape[:2], dtype=work, device=z.device)
-        step = _rows_per_block(z)
-        for b, sl in _blocks(z, step):
-            zc = _upcast(z[b, sl]) / temperature
-            lse[b, sl] = torch.logsumexp(zc, dim=-1)
+        h, lse = _per_row(z), _per_row(z)
+        for b, sl, zc in _scaled_blocks(z, temperature, lse):
             logp = zc.sub_(lse[b, sl, None])  # log p without log(0); each p log p is small,
             h[b, sl] = -(torch.exp(logp) * logp).sum(dim=-1)  # so no large terms cancel
         ctx.save_for_backward(z, lse, h)
-        ctx.temperature, ctx.step = temperature, step
+        ctx.temperature = temperature
         return h
 
     @staticmethod
@@ -112,7 +117,7 @@ class _Entropy(torch.autograd.Function):
         z, lse, h = ctx.saved_tensors
         t = ctx.temperature
         grad = torch.empty_like(z, memory_format=torch.contiguous_format)
-        for b, sl in _blocks(z, ctx.step):
+        for b, sl in _blocks(z, _rows_per_block(z)):
             logp = _upcast(z[b, sl]) / t - lse[b, sl, None]
             d = torch.exp(logp).mul_(logp.add_(h[b, sl, None]))  # p (log p + H)
             grad[b, sl] = d.mul_(g[b, sl, None].to(lse.dtype) / -t)
