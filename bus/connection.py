@@ -35,6 +35,26 @@ log = structlog.get_logger(__name__)
 BACKOFF_CAP = 10.0
 
 
+def _header_name(name: bytes) -> str | None:
+    """A header line's name as nats-py reads it: ASCII, stripped, without inner whitespace;
+    None for a name it skips."""
+    try:
+        key = name.strip().decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if key and key.split() != [key]:  # whitespace in a name: invalid
+        return None
+    return key
+
+
+#: Raw header names seen -> what :func:`_header_name` made of them. A stream's messages
+#: carry the same few names, and the check costs more than the lookup; bounded, because a
+#: sender chooses the names.
+_HEADER_NAMES: dict[bytes, str | None] = {}
+_HEADER_NAMES_MAX = 4096
+_UNSEEN = object()
+
+
 class Client(NATS):
     """nats-py's client with a faster header parser and publish command, nothing else changed.
 
@@ -47,25 +67,28 @@ class Client(NATS):
 
     These two methods give the same results (tests compare them with nats-py's on arbitrary
     input): names are ASCII, stripped, without inner whitespace; values stripped, UTF-8 with
-    replacement; the same HPUB bytes, queued without copying the payload, a header name
-    checked once per client. Without them nothing breaks, the bus is only slower."""
+    replacement; the same HPUB bytes, queued without copying the payload. Each distinct
+    header name is checked once (per client when sending, per process when parsing: 6.7 ->
+    ~3 us for the seven headers of a group). Without them nothing breaks, the bus is only
+    slower."""
 
     _good_header_names: frozenset[str] = frozenset()
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         out: dict[str, str] = {}
+        names = _HEADER_NAMES
         for line in raw.split(b"\r\n"):
             name, sep, value = line.partition(b":")
             if not sep:
                 continue
-            try:
-                key = name.strip().decode("ascii")
-            except UnicodeDecodeError:
-                continue
-            if key and key.split() != [key]:  # whitespace in a name: invalid
-                continue
-            out[key] = value.strip().decode("utf-8", "replace")
+            key = names.get(name, _UNSEEN)
+            if key is _UNSEEN:
+                key = _header_name(name)
+                if len(names) < _HEADER_NAMES_MAX:
+                    names[name] = key
+            if key is not None:
+                out[key] = value.strip().decode("utf-8", "replace")
         return out
 
     def _header_block(self, headers: dict[str, str]) -> bytes:

@@ -175,6 +175,21 @@ def test_header_parser_agrees_with_nats_py():
     check()
 
 
+def test_header_name_cache_is_bounded(monkeypatch):
+    """Parsed header names are remembered (a stream repeats the same few), but a sender
+    picks them: past the bound, new names are checked each time and not kept."""
+    from nats.aio.client import Client as NatsClient
+
+    from bus import connection
+
+    monkeypatch.setattr(connection, "_HEADER_NAMES", {})
+    monkeypatch.setattr(connection, "_HEADER_NAMES_MAX", 3)
+    for i in range(10):
+        raw = f"Name-{i}: v{i}\r\nbad name: x\r\nName-0: again\r\n\r\n".encode()
+        assert connection.Client._parse_header_lines(raw) == NatsClient._parse_header_lines(raw)
+    assert len(connection._HEADER_NAMES) == 3
+
+
 def test_publish_command_agrees_with_nats_py():
     """bus.connection.Client queues the PUB/HPUB command itself (the payload not copied, a
     header name checked once): on any headers, valid or not, it must queue nats-py's bytes
