@@ -62,7 +62,9 @@ def _peer(rank: int, rdv: dict, shapes, dtypes, bucket_bytes: int, repeats: int,
     r = Rendezvous.from_dict(rdv)
     if r.backend == "nccl":  # trainer on GPU 0, explorer on GPU 1: NCCL wants a GPU per rank
         torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank) if r.backend == "nccl" else torch.device("cpu")
+        dev = torch.device("cuda", rank)
+    else:
+        dev = torch.device("cpu")
     if rank == 0:
         side = WeightSender(r, timeout=300)
     else:

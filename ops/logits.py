@@ -48,6 +48,13 @@ def _scaled_blocks(z: Tensor, temperature: float, lse: Tensor) -> Iterator[tuple
         yield b, sl, zc
 
 
+def _logp_blocks(z: Tensor, temperature: float, lse: Tensor) -> Iterator[tuple[int, slice, Tensor]]:
+    """Each block of rows of ``log_softmax(z / temperature)`` in the working dtype, from the
+    log-sum-exp a forward pass saved: what both backward passes recompute the softmax from."""
+    for b, sl in _blocks(z, _rows_per_block(z)):
+        yield b, sl, _upcast(z[b, sl]) / temperature - lse[b, sl, None]
+
+
 def _as_rows(logits: Tensor) -> Tensor:
     """``logits`` as B x T x V: a 3-D tensor as it is, any other shape as one batch row."""
     return logits if logits.dim() == 3 else logits.reshape(1, -1, logits.shape[-1])
@@ -80,9 +87,9 @@ class _TokenLogprob(torch.autograd.Function):
         z, tokens, lse = ctx.saved_tensors
         t = ctx.temperature
         grad = torch.empty_like(z, memory_format=torch.contiguous_format)
-        for b, sl in _blocks(z, _rows_per_block(z)):
+        for b, sl, logp in _logp_blocks(z, t, lse):
             gc = g[b, sl, None].to(lse.dtype) / t
-            d = torch.exp(_upcast(z[b, sl]) / t - lse[b, sl, None]).mul_(-gc)
+            d = logp.exp_().mul_(-gc)
             d.scatter_add_(-1, tokens[b, sl, None], gc)
             grad[b, sl] = d
         return grad, None, None
@@ -117,8 +124,7 @@ class _Entropy(torch.autograd.Function):
         z, lse, h = ctx.saved_tensors
         t = ctx.temperature
         grad = torch.empty_like(z, memory_format=torch.contiguous_format)
-        for b, sl in _blocks(z, _rows_per_block(z)):
-            logp = _upcast(z[b, sl]) / t - lse[b, sl, None]
+        for b, sl, logp in _logp_blocks(z, t, lse):
             d = torch.exp(logp).mul_(logp.add_(h[b, sl, None]))  # p (log p + H)
             grad[b, sl] = d.mul_(g[b, sl, None].to(lse.dtype) / -t)
         return grad, None
