@@ -431,7 +431,12 @@ class Consumer:
                     h[k] = header_value(v)
             try:
                 await publish_acked(
-                    self.js, self.names.dlq, m.data, h, timeout=self.cfg.publish_timeout
+                    self.js,
+                    self.names.dlq,
+                    m.data,
+                    h,
+                    timeout=self.cfg.publish_timeout,
+                    max_payload=self.nc.max_payload,
                 )
             except Exception as e:
                 log.error("dead_letter_failed", stream=stream, seq=seq, error=str(e))

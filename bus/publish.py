@@ -179,10 +179,13 @@ async def publish_acked(
     headers: dict[str, str],
     timeout: float,
     attempt_timeout: float = ATTEMPT_TIMEOUT,
+    max_payload: int = -1,
 ) -> api.PubAck:
     """Publish one message and wait for JetStream's ack, re-sending on lost acks, timeouts and
     reconnects until ``timeout`` seconds have passed. The caller's ``Nats-Msg-Id`` makes the
-    re-sends harmless. Raises PublishError when the server refuses or never acks."""
+    re-sends harmless. Raises PublishError when the server refuses or never acks, and
+    PayloadTooLarge naming ``max_payload`` (the connection's, ``nc.max_payload``) when the
+    message is too big to send."""
     deadline = time.monotonic() + timeout
     attempt = 0
     wait = attempt_wait(len(payload), attempt_timeout)
@@ -212,11 +215,7 @@ async def publish_acked(
             last = e
             await asyncio.sleep(min(0.05 * attempt, 1.0, max(deadline - time.monotonic(), 0)))
         except nats.errors.MaxPayloadError as e:
-            raise PayloadTooLarge(
-                f"message on {subject}",
-                len(payload),
-                getattr(getattr(js, "_nc", None), "max_payload", -1),
-            ) from e
+            raise PayloadTooLarge(f"message on {subject}", len(payload), max_payload) from e
         except (APIError, nats.errors.Error) as e:
             raise PublishError(f"publish to {subject} refused: {type(e).__name__}: {e}") from e
 
@@ -293,13 +292,16 @@ class Publisher:
         self, subject: str, frames: list[tuple[bytes, dict[str, str]]], timeout: float
     ) -> list[api.PubAck]:
         """Publish every frame and wait for their acks (retrying within ``timeout``)."""
+        limit = self.nc.max_payload
         if len(frames) == 1:
             p, h = frames[0]
-            return [await publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout)]
+            return [
+                await publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout, limit)
+            ]
         return list(
             await asyncio.gather(
                 *(
-                    publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout)
+                    publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout, limit)
                     for p, h in frames
                 )
             )
