@@ -5,9 +5,9 @@ path (an explorer publishing thousands of experiences a second, a buffer decodin
 not pay for per-field validation machinery; :mod:`schemas.codec` checks field types once, on
 the wire boundary, and then calls :meth:`validate` for the cross-field rules.
 
-Arrays are ``numpy.ndarray`` (or ``torch.Tensor``, e.g. bfloat16 teacher logprobs). Arrays that
-come out of :func:`schemas.codec.decode` are read-only views of the message bytes (no copy);
-use ``np.array(a)`` / ``torch.tensor(a)`` when a writable copy is needed.
+Arrays are ``numpy.ndarray`` (or ``torch.Tensor``, e.g. bfloat16 teacher logprobs). numpy
+arrays that come out of :func:`schemas.codec.decode` are read-only; use ``np.array(a)`` when a
+writable copy is needed.
 
 The classes use ``eq=False`` (identity equality) because a generated ``__eq__`` would compare
 arrays element-wise and raise on truth-testing the result.
@@ -22,10 +22,14 @@ from typing import Any
 import numpy as np
 
 #: Version of the wire layout of every schema below. Bump it when a field changes meaning or
-#: type; the codec rejects messages of any other version instead of misreading them. Version 2
-#: moved an Experience's arrays into one table per message (see schemas.codec); version 1
-#: messages (every array inline) are still read.
-SCHEMA_VERSION = 2
+#: type; the codec rejects messages of any other version instead of misreading them. Version 3
+#: is version 1's layout again (every array inline, see schemas.codec), so both are read;
+#: version 2 (an array table per message) is not.
+SCHEMA_VERSION = 3
+
+#: An array field's type: a numpy array, or a torch tensor (bfloat16, float8: what numpy
+#: lacks). ``Any`` to msgspec, which leaves array fields to schemas.codec.
+Array = Any
 
 
 def _kind(a: Any) -> str:
@@ -49,15 +53,7 @@ def _check_vector(
 ) -> None:
     """Raise ValueError naming ``owner.name`` unless ``a`` is an array with the given kinds,
     ``1 <= ndim <= max_ndim`` and (when ``length`` is given) ``len(a) == length``."""
-    shape = a.shape
-    if (
-        len(shape) == 1
-        and (length is None or shape[0] == length)
-        and type(a) is np.ndarray
-        and a.dtype.kind in kinds
-    ):
-        return  # the common case, checked in one expression (this runs per array per message)
-    shape = tuple(shape)
+    shape = tuple(a.shape)
     if not 1 <= len(shape) <= max_ndim:
         dims = "1-D" if max_ndim == 1 else f"1-D to {max_ndim}-D"
         raise ValueError(f"{owner}.{name}: expected a {dims} array, got shape {shape}")
@@ -71,48 +67,6 @@ def _check_vector(
             f"{owner}.{name}: length {shape[0]} != response length {length} "
             f"(len(tokens) - prompt_length)"
         )
-
-
-_ndarray = np.ndarray
-
-
-def _plainly_valid(e: Experience) -> bool:
-    """True if ``e`` certainly passes :meth:`Experience.validate`, judged in one expression:
-    every array a 1-D numpy array of the right kind and length, no DPO pair or a complete
-    one, version >= 0. False means "not sure", never "invalid": validate then runs its full
-    checks, which raise with the field's name (and cover torch tensors, 2-D teacher
-    logprobs, ...). This runs for every experience on both sides of the wire, so it avoids
-    the function calls and tuples of the full checks."""
-    t = e.tokens
-    if type(t) is not _ndarray or t.ndim != 1 or t.dtype.kind not in "iu":
-        return False
-    p = e.prompt_length
-    if type(p) is not int or not 0 <= p <= len(t):
-        return False
-    r = len(t) - p
-    a = e.logprobs
-    if a is not None and (
-        type(a) is not _ndarray or a.ndim != 1 or len(a) != r or a.dtype.kind != "f"
-    ):
-        return False
-    a = e.action_mask
-    if a is not None and (
-        type(a) is not _ndarray or a.ndim != 1 or len(a) != r or a.dtype.kind != "b"
-    ):
-        return False
-    for a in (e.token_level_reward, e.advantages, e.returns, e.teacher_logprobs):
-        if a is not None and (
-            type(a) is not _ndarray or a.ndim != 1 or len(a) != r or a.dtype.kind != "f"
-        ):
-            return False
-    a, b = e.chosen, e.rejected
-    if a is not None or b is not None:
-        if type(a) is not _ndarray or a.ndim != 1 or a.dtype.kind not in "iu":
-            return False
-        if type(b) is not _ndarray or b.ndim != 1 or b.dtype.kind not in "iu":
-            return False
-    v = e.model_version
-    return type(v) is int and v >= 0
 
 
 @dataclass(slots=True, eq=False)
@@ -165,23 +119,23 @@ class Experience:
     task_id: str
     group_id: str
     run_id: str
-    tokens: np.ndarray
+    tokens: Array
     prompt_length: int
-    logprobs: np.ndarray | None = None
-    action_mask: np.ndarray | None = None
+    logprobs: Array | None = None
+    action_mask: Array | None = None
     reward: float | None = None
-    token_level_reward: np.ndarray | None = None
-    advantages: np.ndarray | None = None
-    returns: np.ndarray | None = None
+    token_level_reward: Array | None = None
+    advantages: Array | None = None
+    returns: Array | None = None
     model_version: int = 0
     prompt_truncated: bool = False
     response_truncated: bool = False
     messages: list[dict[str, Any]] | None = None
     prompt_text: str | None = None
     response_text: str | None = None
-    chosen: np.ndarray | None = None
-    rejected: np.ndarray | None = None
-    teacher_logprobs: np.ndarray | None = None
+    chosen: Array | None = None
+    rejected: Array | None = None
+    teacher_logprobs: Array | None = None
     info: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
 
@@ -196,8 +150,6 @@ class Experience:
         ``owner`` prefixes the field name in the message (an ExperienceGroup passes
         ``experiences[i]`` so the error says which experience is wrong).
         """
-        if _plainly_valid(self):
-            return
         _check_vector(owner, "tokens", self.tokens, "iu", None)
         n = len(self.tokens)
         if not 0 <= self.prompt_length <= n:
@@ -264,17 +216,7 @@ class ExperienceGroup:
         """Validate every experience and that they all belong to this group (ids agree and
         are unique). Raises ValueError naming ``experiences[i].field``."""
         seen: set[str] = set()
-        group_id, task_id, run_id = self.group_id, self.task_id, self.run_id
         for i, e in enumerate(self.experiences):
-            if (
-                _plainly_valid(e)
-                and e.group_id == group_id
-                and e.task_id == task_id
-                and e.run_id == run_id
-                and e.id not in seen
-            ):
-                seen.add(e.id)  # the common case, without formatting the owner string
-                continue
             owner = f"ExperienceGroup.experiences[{i}]"
             e.validate(owner)
             for name in ("group_id", "task_id", "run_id"):
