@@ -74,11 +74,6 @@ H_CONSUMER = "Trinity-Consumer"
 
 _SAFE = {i: None for i in range(32)} | {127: None}
 
-#: A sent message whose ack is awaited: subject, frames, its future, when to stop waiting for
-#: this ack, and when to give up on the message (publish_timeout).
-_Frames = list[tuple[bytes, dict[str, str]]]
-_Awaited = tuple[str, _Frames, asyncio.Future[list[api.PubAck]], float, float]
-
 
 def header_value(v: Any, limit: int = 256) -> str:
     """A header-safe rendering: no control characters, ASCII, at most ``limit`` chars (so
@@ -227,6 +222,12 @@ class Publisher:
     as the message is on its way (waiting only for a free slot of ``publish_concurrency``),
     which is what makes throughput; ``flush()`` then waits for every ack and raises the first
     failure. Nothing is ever dropped silently.
+
+    How a submitted message travels: it takes a slot, then one task runs :meth:`_send` (the
+    same acked, retrying publish as :meth:`publish`) and, when it ends, the task's callback
+    gives the slot back and counts the message or records its failure. That is all: a lost
+    ack, a reconnect or a refusal is :func:`publish_acked`'s business, within
+    ``publish_timeout``, and the same ``Nats-Msg-Id`` makes every re-send harmless.
     """
 
     def __init__(
@@ -246,12 +247,7 @@ class Publisher:
         self.chunking = chunking
         self.attempt_timeout = attempt_timeout
         self._slots = asyncio.Semaphore(max(1, cfg.publish_concurrency))
-        self._flights: set[asyncio.Future[list[api.PubAck]]] = set()
-        # nats-py's ack future of each message sent by _launch -> what a retry needs and when
-        # to give up waiting for that ack; one sweep timer looks them over (see _sweep)
-        self._awaited: dict[asyncio.Future[api.PubAck], _Awaited] = {}
-        self._sweeper: asyncio.TimerHandle | None = None
-        self._sweep_every = max(0.05, min(1.0, attempt_timeout / 4))
+        self._flights: set[asyncio.Task[list[api.PubAck]]] = set()
         self._failed: list[BaseException] = []
         self.published = 0
         self.duplicates = 0
@@ -293,7 +289,7 @@ class Publisher:
     ) -> list[api.PubAck]:
         """Publish every frame and wait for their acks (retrying within ``timeout``)."""
         limit = self.nc.max_payload
-        if len(frames) == 1:
+        if len(frames) == 1:  # the usual case: no gather, no task around the one publish
             p, h = frames[0]
             return [
                 await publish_acked(self.js, subject, p, h, timeout, self.attempt_timeout, limit)
@@ -333,14 +329,16 @@ class Publisher:
         return await self.publish(obj, kind)
 
     async def submit(self, obj: Any, kind: str | None = None) -> asyncio.Future[list[api.PubAck]]:
-        """Start publishing ``obj``; returns once it is on its way and holds an in-flight
-        slot (backpressure). The returned future resolves to its acks (or the failure);
-        :meth:`flush` waits for all of them."""
+        """Start publishing ``obj``; returns once it holds an in-flight slot (backpressure)
+        and a task is sending it (tasks start in submit order). The returned future resolves
+        to its acks (or the failure); cancelling it gives the slot back. :meth:`flush` waits
+        for all of them."""
         self.raise_failed()
         subject, frames = self.prepare(obj, kind)
-        return await self._launch(subject, frames)
+        return await self._start(subject, frames)
 
     async def submit_group(self, group: ExperienceGroup) -> asyncio.Future[list[api.PubAck]]:
+        """:meth:`submit` on ``trinity.<run>.exp``."""
         return await self.submit(group, "exp")
 
     async def submit_encoded(
@@ -353,121 +351,31 @@ class Publisher:
         h.setdefault(H_RUN, self.run_id)
         h[H_MSG_ID] = header_value(msg_id, limit=200)
         frames = self.frame(data, h[H_MSG_ID], h)
-        return await self._launch(self.names.subject(kind), frames)
+        return await self._start(self.names.subject(kind), frames)
 
-    # -- submitted messages ---------------------------------------------------------------
-    #
-    # A submitted message is one future (what submit returns). The common case, one frame, is
-    # sent right here and followed by a callback: the ack resolves the future. A lost ack is
-    # noticed by one sweep that runs every _sweep_every seconds while acks are awaited. No
-    # task, no wait_for, no timer per message: at a thousand messages a second those were a
-    # good part of the producer's CPU (a timer alone ~4%). Any trouble with that first attempt
-    # (an error, a late ack, a reconnect) hands the message to publish_acked's retry loop in a
-    # task, with the time left; so do chunked messages. The same Nats-Msg-Id makes every
-    # re-send harmless.
-
-    async def _launch(
+    async def _start(
         self, subject: str, frames: list[tuple[bytes, dict[str, str]]]
-    ) -> asyncio.Future[list[api.PubAck]]:
+    ) -> asyncio.Task[list[api.PubAck]]:
+        """Take a slot (waiting while ``publish_concurrency`` messages are in flight), then
+        send in a task whose end gives the slot back (:meth:`_landed`)."""
         await self._slots.acquire()
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[list[api.PubAck]] = loop.create_future()
-        self._flights.add(done)
-        done.add_done_callback(self._landed)
-        deadline = loop.time() + self.cfg.publish_timeout
-        if len(frames) == 1:
-            payload, headers = frames[0]
-            try:
-                ack = await self.js.publish_async(subject, payload, headers=headers)
-            except asyncio.CancelledError:
-                done.cancel()  # the caller gave up on it: free the slot
-                raise
-            except Exception as e:  # not sent: the retry loop sends it, or explains a refusal
-                self._retry(subject, frames, done, deadline, f"{type(e).__name__}: {e}")
-                return done
-            else:
-                wait = min(
-                    attempt_wait(len(payload), self.attempt_timeout), self.cfg.publish_timeout
-                )
-                self._awaited[ack] = (subject, frames, done, loop.time() + wait, deadline)
-                ack.add_done_callback(self._acked)
-                if self._sweeper is None:
-                    self._sweeper = loop.call_later(self._sweep_every, self._sweep)
-                return done
-        self._retry(subject, frames, done, deadline)  # chunks: publish_acked each, gathered
-        return done
+        task = asyncio.create_task(self._send(subject, frames, self.cfg.publish_timeout))
+        self._flights.add(task)
+        task.add_done_callback(self._landed)
+        return task
 
-    def _acked(self, ack: asyncio.Future[api.PubAck]) -> None:
-        entry = self._awaited.pop(ack, None)
-        if entry is None:  # the sweep gave up on it and handed the message over
-            return
-        subject, frames, done, _, deadline = entry
-        if done.done():
-            return
-        if ack.cancelled():  # not by us (nats-py, closing): send it again while time is left
-            self._retry(subject, frames, done, deadline, "ack wait cancelled")
-        elif (err := ack.exception()) is None:
-            done.set_result([ack.result()])
-        else:
-            self._retry(subject, frames, done, deadline, f"{type(err).__name__}: {err}")
-
-    def _sweep(self) -> None:
-        """Hand every message whose ack is overdue to the retry loop, and look again later
-        while any ack is awaited."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        for ack in [a for a, entry in self._awaited.items() if entry[3] <= now]:
-            subject, frames, done, _, deadline = self._awaited.pop(ack)
-            ack.cancel()  # nats-py forgets it; a late ack of this id no longer matters
-            if not done.done():
-                self._retry(subject, frames, done, deadline, "no ack in time")
-        self._sweeper = loop.call_later(self._sweep_every, self._sweep) if self._awaited else None
-
-    def _retry(
-        self,
-        subject: str,
-        frames: list[tuple[bytes, dict[str, str]]],
-        done: asyncio.Future[list[api.PubAck]],
-        deadline: float,
-        why: str = "",
-    ) -> None:
-        """Send ``frames`` with publish_acked in a task until ``deadline``; settle ``done``."""
-        left = deadline - asyncio.get_running_loop().time()
-        msg_id = frames[0][1].get(H_MSG_ID)
-        if why:
-            log.info("publish_retrying", subject=subject, msg_id=msg_id, why=why)
-        if left <= 0:
-            done.set_exception(
-                PublishError(
-                    f"no ack for {subject} (id {msg_id}) within publish_timeout "
-                    f"{self.cfg.publish_timeout}s: {why or 'out of time'}"
-                )
-            )
-            return
-        task = asyncio.ensure_future(self._send(subject, frames, left))
-
-        def settle(t: asyncio.Task[list[api.PubAck]]) -> None:
-            if done.done():
-                return
-            if t.cancelled():
-                done.cancel()
-            elif t.exception() is not None:
-                done.set_exception(t.exception())  # type: ignore[arg-type]
-            else:
-                done.set_result(t.result())
-
-        task.add_done_callback(settle)
-
-    def _landed(self, done: asyncio.Future[list[api.PubAck]]) -> None:
-        self._flights.discard(done)
+    def _landed(self, task: asyncio.Task[list[api.PubAck]]) -> None:
+        """A submitted message is stored, failed or cancelled: free its slot, count it, or
+        keep its failure for :meth:`flush` / the next submit."""
+        self._flights.discard(task)
         self._slots.release()
-        if done.cancelled():
+        if task.cancelled():
             return
-        err = done.exception()  # also marks it retrieved: flush() reports it
+        err = task.exception()  # also marks it retrieved: flush() reports it
         if err is not None:
             self._failed.append(err)
         else:
-            self._count(done.result())
+            self._count(task.result())
 
     def raise_failed(self) -> None:
         """Raise the first failure of a submitted publish (once)."""
@@ -478,6 +386,7 @@ class Publisher:
 
     @property
     def in_flight(self) -> int:
+        """Submitted messages not yet stored, failed or cancelled."""
         return len(self._flights)
 
     async def flush(self) -> None:

@@ -221,10 +221,12 @@ async def test_submitted_publish_that_cannot_be_stored_fails_flush(nats_cfg, run
         await nc.close()
 
 
-async def test_a_lost_ack_is_noticed_and_the_message_sent_again(nats_conn, nats_cfg, run_id) -> None:
-    """The first ack never arrives (the server stored the message, the reply got lost): the
-    sweep gives up on it after the attempt's wait, the retry loop sends it again with the
-    same id, and the stream holds it once."""
+async def test_a_lost_ack_is_noticed_and_the_message_sent_again(
+    nats_conn, nats_cfg, run_id
+) -> None:
+    """The first ack never arrives (the server stored the message, the reply got lost): after
+    the attempt's wait the message is sent again with the same id, the stream holds it once,
+    and nothing is left waiting (neither in the publisher nor in nats-py's ack window)."""
     pub = Publisher(nats_conn, nats_cfg, run_id, attempt_timeout=0.2)
     real = pub.js.publish_async
     lost: list[asyncio.Future] = []
@@ -239,11 +241,32 @@ async def test_a_lost_ack_is_noticed_and_the_message_sent_again(nats_conn, nats_
     pub.js.publish_async = first_ack_lost  # type: ignore[method-assign]
     done = await pub.submit_group(make_group(run_id))
     await pub.flush()
-    assert done.result()[0].duplicate  # the re-send found the first copy stored
-    assert pub.published == 1 and await _stream_msgs(nats_conn, nats_cfg, run_id) == 1
-    assert not pub._awaited
-    await asyncio.sleep(2 * pub._sweep_every)
-    assert pub._sweeper is None  # nothing awaited: the sweep stopped looking
+    assert len(lost) == 1 and not lost[0].result().duplicate  # the first copy was stored
+    assert done.result()[0].duplicate  # the re-send found it stored
+    assert pub.published == 1 and pub.duplicates == 1
+    assert await _stream_msgs(nats_conn, nats_cfg, run_id) == 1
+    assert pub.in_flight == 0 and pub.js.publish_async_pending() == 0
+
+
+async def test_cancelling_a_submitted_publish_frees_its_slot(nats_cfg, run_id) -> None:
+    """A caller may give up on a submitted message (cancel its future): its slot comes back,
+    it is neither counted nor reported as a failure, and the next submit goes through."""
+    cfg = nats_cfg.model_copy(update={"publish_concurrency": 1, "publish_timeout": 30.0})
+    nc = await bus.connect(cfg, name="test-cancel")
+    try:
+        pub = Publisher(nc, cfg, run_id, attempt_timeout=0.2)
+        stuck = await pub.submit_group(make_group(run_id))  # no stream yet: retried, not stored
+        assert pub.in_flight == 1
+        stuck.cancel()
+        await asyncio.wait([stuck])  # the cancellation lands
+        assert pub.in_flight == 0
+        await bus.ensure_streams(bus.jetstream(nc, cfg), cfg, run_id)
+        nxt = await asyncio.wait_for(pub.submit_group(make_group(run_id, group_id="g1")), 5)
+        await pub.flush()  # the cancelled one is no failure
+        assert stuck.cancelled() and not nxt.result()[0].duplicate
+        assert pub.published == 1 and await _stream_msgs(nc, cfg, run_id) == 1
+    finally:
+        await nc.close()
 
 
 def test_header_value_is_ascii_without_control_characters() -> None:
