@@ -16,13 +16,13 @@ model on unchanged). A config without ``stages`` is one stage.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 
 from roles import keys
+from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
 
 log = structlog.get_logger(__name__)
@@ -40,16 +40,6 @@ ROLES_BY_MODE: dict[str, tuple[str, ...]] = {
 FINISHER = {"both": "explorer", "colocate": "explorer", "train": "trainer", "explore": "explorer", "bench": "explorer"}
 
 Runner = Callable[[TrinityConfig, asyncio.Event], Awaitable[bool]]
-
-
-def stop_on_signals(stop: asyncio.Event) -> None:
-    """SIGTERM/SIGINT set ``stop`` (the role then finishes cleanly) instead of killing."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):  # not the main thread / not POSIX
-            pass
 
 
 def roles_needed(stages: list[TrinityConfig]) -> list[str]:

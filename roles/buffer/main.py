@@ -18,7 +18,7 @@ import structlog
 import bus
 from bus.rpc import Message
 from roles import keys
-from roles.stages import stop_on_signals
+from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
 from schemas.data import ExperienceGroup, Metric
 from storage.replay import ReplayStore

@@ -25,7 +25,7 @@ from roles import keys
 from roles.explorer.engines import RolloutEngine, create_engines
 from roles.explorer.eval import evaluate, group_metrics
 from roles.explorer.runner import RunnerPool, TaskResult
-from roles.stages import stop_on_signals
+from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from storage.tasksets import TaskReader

@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 import bus
-from roles.stages import stop_on_signals
+from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
 

@@ -24,7 +24,7 @@ import bus
 from ops.algorithms import AlgorithmSpec, resolve
 from roles import keys
 from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchReply, BatchRequest
-from roles.stages import stop_on_signals
+from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from storage import checkpoints as ckpt
