@@ -1,6 +1,14 @@
-"""End-to-end bus throughput: experience groups through ``bus`` vs raw nats-py, same bytes.
+"""End-to-end bus throughput against its target: experience tokens/s through ``bus``.
 
     python bench/bus_throughput.py [--groups 4000] [--experiences 8] [--tokens 1024] [--repeat 7]
+
+The target: the bus carries >= 1,000,000 tokens/s of experience end to end on this machine's
+two cores (>= 123 groups/s of 8 x 1024 tokens). Why that figure: the fastest rollout engine on
+a full 8-GPU node makes a few hundred thousand tokens/s, so a bus above it is never what a
+run waits for; the headline prints the bus's tokens/s and groups/s against it, PASS or FAIL
+(exit status 1 on FAIL). An earlier target, "the bus at >= 0.7 of raw nats-py", is retired:
+chasing it put a subclass of nats-py's client, built on its private names, into
+``bus/connection.py``. The ratios to raw nats-py are still printed, as information only.
 
 Starts a private ``nats-server`` (JetStream, file storage, 127.0.0.1, free port), then for
 each path publishes N realistic experience groups (8 x 1024-token experiences: int32 tokens,
@@ -9,28 +17,29 @@ connection fetches and acks them. The clock runs from the first publish to the l
 
 * bus:  ``Publisher.submit_group`` (codec encode, headers, Nats-Msg-Id, awaited acks with
   bounded concurrency) -> ``Consumer.fetch`` (decode to ExperienceGroup) -> ``Consumer.ack``
-  (confirmed by the server, one round trip per batch).
+  (confirmed by the server, one round trip per batch). The headline is this path.
 * bytes: the bus on the same bytes pre-encoded, decode off (``Publisher.submit_encoded``,
   ``Consumer(decode=...)``): headers, Nats-Msg-Id, acks confirmed, no codec.
 * raw:  the same encoded bytes, pre-encoded, through ``js.publish_async`` with the same
   in-flight bound -> ``pull_subscribe`` ``fetch`` -> ``msg.ack()`` (unconfirmed), no decode.
 
-So the raw path is the ceiling of nats-py itself; the bus/raw ratio is what the bus's safety
+So the raw path is the ceiling of nats-py itself; bus/raw is what the bus's safety
 (encode/decode, headers, dedup ids, confirmed acks) costs, and bytes/raw the part that is not
-the codec. Prints groups/s, MB/s and both ratios.
+the codec.
 
-Why the ratio is a median of per-round ratios: on a small shared VM the raw path alone moves
-by a third from one round to the next (other tenants, the kernel's page cache), more than
-the codec costs. Each round runs the three paths back to back, each first in turn, so one round's
-ratio compares runs seconds apart; the median over rounds then ignores the odd disturbed one.
-Best-of-each (the fastest run of each path, from any rounds) is printed beside it, and the
-CPU each process used per group (median over rounds), which moves least of all.
+Why medians over rounds: on a small shared VM one path alone moves by a third from one round
+to the next (other tenants, the kernel's page cache). The headline is the bus's median round
+(its slowest beside it); each ratio is the median of per-round ratios, each round running
+the three paths back to back, each first in turn, so one round's ratio compares runs seconds
+apart. Best-of-each (the fastest run of each path, from any rounds) is printed beside it, and
+the CPU each process used per group (median over rounds), which moves least of all.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import statistics
 import sys
@@ -49,6 +58,9 @@ from roles.cli import freeze_heap, keep_freed_memory  # noqa: E402
 from schemas import codec  # noqa: E402
 from schemas.config import NatsConfig  # noqa: E402
 from schemas.data import Experience, ExperienceGroup  # noqa: E402
+
+#: The bus's target: experience tokens per second end to end (see the module doc).
+TARGET_TOKENS_PER_S = 1_000_000
 
 
 def make_groups(run_id: str, n: int, n_exp: int, tokens: int, prompt: int) -> list[ExperienceGroup]:
@@ -292,7 +304,7 @@ async def drop_streams(url: str) -> None:
     await nc.close()
 
 
-async def main() -> None:
+async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--groups", type=int, default=4000)
     ap.add_argument("--experiences", type=int, default=8)
@@ -314,7 +326,7 @@ async def main() -> None:
     args = ap.parse_args()
     if args.role:
         await child(args)
-        return
+        return 0
 
     groups = make_groups(
         "bench.size", min(args.groups, 50), args.experiences, args.tokens, args.prompt
@@ -330,6 +342,7 @@ async def main() -> None:
     mb = per * args.groups / 1e6
     paths = ("raw", "bus", "bytes")
     best = dict.fromkeys(paths, float("inf"))
+    durations: dict[str, list[float]] = {p: [] for p in paths}
     cpu: dict[str, list[dict[str, float]]] = {p: [] for p in paths}
     paired: dict[str, list[float]] = {"bus": [], "bytes": []}
     with tempfile.TemporaryDirectory() as d, EmbeddedServer(d, port=free_port()) as server:
@@ -340,17 +353,34 @@ async def main() -> None:
                 secs[path], used = await one_path(args, server, path, f"bench.{path}{tag}")
                 await drop_streams(server.url)
                 best[path] = min(best[path], secs[path])
+                durations[path].append(secs[path])
                 cpu[path].append(used)
             for path in paired:
                 paired[path].append(secs["raw"] / secs[path])
             rates = "   ".join(f"{p} {args.groups / secs[p]:6.0f}" for p in paths)
             print(f"round {r + 1}: {rates} groups/s   bus/raw {paired['bus'][-1]:.2f}", flush=True)
 
+    tokens_per_group = args.experiences * args.tokens
+    bus_rates = sorted(args.groups / d for d in durations["bus"])
+    groups_s = statistics.median(bus_rates)
+    tokens_s = groups_s * tokens_per_group
+    passed = tokens_s >= TARGET_TOKENS_PER_S
     print(
         f"\n{args.groups} groups of {args.experiences} x {args.tokens} tokens ({per / 1024:.1f} KB each, "
         f"{mb:.1f} MB); producer and consumer in separate processes; publish -> durable pull "
         "consume -> ack; loopback, file storage"
     )
+    print(
+        f"bus end to end: {tokens_s:,.0f} tokens/s, {groups_s:,.0f} groups/s (median of "
+        f"{len(bus_rates)} rounds; slowest {bus_rates[0]:,.0f} groups/s = "
+        f"{bus_rates[0] * tokens_per_group:,.0f} tokens/s)"
+    )
+    print(
+        f"target >= {TARGET_TOKENS_PER_S:,} tokens/s (>= "
+        f"{math.ceil(TARGET_TOKENS_PER_S / tokens_per_group)} groups/s of {args.experiences} x "
+        f"{args.tokens}): {'PASS' if passed else 'FAIL'} ({tokens_s / TARGET_TOKENS_PER_S:.1f}x)"
+    )
+    print("\nfor information (no target):")
     what = {
         "raw": "raw nats-py  (pre-encoded bytes, no decode, unconfirmed acks)",
         "bus": "trinity bus  (encode, headers, dedup id, decode, confirmed acks)",
@@ -358,9 +388,12 @@ async def main() -> None:
     }
     for path in paths:
         print(
-            f"  {args.groups / best[path]:6.0f} groups/s  {mb / best[path]:6.1f} MB/s  {what[path]}"
+            f"  {args.groups / best[path]:6.0f} groups/s  {mb / best[path]:6.1f} MB/s  best round, {what[path]}"
         )
-    for path, what_it_is in (("bus", "target >= 0.70"), ("bytes", "the bus without the codec")):
+    for path, what_it_is in (
+        ("bus", "what the bus's safety costs"),
+        ("bytes", "the bus without the codec"),
+    ):
         rs = sorted(paired[path])
         print(
             f"  ratio {path}/raw{' ' * (5 - len(path))}: median {statistics.median(rs):.2f} of "
@@ -387,10 +420,11 @@ async def main() -> None:
     print(
         f"  CPU ratio raw/bus: {total['raw'] / total['bus']:.2f}  (what the throughput ratio tends to when CPU-bound)"
     )
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings+
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))
