@@ -1,4 +1,4 @@
-"""Tasksets: file layouts, format keys, bad rows, order, epochs and a resumable cursor."""
+"""Tasksets and data files: layouts, format keys, bad rows, order, epochs, a resumable cursor."""
 
 from __future__ import annotations
 
@@ -10,15 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.config import DataSelectorConfig, ExperienceBufferConfig, FormatConfig, TasksetConfig
+from storage.datafiles import TasksetError, load_rows, resolve_data_files
 from storage.tasksets import (
     DatasetReader,
     TaskReader,
-    TasksetError,
     dataset_reader_from_config,
     epoch_order,
     format_row,
-    load_rows,
-    resolve_data_files,
     task_required_keys,
 )
 
