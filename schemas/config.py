@@ -6,7 +6,7 @@ field's docstring is its documentation (``trinity config --sources`` and the REA
 
 Why pydantic models with ``extra="forbid"``: a misspelled key is the most common config bug,
 and it must fail loudly with its dotted path, not be silently ignored. Derived defaults (those
-the guide describes as "defaults to X") are filled in by :func:`schemas.loader.derive`, not
+the guide describes as "defaults to X") are filled in by :func:`schemas.derive.derive`, not
 here, so a model's default always means "not set by the user".
 
 Sections Trinity-RFT has but trinity deliberately does not implement (veRL's trainer config,

@@ -1,0 +1,266 @@
+"""Derived defaults: the values Trinity-RFT's configuration guide says "default to X".
+
+:func:`derive` runs on a validated :class:`schemas.config.TrinityConfig`, after the sources are
+merged. It fills, among others: the model's token limits (any two give the third), the train
+batch size, each taskset's name, repeat times, workflow and rollout arguments, the experience
+buffer, the rollout engine's limits, the trainer's token budget, the sync intervals. Each
+value it fills is recorded as :data:`DERIVED` in ``sources``, so ``trinity config --sources``
+shows it; combinations no single field can check are returned as problems, and settings it
+overrides or ignores as warnings.
+
+Why a module of its own: these are rules about what the settings mean, one after another,
+changed whenever a section gains a field; :mod:`schemas.loader` is about where values come from
+(files, env, ``--set``), merging and error messages, and calls :func:`derive` once per
+validated config. The provenance labels live here because both use them; the dependency points
+one way (the loader imports this module, never the reverse).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from schemas.config import ExperienceBufferConfig, TrinityConfig, ceil_div
+
+#: ``sources`` label of a value nobody set.
+DEFAULT = "default"
+#: ``sources`` label of a value :func:`derive` filled.
+DERIVED = "derived"
+
+
+def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> list[str]:
+    """Fill the defaults the configuration guide describes as derived. Returns problems found.
+
+    Each derived value is recorded as ``derived`` in ``sources`` so ``--sources`` shows it.
+    """
+    problems: list[str] = []
+
+    def put(obj: Any, attr: str, value: Any, path: str) -> None:
+        setattr(obj, attr, value)
+        sources[path] = DERIVED
+
+    def user_set(path: str) -> bool:
+        return path in sources and sources[path] not in (DEFAULT, DERIVED)
+
+    m, alg, buf, tr, sy, ex = (
+        cfg.model,
+        cfg.algorithm,
+        cfg.buffer,
+        cfg.trainer,
+        cfg.synchronizer,
+        cfg.explorer,
+    )
+
+    # model token limits: any two of (max_model_len, max_prompt_tokens, max_response_tokens) give the third
+    if (
+        m.max_model_len is None
+        and m.max_prompt_tokens is not None
+        and m.max_response_tokens is not None
+    ):
+        put(m, "max_model_len", m.max_prompt_tokens + m.max_response_tokens, "model.max_model_len")
+    elif (
+        m.max_model_len is not None
+        and m.max_response_tokens is not None
+        and m.max_prompt_tokens is None
+    ):
+        put(
+            m,
+            "max_prompt_tokens",
+            m.max_model_len - m.max_response_tokens,
+            "model.max_prompt_tokens",
+        )
+    elif (
+        m.max_model_len is not None
+        and m.max_prompt_tokens is not None
+        and m.max_response_tokens is None
+    ):
+        put(
+            m,
+            "max_response_tokens",
+            m.max_model_len - m.max_prompt_tokens,
+            "model.max_response_tokens",
+        )
+    if m.max_prompt_tokens is not None and m.max_prompt_tokens <= 0:
+        problems.append(
+            f"model.max_prompt_tokens: got {m.max_prompt_tokens}; expected > 0 (max_model_len must exceed max_response_tokens)"
+        )
+    if m.max_response_tokens is not None and m.min_response_tokens >= m.max_response_tokens:
+        problems.append(
+            f"model.min_response_tokens: got {m.min_response_tokens}; expected less than model.max_response_tokens ({m.max_response_tokens})"
+        )
+    if (
+        m.max_model_len is not None
+        and m.max_prompt_tokens is not None
+        and m.max_response_tokens is not None
+    ):
+        if m.max_prompt_tokens + m.max_response_tokens > m.max_model_len:
+            warnings.append(
+                f"model: max_prompt_tokens + max_response_tokens ({m.max_prompt_tokens} + {m.max_response_tokens}) exceeds max_model_len ({m.max_model_len}); long responses will be cut at max_model_len"
+            )
+    if not m.critic_model_path:
+        put(m, "critic_model_path", m.model_path, "model.critic_model_path")
+
+    # algorithm
+    if alg.algorithm_type == "dpo" and alg.repeat_times != 2:
+        put(alg, "repeat_times", 2, "algorithm.repeat_times")
+    opt = alg.optimizer
+    if opt.warmup_style is not None:
+        warnings.append("algorithm.optimizer.warmup_style is deprecated; use lr_scheduler_type")
+        if not user_set("algorithm.optimizer.lr_scheduler_type"):
+            put(opt, "lr_scheduler_type", opt.warmup_style, "algorithm.optimizer.lr_scheduler_type")
+
+    # buffer sizes and steps
+    if buf.train_batch_size == 0:
+        put(buf, "train_batch_size", buf.batch_size * alg.repeat_times, "buffer.train_batch_size")
+    if tr.total_steps is None and buf.total_steps is not None:
+        put(tr, "total_steps", buf.total_steps, "trainer.total_steps")
+
+    # tasksets
+    ei = buf.explorer_input
+    tasksets = ([("buffer.explorer_input.taskset", ei.taskset, False)] if ei.taskset else []) + [
+        (f"buffer.explorer_input.eval_tasksets[{i}]", ts, True)
+        for i, ts in enumerate(ei.eval_tasksets)
+    ]
+    seen_names: dict[str, str] = {}
+    for path, ts, is_eval in tasksets:
+        if not ts.name:
+            put(ts, "name", "taskset" if not is_eval else f"eval_{path[-2]}", f"{path}.name")
+        if ts.name in seen_names:
+            problems.append(
+                f"{path}.name: {ts.name!r} is also the name of {seen_names[ts.name]}; taskset names must be unique"
+            )
+        seen_names[ts.name] = path
+        if is_eval:
+            if ts.repeat_times is None:
+                put(ts, "repeat_times", 1, f"{path}.repeat_times")
+            wf = ei.default_eval_workflow_type or ei.default_workflow_type
+        else:
+            if ts.repeat_times is not None and ts.repeat_times != alg.repeat_times:
+                warnings.append(
+                    f"{path}.repeat_times ({ts.repeat_times}) is overridden by algorithm.repeat_times ({alg.repeat_times})"
+                )
+            if ts.repeat_times != alg.repeat_times:
+                put(ts, "repeat_times", alg.repeat_times, f"{path}.repeat_times")
+            wf = ei.default_workflow_type
+        if ts.default_workflow_type is None and wf is not None:
+            put(ts, "default_workflow_type", wf, f"{path}.default_workflow_type")
+        if ts.default_reward_fn_type is None and ei.default_reward_fn_type is not None:
+            put(
+                ts,
+                "default_reward_fn_type",
+                ei.default_reward_fn_type,
+                f"{path}.default_reward_fn_type",
+            )
+        if ts.task_selector is not None:
+            warnings.append(f"{path}.task_selector is deprecated; use data_selector")
+            put(ts, "data_selector", ts.task_selector, f"{path}.data_selector")
+        ra = ts.rollout_args
+        for attr, value in (
+            ("temperature", m.temperature),
+            ("top_p", m.top_p),
+            ("logprobs", m.logprobs),
+            ("max_tokens", m.max_response_tokens),
+        ):
+            if getattr(ra, attr) is None and value is not None:
+                put(ra, attr, value, f"{path}.rollout_args.{attr}")
+        if ra.n != ts.repeat_times:
+            put(ra, "n", ts.repeat_times, f"{path}.rollout_args.n")
+
+    # experience buffer
+    ti = buf.trainer_input
+    if ti.experience_buffer is None:
+        put(
+            ti,
+            "experience_buffer",
+            ExperienceBufferConfig(name="experience_buffer"),
+            "buffer.trainer_input.experience_buffer",
+        )
+    eb = ti.experience_buffer
+    ebp = "buffer.trainer_input.experience_buffer"
+    if not eb.name:
+        put(eb, "name", "experience_buffer", f"{ebp}.name")
+    if (
+        alg.algorithm_type in ("sft", "dpo")
+        and eb.storage_type == "queue"
+        and not user_set(f"{ebp}.storage_type")
+    ):
+        put(eb, "storage_type", "file", f"{ebp}.storage_type")
+    if eb.storage_type == "queue" and eb.path and "://" in eb.path:
+        warnings.append(
+            f"{ebp}.path {eb.path!r}: SQL/remote queue backups are not implemented; the replay store lives under the run directory"
+        )
+        put(eb, "path", None, f"{ebp}.path")
+    if eb.storage_type == "file" and not eb.path:
+        problems.append(
+            f"{ebp}.path: required when storage_type is 'file' (the {alg.algorithm_type} dataset)"
+        )
+
+    # over-rollout: Trinity-RFT applies it only under a dynamic sync style
+    orc = ex.over_rollout
+    if not 0 <= orc.ratio < 1:
+        problems.append(f"explorer.over_rollout.ratio: must be in [0, 1), got {orc.ratio}")
+    elif orc.ratio > 0 and cfg.synchronizer.sync_style == "fixed":
+        warnings.append(
+            "explorer.over_rollout.ratio is ignored with synchronizer.sync_style 'fixed' "
+            "(every step waits for all its tasks); use explorer_driven or trainer_driven"
+        )
+    if orc.return_partial_tasks:
+        problems.append(
+            "explorer.over_rollout.return_partial_tasks: not implemented; a task is "
+            "published only when all its rollouts succeeded"
+        )
+    if ex.dynamic_timeout.enable and ex.dynamic_timeout.ratio <= 0:
+        problems.append(
+            f"explorer.dynamic_timeout.ratio: must be > 0, got {ex.dynamic_timeout.ratio}"
+        )
+
+    # rollout engine inherits the model's limits
+    rm = ex.rollout_model
+    for attr in (
+        "max_model_len",
+        "max_prompt_tokens",
+        "max_response_tokens",
+        "min_response_tokens",
+        "enable_prompt_truncation",
+        "repetition_penalty",
+    ):
+        if getattr(rm, attr) is None and getattr(m, attr) is not None:
+            put(rm, attr, getattr(m, attr), f"explorer.rollout_model.{attr}")
+    if rm.model_path is None and m.model_path:
+        put(rm, "model_path", m.model_path, "explorer.rollout_model.model_path")
+    if m.external_model.enable and rm.engine_type != "external":
+        put(rm, "engine_type", "external", "explorer.rollout_model.engine_type")
+
+    # trainer
+    if tr.trainer_type == "verl":
+        warnings.append(
+            "trainer.trainer_type 'verl': trinity has no veRL backend; using 'auto' (DeepSpeed on GPU, PyTorch on CPU)"
+        )
+        put(tr, "trainer_type", "auto", "trainer.trainer_type")
+    if tr.max_token_len_per_gpu is None and m.max_model_len is not None:
+        put(
+            tr,
+            "max_token_len_per_gpu",
+            ceil_div(2 * m.max_model_len, tr.ulysses_sequence_parallel_size),
+            "trainer.max_token_len_per_gpu",
+        )
+    if tr.param_offload and not tr.deepspeed.offload_param:
+        put(tr.deepspeed, "offload_param", True, "trainer.deepspeed.offload_param")
+    if tr.optimizer_offload and not tr.deepspeed.offload_optimizer:
+        put(tr.deepspeed, "offload_optimizer", True, "trainer.deepspeed.offload_optimizer")
+
+    # synchronizer
+    for attr in ("explorer_sync_interval", "trainer_sync_interval"):
+        if getattr(sy, attr) is None:
+            put(sy, attr, sy.sync_interval, f"synchronizer.{attr}")
+    if sy.sync_method == "nccl" and cfg.mode in ("train", "explore", "bench"):
+        if user_set("synchronizer.sync_method"):
+            warnings.append(
+                f"synchronizer.sync_method 'nccl' needs trainer and explorer together; mode {cfg.mode!r} uses 'checkpoint'"
+            )
+        put(sy, "sync_method", "checkpoint", "synchronizer.sync_method")
+
+    # bus
+    if cfg.nats.store_dir is None:
+        put(cfg.nats, "store_dir", os.path.join(cfg.checkpoint_root_dir, "nats"), "nats.store_dir")
+    return problems
