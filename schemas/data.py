@@ -15,6 +15,7 @@ arrays element-wise and raise on truth-testing the result.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,12 @@ import numpy as np
 #: is version 1's layout again (every array inline, see schemas.codec), so both are read;
 #: version 2 (an array table per message) is not.
 SCHEMA_VERSION = 3
+
+#: Longest experience or group id, in UTF-8 bytes: ids are keys of the replay store, and LMDB
+#: refuses keys over 511 bytes.
+MAX_ID_BYTES = 480
+#: Model versions are stored as signed 64-bit integers.
+MAX_VERSION = 2**63 - 1
 
 #: An array field's type: a numpy array, or a torch tensor (bfloat16, float8: what numpy
 #: lacks). ``Any`` to msgspec, which leaves array fields to schemas.codec.
@@ -67,6 +74,28 @@ def _check_vector(
             f"{owner}.{name}: length {shape[0]} != response length {length} "
             f"(len(tokens) - prompt_length)"
         )
+
+
+def _check_id(owner: str, name: str, value: str, required: bool) -> None:
+    """An id the replay store can key by: non-empty (where ``required``), at most
+    MAX_ID_BYTES of UTF-8."""
+    if required and not value:
+        raise ValueError(f"{owner}.{name}: must not be empty")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ID_BYTES:
+        raise ValueError(f"{owner}.{name}: {size} bytes, longer than {MAX_ID_BYTES}")
+
+
+def _check_version(owner: str, version: int) -> None:
+    if not 0 <= version <= MAX_VERSION:
+        raise ValueError(f"{owner}.model_version: must be in [0, 2**63), got {version}")
+
+
+def _check_finite(owner: str, name: str, a: Any) -> None:
+    """NaN or infinity in a reward, log-prob or advantage would void a whole training step."""
+    finite = np.isfinite(a).all() if isinstance(a, np.ndarray) else a.isfinite().all()
+    if not finite:
+        raise ValueError(f"{owner}.{name}: holds NaN or infinite values")
 
 
 @dataclass(slots=True, eq=False)
@@ -150,8 +179,14 @@ class Experience:
         ``owner`` prefixes the field name in the message (an ExperienceGroup passes
         ``experiences[i]`` so the error says which experience is wrong).
         """
+        _check_id(owner, "id", self.id, required=False)
+        _check_id(owner, "group_id", self.group_id, required=False)
         _check_vector(owner, "tokens", self.tokens, "iu", None)
         n = len(self.tokens)
+        if n and self.tokens.min() < 0:
+            raise ValueError(f"{owner}.tokens: negative token id {int(self.tokens.min())}")
+        if self.reward is not None and not math.isfinite(self.reward):
+            raise ValueError(f"{owner}.reward: must be finite, got {self.reward}")
         if not 0 <= self.prompt_length <= n:
             raise ValueError(
                 f"{owner}.prompt_length: {self.prompt_length} is outside [0, len(tokens)={n}]"
@@ -176,8 +211,15 @@ class Experience:
         if self.chosen is not None:
             _check_vector(owner, "chosen", self.chosen, "iu", None)
             _check_vector(owner, "rejected", self.rejected, "iu", None)
-        if self.model_version < 0:
-            raise ValueError(f"{owner}.model_version: must be >= 0, got {self.model_version}")
+            for name in ("chosen", "rejected"):
+                a = getattr(self, name)
+                if len(a) and a.min() < 0:
+                    raise ValueError(f"{owner}.{name}: negative token id {int(a.min())}")
+        for name in ("logprobs", "token_level_reward", "advantages", "returns"):
+            a = getattr(self, name)
+            if a is not None:
+                _check_finite(owner, name, a)
+        _check_version(owner, self.model_version)
 
 
 @dataclass(slots=True, eq=False)
@@ -215,10 +257,12 @@ class ExperienceGroup:
     def validate(self) -> None:
         """Validate every experience and that they all belong to this group (ids agree and
         are unique). Raises ValueError naming ``experiences[i].field``."""
+        _check_id("ExperienceGroup", "group_id", self.group_id, required=True)
         seen: set[str] = set()
         for i, e in enumerate(self.experiences):
             owner = f"ExperienceGroup.experiences[{i}]"
             e.validate(owner)
+            _check_id(owner, "id", e.id, required=True)
             for name in ("group_id", "task_id", "run_id"):
                 mine, theirs = getattr(self, name), getattr(e, name)
                 if theirs != mine:
@@ -226,10 +270,7 @@ class ExperienceGroup:
             if e.id in seen:
                 raise ValueError(f"{owner}.id: duplicate experience id {e.id!r}")
             seen.add(e.id)
-        if self.model_version < 0:
-            raise ValueError(
-                f"ExperienceGroup.model_version: must be >= 0, got {self.model_version}"
-            )
+        _check_version("ExperienceGroup", self.model_version)
 
 
 @dataclass(slots=True, eq=False)

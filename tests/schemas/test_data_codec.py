@@ -176,6 +176,25 @@ def arrays(kinds: str, length: int, allow_torch: bool = True) -> Any:
     return s
 
 
+def finite(a: Any) -> Any:
+    """``a`` with NaN and infinities made 0 (validate() refuses them in rewards, log-probs,
+    advantages and returns), same dtype, byte order and strides."""
+    if isinstance(a, np.ndarray):
+        out = a.copy()
+        out[~np.isfinite(a)] = 0
+        return out
+    return torch.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def nonnegative(a: Any) -> Any:
+    """``a`` with negative token ids made 0 (validate() refuses them)."""
+    if isinstance(a, np.ndarray):
+        out = a.copy()
+        out[a < 0] = 0
+        return out
+    return a.clamp(min=0)
+
+
 @st.composite
 def experiences(
     draw: Any, ids: tuple[str, str, str] | None = None, eid: str | None = None
@@ -193,22 +212,26 @@ def experiences(
         task_id=task_id,
         group_id=group_id,
         run_id=run_id,
-        tokens=draw(arrays("iu", prompt + resp, allow_torch=False) | arrays("iu", prompt + resp)),
+        tokens=draw(
+            (arrays("iu", prompt + resp, allow_torch=False) | arrays("iu", prompt + resp)).map(
+                nonnegative
+            )
+        ),
         prompt_length=prompt,
-        logprobs=opt(arrays("f", resp)),
+        logprobs=opt(arrays("f", resp).map(finite)),
         action_mask=opt(arrays("b", resp)),
-        reward=opt(floats | st.integers(-5, 5)),
-        token_level_reward=opt(arrays("f", resp)),
-        advantages=opt(arrays("f", resp)),
-        returns=opt(arrays("f", resp)),
+        reward=opt(st.floats(allow_nan=False, allow_infinity=False) | st.integers(-5, 5)),
+        token_level_reward=opt(arrays("f", resp).map(finite)),
+        advantages=opt(arrays("f", resp).map(finite)),
+        returns=opt(arrays("f", resp).map(finite)),
         model_version=draw(st.integers(0, 2**40)),
         prompt_truncated=draw(st.booleans()),
         response_truncated=draw(st.booleans()),
         messages=opt(st.lists(plain_dict, max_size=3)),
         prompt_text=opt(text),
         response_text=opt(text),
-        chosen=draw(arrays("iu", 3)) if dpo else None,
-        rejected=draw(arrays("iu", 2)) if dpo else None,
+        chosen=draw(arrays("iu", 3).map(nonnegative)) if dpo else None,
+        rejected=draw(arrays("iu", 2).map(nonnegative)) if dpo else None,
         teacher_logprobs=opt(
             arrays("f", resp) | np_arrays(["f4"], shape=(resp, draw(st.integers(0, 3))))
         ),
@@ -219,7 +242,7 @@ def experiences(
 
 @st.composite
 def groups(draw: Any) -> ExperienceGroup:
-    ids = (draw(text), draw(text), draw(text))
+    ids = (draw(text), draw(st.text(min_size=1, max_size=12)), draw(text))
     n = draw(st.integers(0, 4))
     return ExperienceGroup(
         group_id=ids[1],
@@ -673,6 +696,14 @@ def test_validate_errors_name_the_field() -> None:
         (dict(tokens=np.zeros(5, np.float32)), "Experience.tokens: expected int or uint"),
         (dict(chosen=np.zeros(2, np.int32)), "Experience.rejected: DPO needs both"),
         (dict(model_version=-1), "Experience.model_version"),
+        # poison that used to pass the codec and stop a consumer further on
+        (dict(model_version=2**63), r"Experience.model_version: must be in \[0, 2\*\*63\)"),
+        (dict(reward=float("nan")), "Experience.reward: must be finite, got nan"),
+        (dict(reward=float("-inf")), "Experience.reward: must be finite"),
+        (dict(logprobs=np.array([0, np.nan, 0], np.float32)), "Experience.logprobs: holds NaN"),
+        (dict(advantages=torch.tensor([0.0, 0.0, float("inf")])), "Experience.advantages: holds"),
+        (dict(tokens=np.array([1, -5, 2, 3, 4], np.int32)), "Experience.tokens: negative token"),
+        (dict(id="é" * 241), "Experience.id: 482 bytes, longer than 480"),
     ]
     for kw, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -688,6 +719,16 @@ def test_validate_errors_name_the_field() -> None:
     g = small_group()
     g.experiences[1].id = g.experiences[0].id
     with pytest.raises(ValueError, match="duplicate experience id"):
+        g.validate()
+    g = small_group()
+    g.group_id = ""
+    for e in g.experiences:
+        e.group_id = ""
+    with pytest.raises(ValueError, match="ExperienceGroup.group_id: must not be empty"):
+        g.validate()
+    g = small_group()
+    g.experiences[0].id = ""
+    with pytest.raises(ValueError, match=r"experiences\[0\].id: must not be empty"):
         g.validate()
     with pytest.raises(ValueError, match="Task.repeat_times"):
         Task(task_id="t", raw={}, workflow="w", repeat_times=0).validate()
