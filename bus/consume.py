@@ -12,7 +12,9 @@ Why fetch sizes adapt: the server cuts off a client whose undelivered bytes pass
 (``max_payload``) until real sizes are seen.
 
 Why a dead-letter subject: a message that cannot be decoded will never decode, and
-redelivering it forever would stall the consumer. It is copied (raw bytes, original headers'
+redelivering it forever would stall the consumer. The same goes, as a last resort, for a
+message delivered ``max_deliver`` times without an ack: on that last delivery it goes to
+the dead-letter stream instead of to the caller. It is copied (raw bytes, original headers'
 essentials, the error in ``Trinity-Error``) to ``trinity.<run>.dlq``, terminated, counted,
 and consumption goes on.
 """
@@ -319,6 +321,15 @@ class Consumer:
 
     async def _handle(self, m: Msg) -> Delivery | None:
         h = m.headers or {}
+        meta = _meta(m)
+        limit = self.cfg.max_deliver
+        if limit > 0 and meta is not None and meta.num_delivered >= limit:
+            # The last resort: whatever keeps this message from being acked (a consumer that
+            # crashes on it, say) would happen again, and the server delivers it no more.
+            await self.dead_letter(
+                [m], BusError(f"delivered {meta.num_delivered} times, never acked")
+            )
+            return None
         if H_CHUNK_ID in h:
             return await self._chunk(m, h)
         try:

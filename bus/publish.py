@@ -110,12 +110,24 @@ def describe(obj: Any, run_id: str) -> dict[str, str]:
     return h
 
 
+def id_header(ident: str, limit: int = 200) -> str:
+    """``ident`` as a header value that stays unique: where rendering it for a header would
+    change it (control characters, non-ASCII, past ``limit``), a hash of the whole id is
+    appended. Otherwise two long group ids sharing their first 200 characters would get one
+    Nats-Msg-Id, and JetStream would silently drop the second group as a duplicate."""
+    shown = header_value(ident, limit)
+    if shown == ident:
+        return ident
+    digest = hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{shown[: limit - 33]}#{digest}"
+
+
 def message_id(obj: Any, data: bytes) -> str:
     """The de-dup id: the object's own ``msg_id()`` when it has one (identity), else a hash of
     its encoded bytes (a retry of the same event encodes to the same bytes)."""
     own = getattr(obj, "msg_id", None)
     if callable(own):
-        return header_value(own(), limit=200)
+        return id_header(own())
     return f"{codec.schema_name(obj)}:{hashlib.sha256(data).hexdigest()[:32]}"
 
 
@@ -349,7 +361,7 @@ class Publisher:
         self.raise_failed()
         h = dict(headers or {})
         h.setdefault(H_RUN, self.run_id)
-        h[H_MSG_ID] = header_value(msg_id, limit=200)
+        h[H_MSG_ID] = id_header(msg_id)
         frames = self.frame(data, h[H_MSG_ID], h)
         return await self._start(self.names.subject(kind), frames)
 

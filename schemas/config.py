@@ -662,8 +662,9 @@ class NatsConfig(Section):
     """Seconds JetStream remembers message ids for de-duplication."""
     ack_wait: float = 60.0
     """Seconds before an unacked message is redelivered."""
-    max_deliver: int = -1
-    """Deliveries before a message is given up; -1 unlimited."""
+    max_deliver: int = 10
+    """Deliveries of one message without an ack before it goes to the dead-letter stream (a
+    last resort against a message that stops its consumer every time); -1 unlimited."""
     fetch_batch: int = 16
     """Messages per pull fetch."""
     publish_concurrency: int = 64

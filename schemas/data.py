@@ -251,7 +251,10 @@ class ExperienceGroup:
     def msg_id(self) -> str:
         """Deterministic id for ``Nats-Msg-Id``: the same group re-published (a retry after a
         crash) gets the same id, so JetStream drops the duplicate. Built from identity only
-        (run, group, version), never from the wall clock or the content bytes."""
+        (run, group, version), never from the wall clock or the content bytes; so two
+        different groups must never share a group id (the runner's is ``<task_id>@<epoch>``),
+        or the second is dropped as a duplicate. Ids too long or odd for a header get a hash
+        of the whole id appended (bus.publish.id_header), never cut short."""
         return f"{self.run_id}/{self.group_id}/v{self.model_version}"
 
     def validate(self) -> None:

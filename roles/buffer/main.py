@@ -26,7 +26,7 @@ from storage.replay import ReplayStore
 from .files import FileBuffer
 from .pipeline import Pipeline
 from .protocol import BATCH_RPC, COMMIT_RPC, BatchRequest
-from .service import BufferService
+from .service import BufferService, vocab_size
 
 log = structlog.get_logger(__name__)
 
@@ -76,6 +76,7 @@ def build_service(cfg: TrinityConfig) -> BufferService:
         store, pipeline, main_file=main_file, aux=aux, sample_strategy=spec.sample_strategy,
         sample_args=alg.sample_strategy_args,
         max_read_timeout=(eb.max_read_timeout if eb is not None else 1800.0),
+        vocab=vocab_size(cfg.model.model_path),
     )
 
 
@@ -128,8 +129,10 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
             else:
                 items = await consumer.fetch(timeout=0.5)
                 if items:
-                    added = await asyncio.to_thread(service.ingest, [d.obj for d in items])
-                    await consumer.ack(items)
+                    added, bad = await asyncio.to_thread(service.ingest, [d.obj for d in items])
+                    for i, error in bad.items():  # to the dead-letter stream, never retried
+                        await consumer.dead_letter(items[i].msgs, error)
+                    await consumer.ack([d for i, d in enumerate(items) if i not in bad])
                     log.debug("ingested", groups=len(items), experiences=added)
                 elif not service.source_done and await drained(consumer, state):
                     service.source_done = True
@@ -140,6 +143,8 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
                 await state.heartbeat("buffer", stored=service.stored, ready=ready)
                 await pub.publish_event(Metric(role="buffer", step=0, kind="buffer", values={
                     "stored": float(service.stored), "ready": float(ready), "groups_in": float(service.groups_in),
+                    "quarantined": float(service.quarantined),
+                    "dead_letters": float(consumer.dead_letters if consumer else 0),
                     **{f"dropped/{k}": float(v) for k, v in service.pipeline.dropped.items()}}))
     finally:
         for s in subs:

@@ -5,6 +5,12 @@ their messages acked, so a buffer killed mid-way loses nothing and a redelivered
 stored once (``put_groups`` is idempotent per experience id). Eval groups are not training
 data and are acked without storing.
 
+Quarantine: a group that decoded but cannot be stored or trained (a token id past the
+model's vocabulary, a pipeline that raises on it, advantages that came out NaN, a key the
+store refuses) is returned to the caller with its error instead of stopping the ingest; the
+process loop sends it to the dead-letter stream and acks it. Retrying it could only fail
+again, and the other groups of the fetch are stored as usual.
+
 Batches follow the algorithm's ``sample_strategy``: ``default`` (the store's FIFO or priority
 order), ``staleness_control`` (no experience older than ``trainer_version - max_staleness``)
 and ``mix`` (a share ``expert_data_ratio`` of each batch from the auxiliary SFT buffer, marked
@@ -15,6 +21,9 @@ full batch and then returns what there is.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import struct
 import time
 from typing import Any
 
@@ -22,13 +31,43 @@ import structlog
 
 from schemas import codec
 from schemas.data import ExperienceGroup
-from storage.replay import ReplayStore, staleness_floor
+from storage.replay import ReplayError, ReplayStore, staleness_floor
 
 from .files import FileBuffer
 from .pipeline import Pipeline
 from .protocol import BatchReply, BatchRequest, batch_key
 
 log = structlog.get_logger(__name__)
+
+#: What a store write raises for one bad group (as opposed to a full disk, which is no reason
+#: to quarantine anything).
+_BAD_GROUP = (ReplayError, ValueError, struct.error, OverflowError)
+
+
+def vocab_size(model_path: str | None) -> int | None:
+    """Rows of the model's embedding (``vocab_size`` in its config.json): a token id at or past
+    it stops the trainer. None when there is no such config (a GGUF file, say)."""
+    try:
+        with open(os.path.join(model_path or "", "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    n = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def check_tokens(g: ExperienceGroup, vocab: int | None) -> None:
+    """Raise ValueError naming the experience if a token id is outside the vocabulary."""
+    if vocab is None:
+        return
+    for i, e in enumerate(g.experiences):
+        for name in ("tokens", "chosen", "rejected"):
+            a = getattr(e, name)
+            if a is not None and len(a) and int(a.max()) >= vocab:
+                raise ValueError(
+                    f"ExperienceGroup.experiences[{i}].{name}: token id {int(a.max())} is past "
+                    f"the model's vocabulary ({vocab})"
+                )
 
 
 class BufferService:
@@ -42,6 +81,7 @@ class BufferService:
         sample_strategy: str = "default",
         sample_args: dict[str, Any] | None = None,
         max_read_timeout: float = 1800.0,
+        vocab: int | None = None,
     ) -> None:
         if store is None and main_file is None:
             raise ValueError("buffer: neither a replay store nor a file buffer to serve")
@@ -52,8 +92,10 @@ class BufferService:
         self.strategy = sample_strategy
         self.args = dict(sample_args or {})
         self.max_read_timeout = max_read_timeout
+        self.vocab = vocab
         self.stored = 0
         self.groups_in = 0
+        self.quarantined = 0
         #: Set by the process loop once the explorer finished and every group on the stream
         #: is ingested: nothing more will come, so a batch request stops waiting.
         self.source_done = False
@@ -65,23 +107,42 @@ class BufferService:
 
     # -- ingest -------------------------------------------------------------------------------
 
-    def ingest(self, groups: list[ExperienceGroup]) -> int:
-        """Run the pipeline and store the surviving groups in one transaction; returns the
-        number of experiences newly stored. Synchronous: call it from a thread."""
-        keep = []
-        for g in groups:
+    def ingest(self, groups: list[ExperienceGroup]) -> tuple[int, dict[int, Exception]]:
+        """Run the pipeline and store the surviving groups in one transaction. Returns the
+        number of experiences newly stored and, by their index in ``groups``, the groups
+        quarantined with their error (see the module doc). Synchronous: call it from a
+        thread."""
+        keep: dict[int, ExperienceGroup] = {}
+        bad: dict[int, Exception] = {}
+        for i, g in enumerate(groups):
             self.groups_in += 1
             if g.is_eval:
                 continue
-            out = self.pipeline(g)
-            if out is not None:
-                keep.append(out)
-        if not keep or self.store is None:
-            return 0
-        res = self.store.put_groups(keep)
-        added = res.experiences
+            try:
+                check_tokens(g, self.vocab)
+                out = self.pipeline(g)
+                if out is not None:
+                    out.validate()  # what the pipeline computed (advantages) must be finite too
+                    keep[i] = out
+            except Exception as e:  # one group's problem: it must not stop the others
+                bad[i] = e
+        added = 0
+        if keep and self.store is not None:
+            try:
+                added = self.store.put_groups(list(keep.values())).experiences
+            except _BAD_GROUP:  # find the group the store refuses, store the others
+                for i, g in keep.items():
+                    try:
+                        added += self.store.put_groups([g]).experiences
+                    except _BAD_GROUP as e:
+                        bad[i] = e
         self.stored += added
-        return added
+        self.quarantined += len(bad)
+        for i, e in bad.items():
+            g = groups[i]
+            error = f"{type(e).__name__}: {e}"
+            log.warning("quarantined", group_id=g.group_id, task_id=g.task_id, error=error)
+        return added, bad
 
     # -- batches ------------------------------------------------------------------------------
 

@@ -121,6 +121,53 @@ async def test_garbage_goes_to_dlq_and_consumer_goes_on(nats_conn, nats_cfg, run
     assert info.num_ack_pending == 0 and info.num_pending == 0
 
 
+async def test_a_message_never_acked_goes_to_dlq_on_its_last_delivery(
+    nats_conn, nats_cfg, run_id
+) -> None:
+    """max_deliver is the last resort: a message that is delivered and never acked (its
+    consumer crashes on it, say) is dead-lettered on delivery max_deliver, not retried."""
+    cfg = nats_cfg.model_copy(update={"max_deliver": 3})
+    pub = Publisher(nats_conn, cfg, run_id)
+    await pub.publish_group(make_group(run_id, group_id="poison"))
+    await pub.publish_group(make_group(run_id, group_id="fine"))
+    c = await Consumer(nats_conn, cfg, run_id, "exp", "buffer", expect=ExperienceGroup).start()
+    seen = []
+    for _ in range(20):
+        for d in await c.fetch(8, timeout=1):
+            seen.append(d.obj.group_id)
+            if d.obj.group_id == "poison":
+                await d.nak()  # as if the consumer had died on it
+            else:
+                await c.ack([d])
+        if c.dead_letters:
+            break
+    assert seen.count("poison") == 2 and seen.count("fine") == 1, seen
+    assert c.dead_letters == 1
+    dl = await Consumer(nats_conn, cfg, run_id, "dlq", "reader", decode=lambda b: b).start()
+    [dead] = await dl.fetch(8, timeout=2)
+    assert "delivered 3 times, never acked" in dead.headers["Trinity-Error"]
+    assert dead.headers["Trinity-Original-Msg-Id"] == f"{run_id}/poison/v0"
+
+
+async def test_long_group_ids_sharing_a_prefix_are_not_duplicates(
+    nats_conn, nats_cfg, run_id
+) -> None:
+    """Nats-Msg-Id is limited to a header's 200 characters: ids past it (or with characters a
+    header cannot carry) get a hash of the whole id, so neither group is dropped by dedup."""
+    from bus.publish import id_header
+
+    assert id_header("run/g/v1") == "run/g/v1"
+    a, b = "x" * 300 + "a", "x" * 300 + "b"
+    assert id_header(a) != id_header(b) and len(id_header(a)) == 200
+    assert id_header("g\n1") != id_header("g\r1")  # both render as 'g1'
+    pub = Publisher(nats_conn, nats_cfg, run_id)
+    for gid in (a, b):
+        assert not (await pub.publish_group(make_group(run_id, group_id=gid))).duplicate
+    c = await Consumer(nats_conn, nats_cfg, run_id, "exp", "buffer", expect=ExperienceGroup).start()
+    got = await c.fetch(8, timeout=2)
+    assert sorted(d.obj.group_id for d in got) == [a, b]
+
+
 async def test_big_group_is_chunked_and_reassembled(nats_server_factory, run_id) -> None:
     s = nats_server_factory(max_payload=256 * 1024)
     cfg = nats_settings(s.url, max_payload=256 * 1024)

@@ -1,0 +1,140 @@
+"""Poison during a real run: messages that decode but cannot be stored or trained, and bytes
+that do not decode at all, go to the dead-letter stream with their reason; the run trains
+every valid group exactly once and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgpack
+import nats
+import numpy as np
+import pytest
+
+from bus.publish import H_ERROR, H_MSG_ID, H_ORIG_ID
+from bus.subjects import names
+from schemas import codec
+from schemas.data import Experience, ExperienceGroup
+
+from .helpers import steps_log, tiny_run_config, trinity
+from .test_run_e2e import _trained_exactly_once
+
+pytestmark = pytest.mark.slow
+
+RUN = "t.r"
+
+
+def _group(gid: str, tokens: list[int]) -> dict:
+    """A valid group as a msgpack-ready envelope, to be made poisonous field by field."""
+    exps = [
+        Experience(
+            id=f"{gid}/{i}",
+            task_id=gid,
+            group_id=gid,
+            run_id=RUN,
+            tokens=np.array(tokens, np.int32),
+            prompt_length=2,
+            logprobs=np.zeros(len(tokens) - 2, np.float32),
+            reward=1.0,
+        )
+        for i in range(2)
+    ]
+    g = ExperienceGroup(group_id=gid, task_id=gid, run_id=RUN, experiences=exps)
+    return msgpack.unpackb(codec.encode(g), raw=False, ext_hook=msgpack.ExtType)
+
+
+def _poison() -> dict[str, bytes]:
+    """One message of each kind the issue names, by Nats-Msg-Id."""
+    out: dict[str, bytes] = {}
+
+    def edit(name: str, change) -> None:
+        env = _group(f"poison-{name}", [1, 2, 3, 4])
+        change(env["payload"])
+        out[f"poison-{name}"] = msgpack.packb(env)
+
+    def empty_group_id(p: dict) -> None:
+        p["group_id"] = ""
+        for e in p["experiences"]:
+            e["group_id"] = ""
+
+    def long_id(p: dict) -> None:
+        p["experiences"][0]["id"] = "x" * 500
+
+    def huge_version(p: dict) -> None:
+        p["model_version"] = 2**63
+        for e in p["experiences"]:
+            e["model_version"] = 2**63
+
+    def nan_reward(p: dict) -> None:
+        p["experiences"][1]["reward"] = float("nan")
+
+    edit("empty-group-id", empty_group_id)
+    edit("long-id", long_id)
+    edit("huge-version", huge_version)
+    edit("nan-reward", nan_reward)
+    # decodes and validates: only the model's vocabulary says it cannot be trained
+    out["poison-vocab"] = msgpack.packb(_group("poison-vocab", [1, 2, 10**6, 4]))
+    out["poison-garbage"] = b"\x93not a message"
+    return out
+
+
+async def _inject(url: str, messages: dict[str, bytes]) -> None:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for mid, data in messages.items():
+        await js.publish(names(RUN).subject("exp"), data, headers={H_MSG_ID: mid})
+    await nc.close()
+
+
+async def _dead_letters(url: str) -> dict[str, str]:
+    """Original message id -> error header of every message in the run's DLQ."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    stream = names(RUN).stream("dlq")
+    n = (await js.stream_info(stream)).state.messages
+    out = {}
+    for seq in range(1, n + 1):
+        m = await js.get_msg(stream, seq)
+        out[m.headers[H_ORIG_ID]] = m.headers[H_ERROR]
+    await nc.close()
+    return out
+
+
+def test_poison_is_quarantined_and_the_run_finishes(
+    tmp_path, tiny_model, arith, nats_server_factory
+):
+    server = nats_server_factory()
+    cfg = tiny_run_config(
+        tmp_path / "c.yaml", model=tiny_model, data=arith, port=server.port, stages=False
+    )
+    job = tmp_path / "ckpt/t/r"
+    log = tmp_path / "run.log"
+    poison = _poison()
+    p = trinity("run", "--config", str(cfg), log=log)
+    try:
+        deadline = time.monotonic() + 600
+        while not steps_log(job):  # the streams exist and the buffer consumes
+            assert p.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the trainer never took a step"
+            time.sleep(0.2)
+        asyncio.run(_inject(server.url, poison))
+        p.wait(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    assert "restart" not in text, "a role was restarted"
+    _trained_exactly_once(job)  # every valid group, once; no poison among the trained ids
+    dead = asyncio.run(_dead_letters(server.url))
+    assert sorted(dead) == sorted(poison), dead
+    assert "ExperienceGroup.group_id: must not be empty" in dead["poison-empty-group-id"]
+    assert "experiences[0].id: 500 bytes, longer than 480" in dead["poison-long-id"]
+    assert "model_version: must be in [0, 2**63)" in dead["poison-huge-version"]
+    assert "experiences[1].reward: must be finite, got nan" in dead["poison-nan-reward"]
+    assert (
+        "experiences[0].tokens: token id 1000000 is past the model's vocabulary"
+        in (dead["poison-vocab"])
+    )
+    assert dead["poison-garbage"].startswith("CodecError")
