@@ -57,14 +57,14 @@ import lmdb
 import msgpack
 
 from schemas.codec import decode, encode
-from schemas.data import Experience, ExperienceGroup
+from schemas.data import MAX_ID_BYTES, Experience, ExperienceGroup
 
 if TYPE_CHECKING:
     from schemas.config import ExperienceBufferConfig
 
 FORMAT = b"trinity-replay/1"
 Mode = Literal["fifo", "priority"]
-_MAX_KEY = 480  # LMDB's default max key size is 511 bytes
+_MAX_KEY = MAX_ID_BYTES  # what validate() allows; LMDB refuses keys over 511 bytes
 
 
 class ReplayError(RuntimeError):
