@@ -8,6 +8,14 @@ venv's ``bin/``), so no system install is needed.
 Why a generated config file rather than command-line flags: ``max_payload``, ``max_pending``
 and auth cannot all be set by flags, and a file in the store directory documents exactly
 what the server ran with (``nats-server.conf`` next to the JetStream data).
+
+The server enforces the auth the clients present (:func:`embedded_auth`): ``nats.token``,
+``nats.user``/``nats.password``, credentials in ``nats.url``, or the public key of
+``nats.nkey_seed_file``. What it cannot apply, it refuses to start with, naming the field:
+``nats.creds_file`` (JWT auth needs the operator's server) and TLS (the ``nats.tls_*`` files
+are the clients' side; the server would need its own certificate). A server that started
+without a setting the user gave would let unauthenticated clients in, or fail every client
+with a confusing error.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from schemas.config import NatsConfig
+from schemas.loader import ConfigError
 
 from .errors import BusError
 
@@ -85,6 +94,121 @@ def default_store_dir(cfg: NatsConfig, checkpoint_root_dir: str) -> str:
     return cfg.store_dir or os.path.join(checkpoint_root_dir, "nats")
 
 
+class EmbeddedServerRefused(BusError, ConfigError):
+    """The ``nats`` settings ask for something the embedded server cannot apply. The message
+    names each field and what to do instead. A :class:`ConfigError` too, so ``trinity run`` and
+    ``trinity server`` report it as a configuration problem (exit 2), not a traceback."""
+
+
+_EXTERNAL = "run a nats-server configured for it, point nats.url at it and set nats.embedded: false"
+
+
+def public_nkey(seed_file: str | os.PathLike[str]) -> str:
+    """The public user nkey (``U...``) of a seed file, read as nats-py reads it (the whole
+    file, stripped). Raises ValueError saying what is wrong with the file."""
+    try:
+        import nkeys
+    except ImportError as e:
+        raise ValueError("nkey auth needs the `nkeys` package (pip install nkeys)") from e
+    try:
+        seed = bytearray(Path(seed_file).read_bytes().strip())
+    except OSError as e:
+        raise ValueError(f"cannot read {str(seed_file)!r}: {e.strerror or e}") from e
+    try:
+        kp = nkeys.from_seed(seed)
+        public = bytes(kp.public_key).decode()
+    except (nkeys.NkeysError, ValueError, TypeError) as e:
+        raise ValueError(f"{str(seed_file)!r} does not hold an nkey seed") from e
+    finally:
+        seed[:] = bytes(len(seed))
+    if not public.startswith("U"):
+        raise ValueError(
+            f"{str(seed_file)!r} holds a seed for a {public[:1]}... key, not a user (a seed "
+            "starting with SU, made by `nk -gen user`)"
+        )
+    return public
+
+
+def embedded_auth(cfg: NatsConfig) -> dict[str, str | None]:
+    """Auth settings for an embedded server that enforces exactly what clients built from
+    ``cfg`` present: ``token``, ``user``/``password`` or ``nkey`` (the public key of
+    ``cfg.nkey_seed_file``), keyword arguments of :class:`EmbeddedServer`.
+
+    Raises :class:`EmbeddedServerRefused` listing every ``nats`` setting the embedded server
+    cannot apply, so it never starts without one of them: ``creds_file``, the ``tls_*`` files,
+    a URL that is not ``nats://``, or two kinds of auth at once (a client presents only one of
+    them, so the server would check one and the other would be a setting in name only).
+    """
+    problems: list[str] = []
+    first = cfg.url.split(",")[0].strip()
+    scheme, _, _ = parse_url(first)
+    parts = urlsplit(first if "://" in first else "nats://" + first)
+    tls = [f"nats.{f}" for f in ("tls_ca_file", "tls_cert_file", "tls_key_file") if getattr(cfg, f)]
+    if scheme == "tls":
+        tls.insert(0, "nats.url (tls://)")
+    if tls:
+        problems.append(
+            f"{', '.join(tls)}: the embedded nats-server does not serve TLS (these settings are "
+            "the clients' side: the CA that verifies the server, the client's own certificate "
+            f"and key; a TLS server needs its own certificate): {_EXTERNAL}, or unset them to "
+            "use the embedded server over plain nats://"
+        )
+    elif scheme != "nats":
+        problems.append(
+            f"nats.url: the embedded nats-server serves nats://, not {scheme}://: {_EXTERNAL}, "
+            "or use a nats:// URL"
+        )
+    if cfg.creds_file:
+        problems.append(
+            "nats.creds_file: the embedded nats-server cannot check a creds file (its JWT is "
+            "verified against the operator and account JWTs, which only the server configured "
+            f"with that operator has): {_EXTERNAL}; or, for the embedded server, replace "
+            "nats.creds_file with nats.nkey_seed_file (a user nkey seed file) or nats.token"
+        )
+    url_user, url_password = parts.username, parts.password
+    url_auth = url_user is not None or url_password is not None
+    kinds = [
+        name
+        for name, on in (
+            ("nats.token", cfg.token),
+            ("nats.user", cfg.user),
+            ("nats.nkey_seed_file", cfg.nkey_seed_file),
+            ("credentials in nats.url", url_auth),
+        )
+        if on
+    ]
+    if len(kinds) > 1:
+        problems.append(
+            f"{' and '.join(kinds)}: a client presents only one of them, so the embedded "
+            "nats-server enforces one kind of auth: keep one"
+        )
+    if cfg.password and not cfg.user:
+        problems.append(
+            "nats.password is set but nats.user is not: clients send no password without a "
+            "user; set nats.user or unset nats.password"
+        )
+    if url_auth and not url_user:
+        problems.append("nats.url: a password without a user name (nats://user:password@host)")
+    nkey = None
+    if cfg.nkey_seed_file:
+        try:
+            nkey = public_nkey(cfg.nkey_seed_file)
+        except ValueError as e:
+            problems.append(f"nats.nkey_seed_file: {e}")
+    if problems:
+        raise EmbeddedServerRefused(problems)
+    if url_auth and url_password is None:
+        return dict(token=url_user, user=None, password=None, nkey=None)
+    if url_auth:
+        return dict(token=None, user=url_user, password=url_password, nkey=None)
+    return dict(
+        token=cfg.token or None,
+        user=cfg.user or None,
+        password=(cfg.password or "") if cfg.user else None,
+        nkey=nkey,
+    )
+
+
 def _q(s: str) -> str:
     """Quote a string for the nats-server config language."""
     return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -100,6 +224,7 @@ def render_config(
     token: str | None = None,
     user: str | None = None,
     password: str | None = None,
+    nkey: str | None = None,
     tls_cert_file: str | None = None,
     tls_key_file: str | None = None,
     tls_ca_file: str | None = None,
@@ -110,11 +235,16 @@ def render_config(
     Limits: ``max_payload`` (at most 8 MB; bigger messages are chunked by the publisher),
     ``max_pending`` 64 MB per client, a write deadline so a stuck client cannot stall the
     server, and a 1 GB cap on memory storage (we use file storage only).
+
+    Auth: at most one of ``token``, ``user``/``password`` or ``nkey`` (a public user nkey,
+    ``U...``); none leaves the server open to anyone who reaches the port.
     """
     if not 0 < max_payload <= MAX_PAYLOAD_CEILING:
         raise ValueError(f"max_payload {max_payload} must be in (0, {MAX_PAYLOAD_CEILING}]")
-    if token and (user or password):
-        raise ValueError("configure either a token or user/password for the server, not both")
+    if sum(bool(a) for a in (token, user or password, nkey)) > 1:
+        raise ValueError("configure one of token, user/password or nkey for the server")
+    if password and not user:
+        raise ValueError("a server password needs a user")
     lines = [
         "# Generated by trinity (bus/server.py); edits are overwritten on the next start.",
         f"server_name: {_q(server_name)}",
@@ -143,6 +273,8 @@ def render_config(
             f"  password: {_q(password or '')}",
             "}",
         ]
+    elif nkey:
+        lines += ["authorization {", f"  users = [ {{ nkey: {_q(nkey)} }} ]", "}"]
     if tls_cert_file or tls_key_file:
         if not (tls_cert_file and tls_key_file):
             raise ValueError("server TLS needs both a certificate and a key file")
@@ -182,6 +314,7 @@ class EmbeddedServer:
         token: str | None = None,
         user: str | None = None,
         password: str | None = None,
+        nkey: str | None = None,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         tls_ca_file: str | None = None,
@@ -203,6 +336,7 @@ class EmbeddedServer:
             token=token,
             user=user,
             password=password,
+            nkey=nkey,
             tls_cert_file=tls_cert_file,
             tls_key_file=tls_key_file,
             tls_ca_file=tls_ca_file,
@@ -222,17 +356,17 @@ class EmbeddedServer:
         **kw: object,
     ) -> EmbeddedServer:
         """A server matching the client settings: host/port from ``cfg.url`` unless given,
-        ``max_payload`` from ``cfg`` (capped at 8 MB), and the same token or user/password the
-        clients will present."""
+        ``max_payload`` from ``cfg`` (capped at 8 MB), and the auth the clients will present
+        (:func:`embedded_auth`). Raises :class:`EmbeddedServerRefused` naming every setting
+        it cannot apply (creds file, TLS), before anything starts."""
+        auth = embedded_auth(cfg)
         _, url_host, url_port = parse_url(cfg.url)
         return cls(
             store_dir,
             host=host or (url_host if url_host not in ("localhost", "") else "127.0.0.1"),
             port=port if port is not None else url_port,
             max_payload=min(cfg.max_payload, MAX_PAYLOAD_CEILING),
-            token=cfg.token,
-            user=cfg.user,
-            password=cfg.password,
+            **auth,
             **kw,  # type: ignore[arg-type]
         )
 
@@ -387,12 +521,14 @@ def ensure_server(cfg: NatsConfig, store_dir: str | os.PathLike[str]) -> Embedde
 
     Returns None when ``cfg.embedded`` is off, the URL is not local (a remote server is the
     operator's job), or something already listens there (another ``trinity server``). The
-    caller owns the returned server and must ``stop()`` it.
+    caller owns the returned server and must ``stop()`` it. Raises
+    :class:`EmbeddedServerRefused` when one is wanted but ``cfg`` asks for something it cannot
+    apply (TLS, a creds file, ...): the message names the field and the alternative.
     """
     if not cfg.embedded:
         return None
-    scheme, host, port = parse_url(cfg.url)
-    if host not in LOCAL_HOSTS or scheme not in ("nats", ""):
+    _, host, port = parse_url(cfg.url)
+    if host not in LOCAL_HOSTS:
         return None
     if is_listening(host, port):
         return None

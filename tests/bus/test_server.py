@@ -11,9 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from bus.errors import BusError
-from bus.server import EmbeddedServer, ensure_server, free_port, is_listening, render_config
+import bus
+from bus.errors import BusConnectError, BusError
+from bus.server import (
+    EmbeddedServer,
+    EmbeddedServerRefused,
+    ensure_server,
+    free_port,
+    is_listening,
+    render_config,
+)
 from schemas.config import NatsConfig
+from schemas.loader import ConfigError
+from tests.conftest import nats_settings
 
 
 def test_render_config_has_limits_and_jetstream(tmp_path: Path) -> None:
@@ -24,6 +34,153 @@ def test_render_config_has_limits_and_jetstream(tmp_path: Path) -> None:
     assert 'token: "t\\"ok"' in text
     with pytest.raises(ValueError, match="max_payload"):
         render_config(host="h", port=1, store_dir="d", max_payload=16 * 1024 * 1024)
+
+
+def test_render_config_auth_blocks() -> None:
+    kw = dict(host="127.0.0.1", port=4333, store_dir="d")
+    text = render_config(**kw, user="bob", password="pw")
+    assert 'user: "bob"' in text and 'password: "pw"' in text
+    text = render_config(**kw, nkey="UABC")
+    assert 'users = [ { nkey: "UABC" } ]' in text
+    assert "authorization" not in render_config(**kw)
+    for bad in (dict(token="t", user="u"), dict(token="t", nkey="U"), dict(user="u", nkey="U")):
+        with pytest.raises(ValueError, match="one of token, user/password or nkey"):
+            render_config(**kw, **bad)
+    with pytest.raises(ValueError, match="password needs a user"):
+        render_config(**kw, password="pw")
+
+
+def _user_seed(path: Path, prefix: int | None = None) -> Path:
+    """A fresh nkey seed file (a user's unless ``prefix`` says otherwise)."""
+    import nkeys
+
+    path.write_bytes(
+        nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER if prefix is None else prefix)
+        + b"\n"
+    )
+    return path
+
+
+# (settings the embedded server starts with, right client settings, wrong client settings);
+# "URL" stands for the server's host:port.
+AUTH_KINDS = {
+    "token": (dict(token="s3cret"), dict(token="s3cret"), dict(token="wrong")),
+    "user_password": (
+        dict(user="bob", password="hunter2"),
+        dict(user="bob", password="hunter2"),
+        dict(user="bob", password="wrong"),
+    ),
+    "user_no_password": (dict(user="bob"), dict(user="bob"), dict(user="eve")),
+    "url_token": (dict(url="nats://s3cret@URL"), dict(url="nats://s3cret@URL"), dict(token="x")),
+    "url_user_password": (
+        dict(url="nats://bob:hunter2@URL"),
+        dict(user="bob", password="hunter2"),
+        dict(url="nats://bob:wrong@URL"),
+    ),
+    "nkey": (
+        dict(nkey_seed_file="user.nk"),
+        dict(nkey_seed_file="user.nk"),
+        dict(nkey_seed_file="other.nk"),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(AUTH_KINDS))
+async def test_embedded_server_enforces_auth(nats_binary, tmp_path: Path, kind: str) -> None:
+    """Each kind of auth the nats section accepts: the server ensure_server starts lets a
+    client with the right credentials in and refuses one without (or with wrong ones)."""
+    _user_seed(tmp_path / "user.nk")
+    _user_seed(tmp_path / "other.nk")
+    hostport = f"127.0.0.1:{free_port()}"
+
+    def settings(kw: dict[str, str], **more: object) -> NatsConfig:
+        kw = {k: v.replace("URL", hostport) for k, v in kw.items()}
+        if "nkey_seed_file" in kw:
+            kw["nkey_seed_file"] = str(tmp_path / kw["nkey_seed_file"])
+        return nats_settings(**{"url": f"nats://{hostport}", **kw, **more})  # type: ignore[arg-type]
+
+    server_kw, right, wrong = AUTH_KINDS[kind]
+    s = ensure_server(settings(server_kw), tmp_path / "st")
+    assert s is not None
+    try:
+        assert "authorization {" in s.config_path.read_text()
+        nc = await bus.connect(settings(right), name="right")
+        assert nc.is_connected
+        await nc.close()
+        for label, kw in (("none", {}), ("wrong", wrong)):
+            with pytest.raises(BusConnectError, match="authorization failed") as e:
+                await bus.connect(settings(kw, connect_wait=0), name=label)
+            assert "hunter2" not in str(e.value)
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize(
+    "kw, named",
+    [
+        (
+            dict(creds_file="/x/user.creds"),
+            ["nats.creds_file", "nats.nkey_seed_file", "nats.token"],
+        ),
+        (dict(tls_ca_file="/x/ca.pem"), ["nats.tls_ca_file", "does not serve TLS"]),
+        (
+            dict(tls_cert_file="/x/c.pem", tls_key_file="/x/c.key"),
+            ["nats.tls_cert_file, nats.tls_key_file", "does not serve TLS"],
+        ),
+        (dict(url="tls://127.0.0.1:PORT"), ["nats.url (tls://)"]),
+        (dict(url="ws://127.0.0.1:PORT"), ["nats.url", "not ws://"]),
+        (dict(token="t", user="u"), ["nats.token and nats.user"]),
+        (dict(token="t", nkey_seed_file="SEED"), ["nats.token and nats.nkey_seed_file"]),
+        (
+            dict(url="nats://u:p@127.0.0.1:PORT", user="u"),
+            ["nats.user and credentials in nats.url"],
+        ),
+        (dict(password="pw"), ["nats.password is set but nats.user is not"]),
+        (dict(nkey_seed_file="/x/missing.nk"), ["nats.nkey_seed_file: cannot read"]),
+        (dict(nkey_seed_file="GARBAGE"), ["nats.nkey_seed_file:", "does not hold an nkey seed"]),
+        (dict(nkey_seed_file="ACCOUNT"), ["nats.nkey_seed_file:", "not a user"]),
+        (
+            dict(creds_file="/x/user.creds", tls_ca_file="/x/ca.pem"),
+            ["nats.creds_file", "nats.tls_ca_file"],
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_embedded_server_refuses_what_it_cannot_apply(
+    tmp_path: Path, kw: dict[str, str], named: list[str]
+) -> None:
+    """A setting the embedded server cannot apply stops it before it starts, with an error
+    naming the field (never a server that silently runs without it)."""
+    import nkeys
+
+    port = free_port()
+    files = {
+        "SEED": _user_seed(tmp_path / "u.nk"),
+        "ACCOUNT": _user_seed(tmp_path / "a.nk", nkeys.PREFIX_BYTE_ACCOUNT),
+        "GARBAGE": tmp_path / "garbage.nk",
+    }
+    files["GARBAGE"].write_text("not a seed\n")
+    kw = {k: str(files.get(v, v)).replace("PORT", str(port)) for k, v in kw.items()}
+    cfg = NatsConfig(**{"url": f"nats://127.0.0.1:{port}", **kw})  # type: ignore[arg-type]
+    with pytest.raises(EmbeddedServerRefused) as e:
+        ensure_server(cfg, tmp_path / "st")
+    for text in named:
+        assert text in str(e.value)
+    assert isinstance(e.value, ConfigError)  # trinity run/server: a config error, exit 2
+    assert not is_listening("127.0.0.1", port) and not (tmp_path / "st").exists()
+    with pytest.raises(EmbeddedServerRefused):
+        EmbeddedServer.from_config(cfg, tmp_path / "st")  # trinity server's path
+
+
+def test_creds_refusal_says_what_to_do(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = NatsConfig(url=f"nats://127.0.0.1:{port}", creds_file=str(tmp_path / "u.creds"))
+    with pytest.raises(EmbeddedServerRefused) as e:
+        ensure_server(cfg, tmp_path / "st")
+    msg = str(e.value)
+    assert "operator" in msg and "nats.embedded: false" in msg
+    # Embedded off, or a server already there: the creds go to that server, nothing refused.
+    assert ensure_server(cfg.model_copy(update={"embedded": False}), tmp_path / "st") is None
 
 
 def test_start_stop_keeps_data_dir_and_config(nats_server_factory, tmp_path: Path) -> None:
