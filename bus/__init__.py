@@ -25,6 +25,7 @@ from typing import Any
 # not pay for nats-py, numpy and the codec, which only the roles need.
 _WHERE = {
     "connect": "connection",
+    "disconnect": "connection",
     "jetstream": "connection",
     "redact": "connection",
     "Consumer": "consume",
@@ -87,6 +88,7 @@ __all__ = [  # noqa: F822 (resolved by __getattr__)
     "RunState",
     "StreamConflict",
     "connect",
+    "disconnect",
     "default_store_dir",
     "ensure_server",
     "ensure_streams",

@@ -274,3 +274,16 @@ def jetstream(nc: NATS, cfg: NatsConfig) -> nats.js.JetStreamContext:
     return nc.jetstream(
         timeout=cfg.request_timeout, publish_async_max_pending=max(cfg.publish_concurrency, 1) * 4
     )
+
+
+async def disconnect(nc: NATS, timeout: float = 10.0) -> None:
+    """Drain (deliver what is buffered, then close) when the server is there; just close
+    when it is not: a role ending while the server restarts must still end cleanly."""
+    try:
+        await asyncio.wait_for(nc.drain(), timeout)
+    except Exception as e:  # ConnectionReconnectingError, a timeout, ...
+        log.info("nats_drain_skipped", error=f"{type(e).__name__}: {e}")
+        try:
+            await asyncio.wait_for(nc.close(), timeout)
+        except Exception:
+            pass

@@ -22,6 +22,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, N
 from nats.js.kv import KeyValue
 
 from .errors import BusError, RequestTimeout
+from .retry import TRANSIENT, ride_out
 from .subjects import names
 
 log = structlog.get_logger(__name__)
@@ -60,7 +61,8 @@ async def open_bucket(js: JetStreamContext, run_id: str) -> KeyValue:
 
 
 class RunState:
-    """Typed helpers over the run's KV bucket."""
+    """Typed helpers over the run's KV bucket. Every operation waits out a server restart
+    (:func:`bus.retry.ride_out`); a heartbeat that cannot be sent is skipped instead."""
 
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
@@ -73,12 +75,13 @@ class RunState:
 
     async def put(self, key: str, value: Any) -> int:
         """Store a JSON value; returns the KV revision."""
-        return await self.kv.put(key, orjson.dumps(value))
+        data = orjson.dumps(value)
+        return await ride_out(lambda: self.kv.put(key, data), f"KV put {key}")
 
     async def get(self, key: str) -> Any | None:
         """The JSON value of ``key``, or None if absent or deleted."""
         try:
-            entry = await self.kv.get(key)
+            entry = await ride_out(lambda: self.kv.get(key), f"KV get {key}")
         except (KeyNotFoundError, NotFoundError):
             return None
         if entry.value is None or entry.value == b"":
@@ -86,12 +89,12 @@ class RunState:
         return orjson.loads(entry.value)
 
     async def delete(self, key: str) -> None:
-        await self.kv.delete(key)
+        await ride_out(lambda: self.kv.delete(key), f"KV delete {key}")
 
     async def snapshot(self) -> dict[str, Any]:
         """Every live key and its value (what ``trinity inspect`` prints)."""
         try:
-            keys = await self.kv.keys()
+            keys = await ride_out(self.kv.keys, "KV keys")
         except (NoKeysError, NotFoundError):
             return {}
         out: dict[str, Any] = {}
@@ -116,11 +119,14 @@ class RunState:
     # -- heartbeats ------------------------------------------------------------------------
 
     async def heartbeat(self, role: str, **info: Any) -> None:
-        """Say "I am alive" with a timestamp, pid and host (plus any info, e.g. step)."""
-        await self.put(
-            _key("heartbeat", role),
-            {"ts": time.time(), "pid": os.getpid(), "host": socket.gethostname(), **info},
-        )
+        """Say "I am alive" with a timestamp, pid and host (plus any info, e.g. step). Best
+        effort: while the server is away a beat is skipped (the next one says it all), so a
+        role never waits on its heartbeat."""
+        value = {"ts": time.time(), "pid": os.getpid(), "host": socket.gethostname(), **info}
+        try:
+            await self.kv.put(_key("heartbeat", role), orjson.dumps(value))
+        except TRANSIENT as e:
+            log.debug("heartbeat_skipped", role=role, error=type(e).__name__)
 
     async def heartbeats(self) -> dict[str, dict[str, Any]]:
         """``{role: last heartbeat}`` with ``age`` (seconds since it was sent) added."""

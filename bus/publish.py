@@ -27,8 +27,6 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext, api
 from nats.js.errors import (
     APIError,
-    NoStreamResponseError,
-    ServiceUnavailableError,
     TooManyStalledMsgsError,
 )
 
@@ -38,6 +36,7 @@ from schemas.data import ExperienceGroup, Metric, SyncEvent
 
 from .connection import jetstream
 from .errors import PayloadTooLarge, PublishError
+from .retry import TRANSIENT
 from .subjects import names
 
 log = structlog.get_logger(__name__)
@@ -162,15 +161,8 @@ def split_chunks(
     return out
 
 
-_RETRY = (
-    asyncio.TimeoutError,
-    nats.errors.TimeoutError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.ConnectionReconnectingError,
-    NoStreamResponseError,
-    ServiceUnavailableError,
-    TooManyStalledMsgsError,
-)
+#: What a publish retries: a missing server's errors, and nats-py's full ack window.
+_RETRY = (*TRANSIENT, TooManyStalledMsgsError)
 
 
 def attempt_wait(size: int, attempt_timeout: float) -> float:

@@ -7,7 +7,9 @@ What it does, in order:
 2. ``continue_from_checkpoint: false`` with an existing job dir: the new run is named
    ``<name>_<timestamp>`` (nothing of the old run is touched).
 3. Start an embedded ``nats-server`` when ``nats.url`` is local, nothing listens there and
-   ``nats.embedded`` allows it (the same code as ``trinity server``).
+   ``nats.embedded`` allows it (the same code as ``trinity server``). It is supervised like a
+   role: if it dies it is started again on the same port and store directory (JetStream's
+   file storage keeps every stream and consumer), and the roles reconnect by themselves.
 4. Start the roles the stages' modes need (``python -m roles.cli <role>`` with the same
    config), stream their output with a role prefix and show a progress line.
 5. A role that dies (a crash, a kill) is restarted, up to ``--max-restarts`` times: every
@@ -32,9 +34,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
+
+if TYPE_CHECKING:
+    from bus.server import EmbeddedServer
 
 #: Seconds a role gets between SIGTERM and SIGKILL when the run stops.
 STOP_GRACE = 30.0
@@ -86,6 +92,9 @@ def preflight(stages: list[TrinityConfig]) -> None:
             need(eb.path, f"{where}buffer.trainer_input.experience_buffer.path")
         for name, b in ti.auxiliary_buffers.items():
             need(b.path, f"{where}buffer.trainer_input.auxiliary_buffers.{name}.path")
+    from roles.checks import check_data  # every dataset that exists: split, rows, keys
+
+    problems += check_data(stages)[0]
     if problems:
         raise ConfigError(problems)
 
@@ -184,8 +193,11 @@ def summary(stages: list[TrinityConfig]) -> list[str]:
 
 
 class Supervisor:
-    def __init__(self, loaded: LoadedConfig, role_args: list[str], max_restarts: int) -> None:
+    def __init__(self, loaded: LoadedConfig, role_args: list[str], max_restarts: int,
+                 server: EmbeddedServer | None = None) -> None:
         self.stages = loaded.stages or [loaded.config]
+        self.server = server
+        self.server_restarts = 0
         self.cfg = loaded.config
         self.role_args = role_args
         self.max_restarts = max_restarts
@@ -276,6 +288,9 @@ class Supervisor:
                 self.say("trinity run: stopping every role (Ctrl-C / SIGTERM)")
                 await self.stop_all()
                 return 130
+            if not self.keep_server():
+                await self.stop_all()
+                return 1
             for c in self.children:
                 rc = c.proc.returncode if c.proc else None
                 if rc is None or c.done:
@@ -313,6 +328,30 @@ class Supervisor:
             await asyncio.sleep(0.25)
 
 
+    def keep_server(self) -> bool:
+        """Start the embedded server again if it died (same port, same store: every stream,
+        consumer and KV key survives). False once it died more than ``max_restarts`` times
+        or cannot start: the run cannot go on without it. Synchronous on purpose: the server
+        is started from the main thread, so it dies with ``trinity run``."""
+        server = self.server
+        if server is None or server.running or self.stopping:
+            return True
+        rc = server.proc.returncode if server.proc is not None else None
+        if self.server_restarts >= self.max_restarts:
+            self.say(f"trinity run: nats-server failed for good (exit {rc}): {server.log_tail(5)}")
+            return False
+        self.server_restarts += 1
+        self.say(f"trinity run: nats-server exited with {rc}; restart "
+                 f"{self.server_restarts}/{self.max_restarts}")
+        server.stop()
+        try:
+            server.start()
+        except Exception as e:  # BusError: port taken, store unreadable, ...
+            self.say(f"trinity run: nats-server cannot start again: {e}")
+            return False
+        return True
+
+
 def _signal_group(pid: int, sig: int) -> None:
     """Signal a role's process group (each role is started as a session leader)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -348,7 +387,7 @@ def main(args: argparse.Namespace) -> int:
     server = ensure_server(cfg.nats, cfg.nats.store_dir or default_store_dir(cfg.nats, cfg.checkpoint_root_dir))
     if server is not None:
         print(f"trinity run: embedded nats-server at {server.url} (store {server.store_dir})")
-    sup = Supervisor(loaded, role_args(args), args.max_restarts)
+    sup = Supervisor(loaded, role_args(args), args.max_restarts, server)
     try:
         rc = asyncio.run(sup.run(roles_needed(stages)))
     finally:

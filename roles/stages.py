@@ -131,7 +131,7 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
                     return 0
                 await asyncio.sleep(0.5)
         finally:
-            await nc.close()
+            await bus.disconnect(nc)
     return 0
 
 

@@ -151,7 +151,7 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
             await s.unsubscribe()
         if consumer is not None:
             await consumer.close()
-        await nc.drain()
+        await bus.disconnect(nc)
         if service.store is not None:
             service.store.close()
     return True

@@ -96,5 +96,5 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None
                                                       missing=missing), kind="ctl")
     finally:
         await events.close()
-        await nc.drain()
+        await bus.disconnect(nc)
     return True

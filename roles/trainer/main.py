@@ -328,7 +328,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
     finally:
         monitor.close()
         await sync.close()
-        await nc.drain()
+        await bus.disconnect(nc)
     return done
 
 

@@ -1,0 +1,90 @@
+"""Crashes a run must survive: the embedded nats-server killed mid-run (``trinity run``
+starts it again on the same store; the roles reconnect without using up their restarts)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from bus.server import free_port
+
+from .helpers import steps_log, tiny_run_config, trinity
+from .test_run_e2e import _trained_exactly_once
+
+pytestmark = pytest.mark.slow
+
+
+def nats_server_pid(store: Path) -> int | None:
+    """The pid of the nats-server whose config lives in ``store`` (found in /proc)."""
+    conf = str(store / "nats-server.conf")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"nats-server") and conf.encode() in cmd:
+            return int(pid)
+    return None
+
+
+def wait_for(what: str, cond, p, log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert p.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_run_survives_a_killed_nats_server(tmp_path, tiny_model, arith):
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
+                          stages=False)
+    job, store = tmp_path / "ckpt/t/r", tmp_path / "ckpt/nats"
+    log = tmp_path / "run.log"
+    p = trinity("run", "--config", str(cfg), log=log)
+    try:
+        wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log)
+        first = nats_server_pid(store)
+        assert first is not None, "no embedded nats-server found"
+        os.kill(first, signal.SIGKILL)
+        wait_for("a new nats-server", lambda: nats_server_pid(store) not in (None, first), p, log)
+        p.wait(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    assert "nats-server exited with -9; restart 1/2" in text
+    for role in ("buffer", "synchronizer", "trainer", "explorer"):
+        assert f"{role} exited with" not in text, f"{role} was restarted: {text[-4000:]}"
+    _trained_exactly_once(job)
+
+
+def test_roles_ride_out_a_server_gone_for_a_minute(tmp_path, tiny_model, arith,
+                                                   nats_server_factory):
+    """An external server (an operator's) is down for 60 s mid-run: every KV round trip,
+    publish and request waits it out; no role dies, none is restarted."""
+    server = nats_server_factory()
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=server.port,
+                          stages=False)
+    job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
+    p = trinity("run", "--config", str(cfg), log=log)
+    try:
+        wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log)
+        server.proc.kill()
+        server.proc.wait()
+        time.sleep(60)
+        assert p.poll() is None, log.read_text()[-4000:]
+        server.proc = None
+        server.start()
+        p.wait(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    assert "restart" not in text and "Traceback" not in text, text[-4000:]
+    _trained_exactly_once(job)
