@@ -79,9 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from roles.checks import check_data
     from roles.settings import load
 
     loaded = load(args)
+    problems, absent = check_data(loaded.stages or [loaded.config])
+    if problems:
+        raise ConfigError(problems)
+    for line in absent:
+        print(f"warning: {line} (trinity run needs it)", file=sys.stderr)
     if args.stage is not None:
         if not 0 <= args.stage < len(loaded.stages):
             print(f"trinity config: --stage {args.stage}: the config has {len(loaded.stages)} stages", file=sys.stderr)

@@ -345,3 +345,29 @@ def load_rows(
     return RowSet(
         rows=rows, files=[Path(f) for f in files], skipped=skipped, skipped_examples=examples
     )
+
+
+def check_first_row(
+    files: Sequence[str | Path],
+    required: Sequence[RequiredKey] | Callable[[dict[str, Any]], Sequence[RequiredKey]] = (),
+    *,
+    skip_invalid_rows: bool = False,
+) -> None:
+    """Fail fast, before any process starts, the way :func:`load_rows` would fail later: raise
+    :class:`TasksetError` when ``files`` hold no row at all, or when the first row lacks a
+    required key (not checked with ``skip_invalid_rows``, which drops such rows). Reads one
+    row, not the dataset."""
+    for file in files:
+        for where, row in iter_file_rows(file):
+            if skip_invalid_rows:
+                return
+            req = required(row) if callable(required) else required
+            bad = next((r for r in req if _missing(row, r.key)), None)
+            if bad is not None:
+                raise TasksetError(
+                    f"{file}: {where}: missing key {bad.key!r} (format.{bad.field}); the row "
+                    f"has {sorted(row)[:10]}"
+                )
+            return
+    shown = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
+    raise TasksetError(f"{shown}: no rows (the dataset is empty)")

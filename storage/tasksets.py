@@ -32,7 +32,14 @@ import numpy as np
 import orjson
 
 from schemas.data import Task
-from storage.datafiles import RequiredKey, RowSet, TasksetError, load_rows, resolve_data_files
+from storage.datafiles import (
+    RequiredKey,
+    RowSet,
+    TasksetError,
+    check_first_row,
+    load_rows,
+    resolve_data_files,
+)
 
 if TYPE_CHECKING:
     from schemas.config import ExperienceBufferConfig, FormatConfig, TasksetConfig
@@ -486,4 +493,24 @@ def dataset_reader_from_config(
         selector=cfg.data_selector.selector_type,
         seed=cfg.data_selector.seed,
         name=cfg.name,
+    )
+
+
+def check_taskset(cfg: TasksetConfig) -> None:
+    """Raise :class:`TasksetError` when the taskset ``cfg`` describes cannot be read: no path,
+    no files for its split, no rows, or a first row without the prompt key (or a present
+    answer column's key). What :meth:`TaskReader.from_config` would find, from one row."""
+    if not cfg.path:
+        raise TasksetError("path is not set")
+    files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
+    check_first_row(files, task_required_keys(cfg.format), skip_invalid_rows=cfg.skip_invalid_rows)
+
+
+def check_dataset(cfg: ExperienceBufferConfig, kind: Literal["sft", "dpo"] = "sft") -> None:
+    """:func:`check_taskset` for an SFT/DPO dataset (``storage_type: file``)."""
+    if not cfg.path:
+        raise TasksetError("path is not set")
+    files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
+    check_first_row(
+        files, dataset_required_keys(cfg.format, kind), skip_invalid_rows=cfg.skip_invalid_rows
     )
