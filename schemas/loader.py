@@ -33,7 +33,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource
 
-from schemas.config import IGNORED_PATHS, TrinityConfig
+from schemas.config import (
+    IGNORED_PATHS,
+    REDACTED,
+    SECRET_KEY,
+    TrinityConfig,
+    redact_secrets,
+    redact_url,
+)
 from schemas.derive import DEFAULT, derive
 from schemas.derive import DERIVED as DERIVED  # roles read the provenance labels from here
 
@@ -82,6 +89,12 @@ def read_yaml(
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError([f"config file {str(p)!r}: not valid YAML: {e}"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            [f"config file {str(p)!r}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8"]
+        ) from None
+    except OSError as e:
+        raise ConfigError([f"config file {str(p)!r}: cannot read: {e.strerror or e}"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -206,7 +219,12 @@ def read_dotenv(path: str | os.PathLike[str]) -> dict[str, Any]:
     validation names it."""
     if not Path(path).is_file():
         return {}
-    values = _plain(DotEnvSettingsSource(TrinityConfig, env_file=Path(path))())
+    try:
+        values = _plain(DotEnvSettingsSource(TrinityConfig, env_file=Path(path))())
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            [f"dotenv file {str(path)!r}: not UTF-8 text (byte {e.start}: {e.reason})"]
+        ) from None
     skip = {v.lower() for v in NON_CONFIG_VARS}
     return {
         k: v
@@ -344,6 +362,17 @@ def _unwrap(tp: Any) -> Any:
     return tp
 
 
+def _source_of_parent(path: str, sources: dict[str, str]) -> str | None:
+    """Who set the nearest enclosing value (``a.b`` for ``a.b[1]``: lists are leaves)."""
+    while True:
+        parent = re.sub(r"(\[\d+\]|\.[^.\[]+)$", "", path)
+        if parent == path or not parent:
+            return None
+        path = parent
+        if path in sources:
+            return sources[path]
+
+
 def _explain(
     err: ValidationError,
     sources: dict[str, str],
@@ -363,6 +392,7 @@ def _explain(
             sources.get(full)
             or sources.get(path)
             or next((s for p, s in sources.items() if p.startswith((full + ".", full + "["))), None)
+            or _source_of_parent(full, sources)
         )
         where = f" (from {src})" if src and src != DEFAULT else ""
         if e["type"] == "extra_forbidden":
@@ -377,10 +407,14 @@ def _explain(
             problems.append(f"{full}: required but not set")
         else:
             value = e.get("input")
-            shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
-            problems.append(
-                f"{full}: got {shown}{where}; expected {e['msg'][0].lower() + e['msg'][1:]}"
-            )
+            if isinstance(value, (dict, list)):
+                shown = type(value).__name__
+            elif SECRET_KEY.search(str(loc[-1]) if loc else ""):
+                shown = REDACTED
+            else:
+                shown = repr(redact_url(value) if isinstance(value, str) else value)
+            msg = e["msg"].removeprefix("Value error, ")
+            problems.append(f"{full}: got {shown}{where}; expected {msg[0].lower() + msg[1:]}")
     return problems
 
 
@@ -576,7 +610,7 @@ def _merge_env(raw: dict[str, Any], env_layer: dict[str, Any], sources: dict[str
 def _dotenv_value(path: str | os.PathLike[str] | None, key: str) -> str | None:
     if not path or not Path(path).is_file():
         return None
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         k, sep, v = line.strip().partition("=")
         if sep and k.strip().removeprefix("export ").strip() == key:
             return v.strip().strip("'\"") or None
@@ -588,9 +622,14 @@ def _dotenv_value(path: str | os.PathLike[str] | None, key: str) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
-def to_yaml(loaded: LoadedConfig, with_sources: bool = False) -> str:
-    """The resolved configuration as YAML; with sources, each value is annotated with its origin."""
+def to_yaml(loaded: LoadedConfig, with_sources: bool = False, *, redact: bool = True) -> str:
+    """The resolved configuration as YAML; with sources, each value is annotated with its origin.
+
+    Secrets print as ``***`` (:func:`schemas.config.redact_secrets`: tokens, passwords, API
+    keys, the password in a URL) unless ``redact`` is false."""
     data = loaded.config.model_dump(mode="json")
+    if redact:
+        data = redact_secrets(data)
     if not with_sources:
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
     lines: list[str] = []
