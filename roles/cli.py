@@ -111,12 +111,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from bus import BusError, inspect_run, render_text
+    from bus import BusConnectError, BusError, inspect_run, render_text
     from roles.settings import load
 
     cfg = load(args).config
     try:
         report = asyncio.run(inspect_run(cfg.nats, cfg.run_id, args.tail, args.stream))
+    except BusConnectError as e:
+        print(f"trinity inspect: {e}", file=sys.stderr)
+        return connect_exit_code(e)
     except BusError as e:
         print(f"trinity inspect: {e}", file=sys.stderr)
         return 1
@@ -239,12 +242,40 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         load_plugin_dirs()
     freeze_heap()
     keep_freed_memory()
+    from bus.errors import BusConnectError
+
     try:
         return asyncio.run(run_stages(role, loaded.stages or [cfg], runner_for(role)))
     except (ValueError, KeyError, FileNotFoundError, NotImplementedError) as e:
         logging.getLogger(f"trinity.{role}").error("%s failed: %s", role, e)
         print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
         return 2
+    except BusConnectError as e:  # 2: a wrong token or TLS file; 1: no server (yet)
+        logging.getLogger(f"trinity.{role}").error("%s failed: %s", role, e)
+        print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
+        return connect_exit_code(e)
+
+
+#: Causes of a failed first connect that ``bus.connection`` retries (a server not up yet):
+#: a later attempt may succeed. Every other cause (authorization, TLS, a missing credentials
+#: file, an unknown host) fails the same way again.
+_RETRYABLE_CONNECT = ("connection refused", "timed out", "no server answered")
+
+
+def connect_exit_code(e: Exception) -> int:
+    """The exit code for a :class:`bus.errors.BusConnectError`: 2 when retrying cannot help
+    (``trinity run`` then does not restart the role: see ``roles/run.py``), 1 when it can."""
+    import builtins
+
+    retryable = getattr(e, "retryable", None)
+    if isinstance(retryable, bool):
+        return 1 if retryable else 2
+    cause = str(getattr(e, "cause", ""))
+    if cause.startswith(_RETRYABLE_CONNECT):
+        return 1
+    # bus.connection retries a bare OSError (reset, broken pipe), shown as "ErrorName: text"
+    name = getattr(builtins, cause.split(":", 1)[0], None)
+    return 1 if isinstance(name, type) and issubclass(name, OSError) else 2
 
 
 def cmd_buffer(args: argparse.Namespace) -> int:
@@ -303,11 +334,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     handler = COMMANDS[args.command]
+    from bus.errors import BusConnectError
+
     try:
         return handler(args)
     except ConfigError as e:
         print(f"trinity {args.command}: {e}", file=sys.stderr)
         return 2
+    except BusConnectError as e:  # ``trinity run``'s own connection, before any role starts
+        print(f"trinity {args.command}: {e}", file=sys.stderr)
+        return connect_exit_code(e)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,245 @@
+"""Config mistakes fail with exit 2, naming the field, before any process starts; secrets print
+as ``***``. The value checks run ``trinity config``'s entry point in this process (one
+subprocess each would take 2 s); the rest run ``trinity`` as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from roles.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def trinity(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
+    full_env.update(OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "roles.cli", *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def config(tmp_path, monkeypatch, capsys):
+    """``trinity config --set ...`` in this process: (exit code, stdout, stderr)."""
+    for k in [k for k in os.environ if k.startswith("TRINITY_")]:
+        monkeypatch.delenv(k)
+
+    def run(*sets: str, extra: tuple[str, ...] = ()) -> tuple[int, str, str]:
+        args = ["config", "--dotenv", str(tmp_path / "no.env"), *extra]
+        for s in sets:
+            args += ["--set", s]
+        rc = main(args)
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    return run
+
+
+BAD = [
+    "trainer.micro_batch_size_per_gpu=-2",
+    "trainer.total_steps=-5",
+    "buffer.total_steps=0",
+    "algorithm.optimizer.lr=-1",
+    "algorithm.optimizer.lr=.nan",
+    "algorithm.optimizer.betas=[0.9, 1.5]",
+    "algorithm.optimizer.lr_warmup_steps=-2",
+    "nats.ack_wait=-1",
+    "nats.fetch_batch=0",
+    "nats.publish_timeout=-1",
+    "nats.duplicate_window=-1",
+    "nats.max_payload=-1",
+    "nats.max_deliver=0",
+    "nats.stream_max_bytes=0",
+    "nats.connect_timeout=0",
+    "nats.url=garbage",
+    "nats.url=http://127.0.0.1:4222",
+    "nats.url=nats://127.0.0.1:4222,",
+    "synchronizer.sync_timeout=-1",
+    "explorer.eval_interval=-1",
+    "explorer.max_retry_times=-1",
+    "trainer.save_interval=-1",
+    "trainer.grad_clip=-1",
+    "model.top_p=0",
+    "model.max_model_len=0",
+    "cluster.node_num=0",
+    "explorer.rollout_model.gpu_memory_utilization=1.5",
+]
+
+
+@pytest.mark.parametrize("setting", BAD)
+def test_out_of_range_value_exits_2_naming_the_field(config, setting):
+    field, _, value = setting.partition("=")
+    rc, out, err = config(setting)
+    assert rc == 2, (out, err)
+    assert f"{field}: got " in err or f"{field}[1]: got " in err, err  # [1]: the list item
+    assert "(from cli); expected" in err and "Traceback" not in err
+    assert out == ""
+
+
+@pytest.mark.parametrize("setting", [
+    "nats.max_deliver=-1", "nats.stream_max_bytes=-1", "nats.max_reconnect_attempts=-1",
+    "algorithm.optimizer.lr_warmup_steps=-1", "model.top_k=-1", "explorer.eval_interval=0",
+    "trainer.save_interval=0", "nats.stream_max_bytes=1048576",
+    "nats.url=tls://a:4222, wss://b:443,127.0.0.1:4333", "nats.url=ws://[::1]",
+])
+def test_documented_sentinels_and_url_forms_still_load(config, setting):
+    rc, out, err = config(setting)
+    assert rc == 0, err
+
+
+def test_secrets_print_as_stars_in_both_forms(config):
+    sets = ("nats.token=s3cret", "nats.password=pw0rd", "nats.user=bob",
+            "nats.url=nats://bob:hunter2@127.0.0.1:4222,nats://t0ken@10.0.0.2:4222",
+            "monitor.monitor_args={api_key: k3y, uri: 'http://u:p4ss@mlflow:5000'}",
+            "explorer.env_vars={HF_TOKEN: hf_x1, OPENAI_API_KEY: sk-x2}")
+    for extra in ((), ("--sources",)):
+        rc, out, err = config(*sets, extra=extra)
+        assert rc == 0, err
+        for secret in ("s3cret", "pw0rd", "hunter2", "t0ken", "k3y", "p4ss", "hf_x1", "sk-x2"):
+            assert secret not in out + err, (secret, extra)
+        assert "token: '***'" in out and "password: '***'" in out
+        assert "nats://bob:***@127.0.0.1:4222,nats://***@10.0.0.2:4222" in out
+        assert "bob" in out and "http://u:***@mlflow:5000" in out
+    rc, out, err = config("nats.url=nats://bob:hunter2@127.0.0.1:badport")
+    assert rc == 2 and "hunter2" not in err and "bob:***@" in err
+
+
+def test_trinity_config_process_hides_the_token_and_names_a_garbage_url():
+    r = trinity("config", "--set", "nats.token=s3cret")
+    assert r.returncode == 0, r.stderr
+    assert "s3cret" not in r.stdout + r.stderr and "token: '***'" in r.stdout
+    r = trinity("config", "--set", "nats.url=garbage", "--set", "nats.fetch_batch=-3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "nats.url: got 'garbage'" in r.stderr and "nats.fetch_batch: got -3" in r.stderr
+
+
+def test_non_utf8_yaml_exits_2_naming_the_file(tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    r = trinity("config", "--config", str(bad))
+    assert r.returncode == 2 and str(bad) in r.stderr and "UTF-8" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_non_utf8_dotenv_exits_2_naming_the_file(tmp_path, config):
+    env = tmp_path / "latin1.env"
+    env.write_bytes("TRINITY_NAME=caf\xe9\n".encode("latin-1"))
+    rc, out, err = config(extra=("--dotenv", str(env)))
+    assert rc == 2 and str(env) in err and "UTF-8" in err, err
+
+
+# -- tasksets and datasets -----------------------------------------------------------------
+
+
+def _data(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir()
+    rows = [{"question": f"{i}+1=?", "answer": str(i + 1)} for i in range(4)]
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def _run_config(tmp_path: Path, data: Path, **taskset: object) -> Path:
+    fmt = {"prompt_type": "plaintext", "prompt_key": "question", "response_key": "answer"}
+    ts = {"name": "arith", "path": str(data), "split": "train", "format": fmt, **taskset}
+    cfg = {
+        "project": "t", "name": "r", "mode": "both", "checkpoint_root_dir": str(tmp_path / "ckpt"),
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
+        "model": {"model_path": str(tmp_path), "max_model_len": 64, "max_response_tokens": 8},
+        "buffer": {"batch_size": 2, "explorer_input": {
+            "taskset": ts,
+            "eval_tasksets": [dict(ts, name="test", split="test")],
+            "default_workflow_type": "math_workflow"}},
+        "explorer": {"rollout_model": {"engine_type": "transformers"}},
+        "nats": {"url": "nats://127.0.0.1:1", "embedded": False, "connect_wait": 0.5},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("case", ["empty", "no_prompt_key", "bad_split", "dpo_without_chosen"])
+def test_unusable_data_fails_trinity_config_naming_key_and_file(tmp_path, config, case):
+    data = _data(tmp_path)
+    sets: list[str] = []
+    if case == "empty":
+        (data / "train.jsonl").write_text("\n")
+        want = [f"{data / 'train.jsonl'}: no rows", "buffer.explorer_input.taskset:"]
+    elif case == "no_prompt_key":
+        sets.append("buffer.explorer_input.taskset.format.prompt_key=problem")
+        want = ["buffer.explorer_input.taskset:", "line 1: missing key 'problem'", "prompt_key"]
+    elif case == "bad_split":
+        sets.append(f"buffer.explorer_input.eval_tasksets=[{{name: t, path: {data}, split: tset}}]")
+        want = ["buffer.explorer_input.eval_tasksets[0]:", "split='tset'"]
+    else:
+        sets += ["mode=train", "algorithm.algorithm_type=dpo",
+                 f"buffer.trainer_input.experience_buffer={{name: d, storage_type: file, path: {data}, "
+                 "format: {prompt_type: plaintext, prompt_key: question}}"]
+        want = ["buffer.trainer_input.experience_buffer:", "missing key 'chosen'"]
+    rc, out, err = config(*sets, extra=("--config", str(_run_config(tmp_path, data))))
+    assert rc == 2, err
+    for w in want:
+        assert w in err, (w, err)
+    # the same config with the data fixed loads
+    if case == "empty":
+        (data / "train.jsonl").write_text('{"question": "1+1=?", "answer": "2"}\n')
+        assert config(*sets, extra=("--config", str(_run_config(tmp_path, data))))[0] == 0
+
+
+def test_trinity_run_refuses_unusable_data_before_any_process(tmp_path):
+    data = _data(tmp_path)
+    (data / "test.jsonl").write_text('{"q": "1+1=?", "answer": "2"}\n')  # no "question"
+    r = trinity("run", "--config", str(_run_config(tmp_path, data)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "buffer.explorer_input.eval_tasksets[0]:" in r.stderr and "missing key 'question'" in r.stderr
+    assert not (tmp_path / "ckpt").exists(), "something started before the data was checked"
+
+
+# -- credentials the server refuses --------------------------------------------------------
+
+
+def test_a_role_with_a_wrong_token_and_inspect_without_one_exit_2(tmp_path, nats_server_factory):
+    """Exit 2: ``trinity run`` does not restart a role for what a restart cannot fix."""
+    server = nats_server_factory(token="right")
+    common = ["--set", f"nats.url={server.url}", "--set", "nats.embedded=false",
+              "--set", f"checkpoint_root_dir={tmp_path}", "--dotenv", str(tmp_path / "no.env")]
+    r = trinity("buffer", *common, "--set", "nats.token=n0tR1ght")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "authorization failed" in r.stderr and server.url in r.stderr
+    r = trinity("inspect", *common)  # no token at all
+    assert r.returncode == 2 and "authorization failed" in r.stderr, r.stderr
+
+
+def test_trinity_run_with_a_wrong_token_exits_2_before_any_role(tmp_path, nats_server_factory):
+    server = nats_server_factory(token="right")
+    path = _run_config(tmp_path, _data(tmp_path))
+    r = trinity("run", "--config", str(path), "--set", f"nats.url={server.url}",
+                "--set", "nats.token=n0tR1ght", "--max-restarts", "0")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "authorization failed" in r.stderr and "n0tR1ght" not in r.stdout + r.stderr
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_connect_exit_code_separates_final_causes_from_retryable_ones():
+    from bus.errors import BusConnectError
+    from roles.cli import connect_exit_code
+
+    for cause, code in [
+        ("authorization failed (wrong token, user/password or credentials)", 2),
+        ("TLS certificate verification failed: x", 2),
+        ("credentials file '/x' does not exist", 2),
+        ("cannot resolve host (x)", 2),
+        ("connection refused (no nats-server listening there; start one with `trinity server`)", 1),
+        ("timed out (is it a NATS server, and reachable?)", 1),
+        ("no server answered", 1),
+        ("ConnectionResetError: reset by peer", 1),
+    ]:
+        assert connect_exit_code(BusConnectError("nats://h:1", cause)) == code, cause
