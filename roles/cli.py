@@ -132,8 +132,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from storage.checkpoints import CheckpointError
     from storage.convert import convert_checkpoints
 
+    try:  # the trainer's allow-list: the few DeepSpeed classes a ZeRO optimizer state holds
+        from roles.trainer.deepspeed_engine import checkpoint_safe_globals
+
+        allowed = checkpoint_safe_globals()
+    except ImportError:  # no deepspeed: a ZeRO checkpoint's optimizer files are refused, named
+        allowed = []
     try:
-        results = convert_checkpoints(args.checkpoint_dir, args.base_model_dir)
+        results = convert_checkpoints(args.checkpoint_dir, args.base_model_dir, allowed_globals=allowed)
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"trinity convert: {e}", file=sys.stderr)
         return 1

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -543,14 +544,42 @@ def save_trainer_state(
     return dst
 
 
+def load_torch_file(
+    path: str | Path, *, allowed_globals: Sequence[Any] = (), mmap: bool = False
+) -> Any:
+    """``torch.load`` a ``.pt`` file the only way trinity does: ``weights_only=True``.
+
+    A checkpoint may come from anyone (``trinity convert`` on a folder someone sent you), and
+    a full unpickle runs whatever code the pickle names. Weights-only loading rebuilds tensors,
+    numbers, strings and containers only, plus the classes in ``allowed_globals`` (DeepSpeed's
+    few checkpoint classes, which callers pass; any ``torch.serialization.safe_globals``
+    context around the call counts too). Anything else fails with :class:`CheckpointError`
+    naming the file and the global that was refused, before any of it runs."""
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(list(allowed_globals)):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        m = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"global {m.group(1)}" if m else str(e).strip().splitlines()[-1][:200]
+        raise CheckpointError(
+            f"{path}: refused to load ({what} is not allowed): the file holds pickled code or "
+            "objects other than tensors and plain data, and trinity never unpickles those "
+            "(torch.load weights_only=True)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable torch checkpoint: {e}") from e
+
+
 def load_trainer_state(
-    actor: str | Path, rank: int = 0, world_size: int = 1, *, weights_only: bool = True
+    actor: str | Path, rank: int = 0, world_size: int = 1
 ) -> dict[str, Any]:
-    """Load what :func:`save_trainer_state` wrote; ``weights_only`` refuses arbitrary objects."""
+    """Load what :func:`save_trainer_state` wrote, weights-only (see :func:`load_torch_file`;
+    the caller's ``torch.serialization.safe_globals`` allows DeepSpeed's optimizer classes)."""
     path = Path(actor) / trainer_state_name(rank, world_size)
     if not path.is_file():
         raise CheckpointError(f"{path}: no trainer state")
-    return torch.load(path, map_location="cpu", weights_only=weights_only)
+    return load_torch_file(path)
 
 
 def capture_rng_state() -> dict[str, Any]:

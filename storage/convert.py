@@ -8,7 +8,8 @@ of ``--base-model-dir``. Only the ``actor`` is converted.
 
 Weights are read, in order of preference, from trainer shards
 (``actor/model_world_size_W_rank_r.safetensors``) or a DeepSpeed ZeRO checkpoint folder under
-``actor/`` (via ``deepspeed.utils.zero_to_fp32``). The merged state dict is checked against a
+``actor/`` (:mod:`storage.zero_checkpoint`: weights-only loads, never DeepSpeed's
+``zero_to_fp32``, whose full unpickle runs any code a crafted ``*_model_states.pt`` names). The merged state dict is checked against a
 model built from the config on the ``meta`` device, so a wrong base model fails with the names
 of missing/unexpected tensors instead of producing a folder that loads with random weights.
 """
@@ -17,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -33,6 +35,7 @@ from storage.checkpoints import (
     save_hf_model,
     step_of,
 )
+from storage.zero_checkpoint import load_zero_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ def _strip_wrappers(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def find_deepspeed_dir(actor: Path) -> tuple[Path, str | None] | None:
-    """A DeepSpeed checkpoint under ``actor``: ``(folder, tag)`` for ``zero_to_fp32``.
+    """A DeepSpeed checkpoint under ``actor``: ``(folder, tag)`` for :func:`load_zero_state_dict`.
 
     Either a folder with a ``latest`` file (tag read from it), or a tag folder holding
     ``*_model_states.pt`` (its parent is the checkpoint folder, its name the tag)."""
@@ -103,17 +106,21 @@ def find_deepspeed_dir(actor: Path) -> tuple[Path, str | None] | None:
     return None
 
 
-def load_actor_state_dict(actor: Path) -> tuple[dict[str, torch.Tensor], str]:
-    """The full state dict of an ``actor`` folder and a word on where it came from."""
+def load_actor_state_dict(
+    actor: Path, *, allowed_globals: Sequence[Any] = ()
+) -> tuple[dict[str, torch.Tensor], str]:
+    """The full state dict of an ``actor`` folder and a word on where it came from.
+
+    ``allowed_globals``: the DeepSpeed classes a ZeRO optimizer state file may hold (the
+    trainer's ``checkpoint_safe_globals()``; ``trinity convert`` passes them). Nothing else
+    is unpickled: a file naming any other class or function is refused, naming the file."""
     if find_model_shards(actor):
         return _strip_wrappers(load_model_shards(actor)), "trainer shards"
     ds = find_deepspeed_dir(actor)
     if ds is not None:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
         folder, tag = ds
-        sd = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=tag)
-        return _strip_wrappers(dict(sd)), f"deepspeed checkpoint {folder.name}"
+        sd = load_zero_state_dict(folder, tag, allowed_globals=allowed_globals)
+        return _strip_wrappers(sd), f"deepspeed checkpoint {folder.name}"
     fsdp = sorted(actor.glob("model_world_size_*_rank_*.pt"))
     if fsdp:
         raise CheckpointError(
@@ -174,6 +181,7 @@ def convert_checkpoint(
     *,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
     check: bool = True,
+    allowed_globals: Sequence[Any] = (),
 ) -> ConvertResult:
     """Convert one ``global_step_N`` folder (see :func:`convert_checkpoints`)."""
     step_path = Path(step_path)
@@ -197,7 +205,7 @@ def convert_checkpoint(
         raise CheckpointError(
             f"{hf}: no config.json; pass --base-model-dir with the base model's folder"
         )
-    state_dict, source = load_actor_state_dict(actor)
+    state_dict, source = load_actor_state_dict(actor, allowed_globals=allowed_globals)
     if check:
         check_state_dict(state_dict, config_dir)
     sources = [p for p in (hf, base) if p is not None and p.is_dir()]
@@ -211,13 +219,17 @@ def convert_checkpoints(
     base_model_dir: str | Path | None = None,
     *,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    allowed_globals: Sequence[Any] = (),
 ) -> list[ConvertResult]:
     """``trinity convert --checkpoint-dir DIR [--base-model-dir DIR]``.
 
     Converts every ``global_step_*`` that ``checkpoint_dir`` designates and returns one result
     per step (``converted`` or ``skipped``), in step order. The first failure raises, naming
-    the folder; steps converted before it stay converted (each is written atomically)."""
+    the folder; steps converted before it stay converted (each is written atomically).
+    ``allowed_globals``: see :func:`load_actor_state_dict`."""
     return [
-        convert_checkpoint(p, base_model_dir, max_shard_size=max_shard_size)
+        convert_checkpoint(
+            p, base_model_dir, max_shard_size=max_shard_size, allowed_globals=allowed_globals
+        )
         for p in find_step_dirs(checkpoint_dir)
     ]

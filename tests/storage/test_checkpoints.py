@@ -193,31 +193,24 @@ def test_convert_refuses_wrong_base_model(tiny, tmp_path: Path) -> None:
     assert not (actor / "huggingface").exists()
 
 
-def test_convert_finds_deepspeed_checkpoint(tiny, tmp_path: Path, monkeypatch) -> None:
-    """The DeepSpeed path, wired to a stand-in for zero_to_fp32 (a real ZeRO checkpoint needs
-    deepspeed.initialize, minutes of JIT compile on CPU): the folder and tag passed are the
-    ones DeepSpeed's save_checkpoint layout implies, and wrapper prefixes are stripped."""
-    import sys
-    import types
+def test_convert_finds_deepspeed_checkpoint(tiny, tmp_path: Path) -> None:
+    """The DeepSpeed path on a ZeRO 2 folder in save_checkpoint's layout (written by hand,
+    see ``zero_layout``; a real one needs deepspeed.initialize): found under ``actor/``
+    through its ``latest`` file, read weights-only with the trainer's allow-list, wrapper
+    prefixes stripped."""
+    pytest.importorskip("deepspeed")
+    from roles.trainer.deepspeed_engine import checkpoint_safe_globals
+
+    from .zero_layout import model_params, write_zero_checkpoint
 
     model, tok, ids, logits = tiny
     actor = tmp_path / "job" / "global_step_2" / "actor"
-    tag_dir = actor / "deepspeed" / "global_step2"
-    tag_dir.mkdir(parents=True)
-    (tag_dir / "mp_rank_00_model_states.pt").write_bytes(b"")
-    (actor / "deepspeed" / "latest").write_text("global_step2")
+    params, shared = model_params(model)
+    write_zero_checkpoint(actor / "deepspeed", {"module." + k: v for k, v in params.items()},
+                          stage=2, world=2, tag="global_step2",
+                          shared={"module." + k: "module." + v for k, v in shared.items()})
     ck.save_hf_model(tmp_path / "base", model=model, tokenizer=tok)
-    calls = []
-
-    def fake(checkpoint_dir: str, tag: str | None = None):
-        calls.append((Path(checkpoint_dir), tag))
-        return {"module." + k: v for k, v in model.state_dict().items()}
-
-    fake_mod = types.ModuleType("deepspeed.utils.zero_to_fp32")
-    fake_mod.get_fp32_state_dict_from_zero_checkpoint = fake
-    monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))
-    monkeypatch.setitem(sys.modules, "deepspeed.utils", types.ModuleType("deepspeed.utils"))
-    monkeypatch.setitem(sys.modules, "deepspeed.utils.zero_to_fp32", fake_mod)
-    [res] = convert_checkpoints(tmp_path / "job", base_model_dir=tmp_path / "base")
-    assert calls == [(actor / "deepspeed", None)] and res.source.startswith("deepspeed")
+    [res] = convert_checkpoints(tmp_path / "job", base_model_dir=tmp_path / "base",
+                                allowed_globals=checkpoint_safe_globals())
+    assert res.source == "deepspeed checkpoint deepspeed"
     assert torch.equal(_logits(res.hf_dir, ids), logits)

@@ -96,7 +96,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_m
 
     tags = [""] if world == 1 else [f"_rank{r}" for r in range(world)]
     for tag in tags:
-        a, b = torch.load(tmp_path / f"first{tag}.pt"), torch.load(tmp_path / f"resumed{tag}.pt")
+        a, b = torch.load(tmp_path / f"first{tag}.pt", weights_only=True), torch.load(tmp_path / f"resumed{tag}.pt", weights_only=True)
         assert a.keys() == b.keys()
         for k in a:
             assert torch.allclose(a[k], b[k], atol=1e-6), (tag, k)
@@ -128,7 +128,7 @@ def _one_and_two_ranks(tmp_path: Path, tiny_model: Path, stage: int) -> tuple[di
         procs = _run_ranks(["tests.trainer.ds_dp_peer", str(cfg), str(tmp_path)], world, logs)
         for rank, p in enumerate(procs):
             assert p.returncode == 0, (world, rank, logs[rank].read_text()[-3000:])
-    one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
+    one, two = torch.load(tmp_path / "world1.pt", weights_only=True), torch.load(tmp_path / "world2.pt", weights_only=True)
     m1, m2 = (json.loads((tmp_path / f"world{w}.json").read_text()) for w in (1, 2))
     return one, two, m1, m2
 

@@ -22,7 +22,7 @@ def _hf_logprobs(model_dir, weights_file, tokens, prompt_length):
     from ops.logits import logprobs_from_logits
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    model.load_state_dict(torch.load(weights_file), strict=False)
+    model.load_state_dict(torch.load(weights_file, weights_only=True), strict=False)
     ids = torch.tensor([tokens])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[:, :-1]
@@ -102,7 +102,7 @@ def test_nccl_broadcast_wants_a_gpu_per_rank(tmp_path):
     logs = [(tmp_path / f"log{rank}").read_text()[-3000:] for rank in (0, 1)]
     if torch.cuda.device_count() >= 2:
         assert [p.returncode for p in procs] == [0, 0], logs
-        sent, got = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+        sent, got = torch.load(tmp_path / "rank0.pt", weights_only=True), torch.load(tmp_path / "rank1.pt", weights_only=True)
         assert sent.keys() == got.keys() and got["version"] == 1
         for k in ("embed.weight", "norm.weight"):
             assert got[k].dtype == sent[k].dtype and torch.equal(got[k], sent[k]), k
