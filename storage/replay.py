@@ -812,6 +812,17 @@ class ReplayStore:
 
         return self._write(fn)
 
+    def batch_committed(self, batch_key: str) -> bool | None:
+        """True once batch ``batch_key`` was committed, False while it is taken and pending,
+        None if it was never taken."""
+        key = _key(batch_key, "batch_key")
+
+        def fn(txn: lmdb.Transaction) -> bool | None:
+            raw = txn.get(key, db=self._db["batches"])
+            return None if raw is None else bool(msgpack.unpackb(raw)["committed"])
+
+        return self._read(fn)
+
     def pending_batches(self) -> list[str]:
         """Keys of batches taken but not committed (what a restarted trainer may ask again)."""
 

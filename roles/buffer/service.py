@@ -167,7 +167,7 @@ class BufferService:
                               exhausted=len(exps) < req.n)
         assert self.store is not None
         usual, expert = self._split(req.n)
-        key = batch_key(req.step)
+        key = self._batch_key(req.step)
         floor = self._floor(req.trainer_version)
         taken = await asyncio.to_thread(self.store.take_batch_encoded, key, 0)  # a retake?
         if not taken and usual > 0:
@@ -193,13 +193,29 @@ class BufferService:
             log.info("partial_batch", step=req.step, got=len(items), wanted=req.n, exhausted=exhausted)
         return BatchReply(req.step, items, counts, req.n, exhausted=exhausted)
 
+    def _batch_key(self, step: int) -> str:
+        """The store's key of step ``step``'s batch: ``step-N``, or ``step-N.k`` after the
+        trainer rolled back past committed batches (it restarted from an older checkpoint
+        than the one they were committed with, or from none). A committed batch is gone
+        for good, so the rolled-back trainer gets a fresh one under the next free key; the
+        same key again if it crashes once more before committing (a retake)."""
+        assert self.store is not None
+        base = key = batch_key(step)
+        k = 0
+        while self.store.batch_committed(key):
+            k += 1
+            key = f"{base}.{k}"
+        if k:
+            log.info("trainer_rolled_back", step=step, batch=key)
+        return key
+
     def commit(self, upto: int) -> list[str]:
         """Commit every pending batch of a step <= ``upto`` (the trainer checkpointed them)."""
         if self.store is None:
             return []
         done = []
         for key in self.store.pending_batches():
-            if key.startswith("step-") and int(key[5:]) <= upto:
+            if key.startswith("step-") and int(key[5:].split(".")[0]) <= upto:
                 self.store.commit_batch(key)
                 done.append(key)
         return done

@@ -35,6 +35,8 @@ from .policy import SyncPlan, explorer_requests, required_version, trainer_offer
 log = structlog.get_logger(__name__)
 
 OFFER, JOIN, WANT = "sync.offer", "sync.join", "sync.want"
+#: What ExplorerSyncClient._offer_for answers when the explorer should not wait.
+GO_ON = "go on"
 TRAINER_FINISHED = keys.TRAINER_FINISHED
 
 
@@ -229,7 +231,9 @@ class ExplorerSyncClient(_Side):
             need = required_version(step, p.explorer_interval, p.offset)
             if self.version >= need:
                 return self.version
-            offer = await poll(lambda: self._offer_at_least(need), p.timeout)
+            offer = await poll(lambda: self._offer_for(need), p.timeout)
+            if offer is GO_ON:
+                return self.version
         if offer is None:
             await self.timed_out("waiting for weights", self.version, step, ["trainer"])
             return self.version
@@ -266,9 +270,27 @@ class ExplorerSyncClient(_Side):
         o = await self.state.get(OFFER)
         return o if o and float(o["ts"]) != self.failed_offer else None
 
-    async def _offer_at_least(self, version: int) -> dict | None:
+    async def _offer_for(self, need: int) -> dict | str | None:
+        """What explorer step needing version ``need`` should do now: load an offer (the
+        dict), go on with the weights it has (:data:`GO_ON`), or wait (None).
+
+        Normally it waits for an offer of at least ``need``: the trainer is at most a sync
+        interval behind and on its way there. A trainer further behind restarted from an
+        older checkpoint, or from none (a rollback), and will not reach ``need`` for many
+        steps; waiting for it would stall both sides until ``sync_timeout`` (the trainer
+        waiting for experience, the explorer for weights). Then the trainer's weights are
+        the truth: the explorer loads whatever it offers that it does not hold, and
+        otherwise goes on, until the trainer has caught up."""
         o = await self._offer()
-        return o if o and int(o["version"]) >= version else None
+        if o and int(o["version"]) >= need:
+            return o
+        trainer = await self.state.model_version("trainer")
+        if trainer is None or trainer >= need - self.plan.explorer_interval:
+            return None
+        if o and int(o["version"]) != self.version:
+            log.info("trainer_rolled_back", trainer=trainer, need=need, loading=int(o["version"]))
+            return o
+        return GO_ON
 
     async def _offer_after(self, ts: float) -> dict | None:
         o = await self._offer()

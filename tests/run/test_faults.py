@@ -88,3 +88,43 @@ def test_roles_ride_out_a_server_gone_for_a_minute(tmp_path, tiny_model, arith,
     assert p.returncode == 0, text[-4000:]
     assert "restart" not in text and "Traceback" not in text, text[-4000:]
     _trained_exactly_once(job)
+
+
+def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_model, arith):
+    """The trainer restarts with no checkpoint (step 0) while the explorer is steps ahead and
+    the batches it trained are committed (never served again). Before, the explorer waited
+    for a version the trainer could not reach without new experience, and the trainer
+    waited for that experience: one step per sync_timeout. Now the explorer sees the
+    trainer is behind by more than a sync interval and goes on (loading what it offers)."""
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
+                          stages=False, extra={"trainer.save_interval": 2,
+                                               "synchronizer.sync_timeout": 60})
+    job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
+    p = trinity("run", "--config", str(cfg), log=log)
+    try:
+        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), p, log)
+        victim = steps_log(job)[-1]["pid"]
+        os.kill(victim, signal.SIGSTOP)  # hold it while its checkpoints disappear
+        for d in job.glob("global_step_*"):
+            import shutil
+
+            shutil.rmtree(d)
+        for f in job.glob("latest_*"):
+            f.unlink()
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        p.wait(timeout=900)
+        elapsed = time.monotonic() - killed
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    assert "trainer exited with -9; restart 1/2" in text
+    after = [e for e in steps_log(job) if e["pid"] != victim]
+    assert after and after[0]["step"] == 1, "the restarted trainer did not start from step 0"
+    # no wait for sync_timeout (60 s) anywhere after the rollback
+    assert elapsed < 60, f"the run took {elapsed:.0f}s after the rollback: a sync stalled"
+    assert "sync_timeout" not in text.split("trainer exited with -9")[-1], text[-4000:]
+    ids = [i for e in after for i in e["ids"]]
+    assert len(ids) == len(set(ids)), "the restarted trainer trained an experience twice"
