@@ -7,6 +7,10 @@ They meet through the run's KV bucket (``bus.RunState``):
 * ``rendezvous.<group_name>``: where the broadcast group meets (``Rendezvous.to_dict()``);
 * ``sync.join``: the explorer's engines are about to receive ``version`` (broadcast only);
 * ``sync.want``: under ``explorer_driven``, the explorer asks for the current weights;
+* ``sync.hello``: a (re)started explorer asks for a broadcast group of its own: the one in
+  the current offer was formed with a process that is gone, and joining it would only wait
+  for ``sync_timeout``. The trainer answers with a fresh group and its current weights, also
+  while it waits for a batch (it may be waiting for this very explorer's experience);
 * ``version.trainer`` / ``version.explorer``: who holds what.
 
 Every event also goes to the sync subject as a :class:`SyncEvent`. Every wait is bounded by
@@ -34,7 +38,7 @@ from .policy import SyncPlan, explorer_requests, required_version, trainer_offer
 
 log = structlog.get_logger(__name__)
 
-OFFER, JOIN, WANT = "sync.offer", "sync.join", "sync.want"
+OFFER, JOIN, WANT, HELLO = "sync.offer", "sync.join", "sync.want", "sync.hello"
 #: What ExplorerSyncClient._offer_for answers when the explorer should not wait.
 GO_ON = "go on"
 TRAINER_FINISHED = keys.TRAINER_FINISHED
@@ -101,6 +105,7 @@ class TrainerSyncClient(_Side):
         self.sender: Any = None
         self.seq = 0
         self.want_served = 0.0
+        self.hello_served = 0.0
         self.offered = 0
 
     async def start(self) -> None:
@@ -128,6 +133,19 @@ class TrainerSyncClient(_Side):
         elif not trainer_offers(step, p.trainer_interval, p.style):
             return
         await self.offer(step, trainer)
+
+    async def serve_hello(self, trainer: Any) -> None:
+        """Answer a (re)started explorer's hello (see the module doc) with the current
+        weights over a fresh group. Cheap when there is none: one KV read."""
+        if self.plan.method == "checkpoint":
+            return
+        hello = await self.state.get(HELLO)
+        if not (hello and float(hello.get("ts", 0)) > self.hello_served):
+            return
+        self.hello_served = float(hello["ts"])
+        self.sender = None  # its other member is gone
+        log.info("explorer_hello", version=trainer.step)
+        await self.offer(trainer.step, trainer)
 
     async def offer(self, version: int, trainer: Any) -> None:
         explorer = await self.state.model_version("explorer")
@@ -174,6 +192,11 @@ class TrainerSyncClient(_Side):
             if fresh:
                 await asyncio.wait_for(asyncio.to_thread(self.sender.connect), p.timeout + 5)
             joined = await poll(lambda: self._joined(version), p.timeout)
+            if joined == "hello":  # the explorer restarted: this group lost its member
+                self.sender = None
+                await self.state.clear_rendezvous(p.group_name)
+                await self.serve_hello(trainer)
+                return
             if not joined:
                 raise TimeoutError("explorer did not join")
             t0 = time.perf_counter()
@@ -186,9 +209,12 @@ class TrainerSyncClient(_Side):
             await self.state.clear_rendezvous(p.group_name)
             await self.timed_out(f"broadcast ({e})", version, version, ["explorer"])
 
-    async def _joined(self, version: int) -> bool:
+    async def _joined(self, version: int) -> bool | str:
         j = await self.state.get(JOIN)
-        return bool(j and int(j.get("version", -1)) == version)
+        if j and int(j.get("version", -1)) == version:
+            return True
+        hello = await self.state.get(HELLO)
+        return "hello" if hello and float(hello.get("ts", 0)) > self.hello_served else False
 
     async def close(self) -> None:
         self.sender = None
@@ -212,6 +238,8 @@ class ExplorerSyncClient(_Side):
         self.step = 0
         self.failed_offer: float | None = None  # ``ts`` of an offer whose load failed
         self.joined_ts: float | None = None
+        self.started = time.time()
+        self.hello: float | None = None  # ``ts`` of this process's hello, once said
 
     async def before_step(self, step: int, engines: Sequence[Any]) -> int:
         """Returns the model version the step runs on."""
@@ -229,11 +257,20 @@ class ExplorerSyncClient(_Side):
             offer = await poll(lambda: self._offer_after(asked), p.timeout)
         else:
             need = required_version(step, p.explorer_interval, p.offset)
-            if self.version >= need:
-                return self.version
-            offer = await poll(lambda: self._offer_for(need), p.timeout)
-            if offer is GO_ON:
-                return self.version
+            deadline = time.monotonic() + p.timeout
+            while self.version < need:
+                left = deadline - time.monotonic()
+                offer = await poll(lambda: self._offer_for(need), left) if left > 0 else None
+                if offer is GO_ON:
+                    break
+                if offer is None:
+                    await self.timed_out("waiting for weights", self.version, step, ["trainer"])
+                    break
+                before = self.version
+                await self._load(offer, engines, step)
+                if self.version == before:  # the load failed (reported): go on as we are
+                    break
+            return self.version
         if offer is None:
             await self.timed_out("waiting for weights", self.version, step, ["trainer"])
             return self.version
@@ -268,7 +305,15 @@ class ExplorerSyncClient(_Side):
         """The current offer, unless it is one whose load already failed (its trainer died
         mid-broadcast; the restarted trainer replaces it with a fresh one)."""
         o = await self.state.get(OFFER)
-        return o if o and float(o["ts"]) != self.failed_offer else None
+        if not o or float(o["ts"]) == self.failed_offer:
+            return None
+        if o["method"] != "checkpoint" and self.joined_ts is None and float(o["ts"]) < self.started:
+            # a broadcast prepared before this process started: its group is not ours
+            if self.hello is None:
+                self.hello = time.time()
+                await self.state.put(HELLO, {"ts": self.hello, "version": self.version})
+            return None
+        return o
 
     async def _offer_for(self, need: int) -> dict | str | None:
         """What explorer step needing version ``need`` should do now: load an offer (the
@@ -280,11 +325,17 @@ class ExplorerSyncClient(_Side):
         steps; waiting for it would stall both sides until ``sync_timeout`` (the trainer
         waiting for experience, the explorer for weights). Then the trainer's weights are
         the truth: the explorer loads whatever it offers that it does not hold, and
-        otherwise goes on, until the trainer has caught up."""
+        otherwise goes on, until the trainer has caught up. An offer newer than what the
+        explorer holds but short of ``need`` is taken on the way when it is the trainer's
+        newest: the trainer waits for it to be taken, so leaving it would stall both."""
         o = await self._offer()
         if o and int(o["version"]) >= need:
             return o
         trainer = await self.state.model_version("trainer")
+        if o and int(o["version"]) > self.version and int(o["version"]) == trainer:
+            # the trainer's newest weights, short of ``need`` (it restarted, or the explorer
+            # ran ahead): it waits for someone to take them, so take them on the way
+            return o
         if trainer is None or trainer >= need - self.plan.explorer_interval:
             return None
         if o and int(o["version"]) != self.version:

@@ -248,6 +248,21 @@ async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, tim
     return BatchReply.unpack(msg.data)
 
 
+async def _fetch_serving_hellos(fetch: Any, sync: Any, trainer: Any) -> BatchReply:
+    """Await the batch request ``fetch``; meanwhile answer a restarted explorer that asks for
+    weights (the batch may be waiting for that explorer's experience, see
+    roles.synchronizer.client). The model is idle while a batch is awaited."""
+    task = asyncio.ensure_future(fetch)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            await sync.serve_hello(trainer)
+    finally:
+        task.cancel()
+
+
 async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
     """Train until the input is exhausted or ``total_steps``; True when it got there (False:
     stopped early by ``stop``, or SIGTERM/SIGINT when no ``stop`` is given)."""
@@ -294,7 +309,9 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
             step = trainer.step + 1
             await state.heartbeat("trainer", step=trainer.step)
             try:
-                reply = await fetch_batch(nc, cfg.run_id, step, n, trainer.step, read_timeout)
+                reply = await _fetch_serving_hellos(
+                    fetch_batch(nc, cfg.run_id, step, n, trainer.step, read_timeout), sync, trainer
+                )
             except (bus.NoResponders, bus.RequestTimeout) as e:
                 log.warning("no_batch", step=step, error=str(e))
                 await asyncio.sleep(1.0)

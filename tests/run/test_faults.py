@@ -128,3 +128,45 @@ def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_
     assert "sync_timeout" not in text.split("trainer exited with -9")[-1], text[-4000:]
     ids = [i for e in after for i in e["ids"]]
     assert len(ids) == len(set(ids)), "the restarted trainer trained an experience twice"
+
+
+def role_pid(role: str, config: Path) -> int | None:
+    """The pid of ``python -m roles.cli <role> --config <config>`` (found in /proc)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"roles.cli" in cmd and role.encode() in cmd and str(config).encode() in cmd:
+            return int(pid)
+    return None
+
+
+@pytest.mark.parametrize("role", ["explorer", "trainer"])
+def test_a_killed_role_costs_seconds_not_a_sync_timeout(tmp_path, tiny_model, arith, role):
+    """Before, a restarted explorer joined the broadcast group of its dead predecessor, and a
+    restarted trainer offered weights the explorer neither held nor wanted yet: either way
+    both sides waited for sync_timeout. Now the explorer says hello and the trainer answers
+    with a fresh group (also while it waits for a batch), and the explorer takes the
+    trainer's newest weights on the way to the version it needs."""
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
+                          stages=False, extra={"synchronizer.sync_timeout": 120})
+    job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
+    p = trinity("run", "--config", str(cfg), log=log)
+    try:
+        wait_for("train step 3", lambda: any(e["step"] >= 3 for e in steps_log(job)), p, log)
+        victim = role_pid(role, cfg)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        p.wait(timeout=900)
+        elapsed = time.monotonic() - killed
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    assert f"{role} exited with -9; restart 1/2" in text
+    assert elapsed < 60, f"the run took {elapsed:.0f}s after the kill: a sync stalled"
+    assert "waiting for weights" not in text and "receiving weights" not in text, text[-4000:]
+    _trained_exactly_once(job)
