@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +82,47 @@ def final_ids(entries: list[dict[str, Any]]) -> dict[int, list[str]]:
     for e in entries:
         final[e["step"]] = e["ids"]
     return final
+
+
+def trained_exactly_once(job: Path, steps: int, per_step: int) -> dict[int, list[str]]:
+    """The final trajectory (each step's last attempt) has steps 1..``steps``, each of
+    ``per_step`` experiences, and no experience twice."""
+    final = final_ids(steps_log(job))
+    assert sorted(final) == list(range(1, steps + 1)), f"steps trained: {sorted(final)}"
+    ids = [i for s in final.values() for i in s]
+    assert len(ids) == len(set(ids)), "an experience was trained twice"
+    assert len(ids) == steps * per_step, "an experience was skipped"
+    return final
+
+
+def wait_for(what: str, cond: Callable[[], Any], p: subprocess.Popen, log: Path,
+             timeout: float = 600) -> None:
+    """Poll ``cond`` until true; fail with the run's log if the run ends or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert p.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _pids(match: Callable[[list[bytes]], bool]) -> int | None:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and match(cmd):
+            return int(pid)
+    return None
+
+
+def nats_server_pid(store: Path) -> int | None:
+    """The pid of the nats-server whose config lives in ``store`` (found in /proc)."""
+    conf = str(store / "nats-server.conf").encode()
+    return _pids(lambda cmd: cmd[0].endswith(b"nats-server") and conf in cmd)
+
+
+def role_pid(role: str, config: Path) -> int | None:
+    """The pid of ``python -m roles.cli <role> --config <config>`` (found in /proc)."""
+    return _pids(lambda cmd: b"roles.cli" in cmd and role.encode() in cmd
+                 and str(config).encode() in cmd)

@@ -4,39 +4,18 @@ starts it again on the same store; the roles reconnect without using up their re
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from bus.server import free_port
 
-from .helpers import steps_log, tiny_run_config, trinity
+from .helpers import nats_server_pid, role_pid, steps_log, tiny_run_config, trinity, wait_for
 from .test_run_e2e import _trained_exactly_once
 
 pytestmark = pytest.mark.slow
-
-
-def nats_server_pid(store: Path) -> int | None:
-    """The pid of the nats-server whose config lives in ``store`` (found in /proc)."""
-    conf = str(store / "nats-server.conf")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd and cmd[0].endswith(b"nats-server") and conf.encode() in cmd:
-            return int(pid)
-    return None
-
-
-def wait_for(what: str, cond, p, log: Path, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert p.poll() is None, log.read_text()[-4000:]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_run_survives_a_killed_nats_server(tmp_path, tiny_model, arith):
@@ -106,8 +85,6 @@ def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_
         victim = steps_log(job)[-1]["pid"]
         os.kill(victim, signal.SIGSTOP)  # hold it while its checkpoints disappear
         for d in job.glob("global_step_*"):
-            import shutil
-
             shutil.rmtree(d)
         for f in job.glob("latest_*"):
             f.unlink()
@@ -128,18 +105,6 @@ def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_
     assert "sync_timeout" not in text.split("trainer exited with -9")[-1], text[-4000:]
     ids = [i for e in after for i in e["ids"]]
     assert len(ids) == len(set(ids)), "the restarted trainer trained an experience twice"
-
-
-def role_pid(role: str, config: Path) -> int | None:
-    """The pid of ``python -m roles.cli <role> --config <config>`` (found in /proc)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"roles.cli" in cmd and role.encode() in cmd and str(config).encode() in cmd:
-            return int(pid)
-    return None
 
 
 @pytest.mark.parametrize("role", ["explorer", "trainer"])

@@ -3,8 +3,8 @@ tiny model (HF engine, to keep CI short; the quickstart runs the same path on vL
 
 from __future__ import annotations
 
+import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from bus.server import free_port
 
-from .helpers import final_ids, steps_log, tiny_run_config, trinity
+from .helpers import steps_log, tiny_run_config, trained_exactly_once, trinity, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -21,12 +21,7 @@ STEPS, PER_STEP = 8, 12
 
 
 def _trained_exactly_once(job: Path) -> dict[int, list[str]]:
-    final = final_ids(steps_log(job))
-    assert sorted(final) == list(range(1, STEPS + 1)), f"steps trained: {sorted(final)}"
-    ids = [i for s in final.values() for i in s]
-    assert len(ids) == len(set(ids)), "an experience was trained twice"
-    assert len(ids) == STEPS * PER_STEP, "an experience was skipped"
-    return final
+    return trained_exactly_once(job, STEPS, PER_STEP)
 
 
 def test_run_two_stages_all_roles_exit_0(tmp_path, tiny_model, arith):
@@ -61,14 +56,8 @@ def test_run_survives_a_sigkilled_trainer(tmp_path, tiny_model, arith):
     log = tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log)
     try:
-        deadline = time.monotonic() + 600
-        while not any(e["step"] >= 4 for e in steps_log(job)):
-            assert p.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, "the trainer never reached step 4"
-            time.sleep(0.2)
+        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), p, log)
         victim = steps_log(job)[-1]["pid"]
-        import os
-
         os.kill(victim, signal.SIGKILL)
         p.wait(timeout=900)
     finally:
