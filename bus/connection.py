@@ -23,7 +23,6 @@ import random
 import ssl
 import time
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -31,6 +30,7 @@ import structlog
 from nats.aio.client import Client as NATS
 
 from schemas.config import NatsConfig
+from schemas.redact import redact_url
 
 from .errors import BusConnectError
 
@@ -38,21 +38,6 @@ log = structlog.get_logger(__name__)
 
 #: Reconnect backoff cap in seconds (the base is ``reconnect_time_wait``).
 BACKOFF_CAP = 10.0
-
-
-def redact(url: str) -> str:
-    """The URL without a password, for logs and errors."""
-    out = []
-    for u in url.split(","):
-        u = u.strip()
-        parts = urlsplit(u if "://" in u else "nats://" + u)
-        if parts.password:
-            netloc = f"{parts.username}:***@{parts.hostname}" + (
-                f":{parts.port}" if parts.port else ""
-            )
-            u = urlunsplit(parts._replace(netloc=netloc))
-        out.append(u)
-    return ",".join(out)
 
 
 def _need_file(url: str, what: str, path: str | None) -> None:
@@ -66,7 +51,7 @@ def ssl_context(cfg: NatsConfig) -> ssl.SSLContext | None:
     TLS is on when the URL scheme is ``tls://`` or any ``tls_*`` file is set. ``tls_ca_file``
     replaces the system CAs (a private CA is the common case for a training cluster).
     """
-    url = redact(cfg.url)
+    url = redact_url(cfg.url)
     wants = cfg.url.strip().startswith("tls://") or any(
         (cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file)
     )
@@ -87,7 +72,7 @@ def ssl_context(cfg: NatsConfig) -> ssl.SSLContext | None:
 
 
 def _auth_kwargs(cfg: NatsConfig) -> dict[str, Any]:
-    url = redact(cfg.url)
+    url = redact_url(cfg.url)
     kw: dict[str, Any] = {}
     if cfg.token:
         kw["token"] = cfg.token
@@ -203,7 +188,7 @@ async def connect(
     :class:`BusConnectError` naming the URL and the cause. Afterwards the client reconnects
     on its own (``max_reconnect_attempts``, -1 forever) and logs every event.
     """
-    url = redact(cfg.url)
+    url = redact_url(cfg.url)
     servers = [u.strip() for u in cfg.url.split(",") if u.strip()]
     if not servers:
         raise BusConnectError(url, "nats.url is empty")

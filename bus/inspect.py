@@ -21,8 +21,9 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from schemas import codec
 from schemas.config import NatsConfig
+from schemas.redact import redact_url
 
-from .connection import connect, jetstream, redact
+from .connection import connect, jetstream
 from .kv import RunState
 from .publish import H_CHUNK_COUNT, H_CHUNK_ID, H_CHUNK_INDEX, MAX_MESSAGE_BYTES
 from .subjects import KINDS, names
@@ -117,7 +118,7 @@ async def inspect_run(
         js = jetstream(nc, cfg)
         report: dict[str, Any] = {
             "run": run_id,
-            "url": redact(cfg.url),
+            "url": redact_url(cfg.url),
             "streams": {},
             "kv_bucket": n.kv_bucket,
         }

@@ -20,10 +20,12 @@ import math
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .redact import NATS_SCHEMES, redact_url
 
 #: Dotted config paths that Trinity-RFT accepts but trinity does not implement. They are
 #: removed before validation with one warning each (value: why it is ignored).
@@ -92,11 +94,7 @@ def _unlimited_or_at_least(n: int) -> Callable[[int], int]:
 #: nats-server refuses a ``max_payload`` above 64 MiB.
 MAX_NATS_PAYLOAD = 64 * 1024 * 1024
 
-#: What a secret is printed as.
-REDACTED = "***"
 
-#: URL schemes a NATS client connects with.
-NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
 def check_nats_url(url: str) -> str:
@@ -127,58 +125,6 @@ def check_nats_url(url: str) -> str:
                 f"host:port, comma-separated for a cluster{which}"
             )
     return url
-
-
-def redact_url(url: str) -> str:
-    """``url`` (one URL or a comma-separated list) with every password replaced by ``***``;
-    so is a user without a password in a NATS URL (``nats://TOKEN@host`` is token auth).
-
-    Strings that are not URLs with credentials come back unchanged."""
-    if "@" not in url:
-        return url
-    out = []
-    for u in url.split(","):
-        stripped = u.strip()
-        has_scheme = "://" in stripped
-        try:
-            parts = urlsplit(stripped if has_scheme else "nats://" + stripped)
-            user, password = parts.username, parts.password
-        except ValueError:
-            out.append(u)
-            continue
-        if password:
-            userinfo = f"{user}:{REDACTED}"
-        elif user and parts.scheme in NATS_SCHEMES:
-            userinfo = REDACTED
-        else:
-            out.append(u)
-            continue
-        new = urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc.rpartition('@')[2]}"))
-        out.append(u.replace(stripped, new if has_scheme else new.removeprefix("nats://")))
-    return ",".join(out)
-
-
-#: Names of config keys (at any depth, also inside free dicts such as ``monitor_args`` or
-#: ``env_vars``) whose values are secrets: printed as ``***``.
-SECRET_KEY = re.compile(
-    r"(?:^|_)(?:token|password|passwd|pwd|secret|api_?key|access_key|secret_key|private_key"
-    r"|credentials?)$",
-    re.IGNORECASE,
-)
-
-
-def redact_secrets(node: Any, key: str = "") -> Any:
-    """A copy of a plain config tree (``model_dump`` output) fit to print: the value of every
-    secret-looking key (:data:`SECRET_KEY`) is ``***`` and every URL loses its password."""
-    if key and SECRET_KEY.search(key) and node not in (None, "", {}, []):
-        return REDACTED
-    if isinstance(node, dict):
-        return {k: redact_secrets(v, str(k)) for k, v in node.items()}
-    if isinstance(node, list):
-        return [redact_secrets(v) for v in node]
-    if isinstance(node, str):
-        return redact_url(node)
-    return node
 
 
 # --------------------------------------------------------------------------------------------
@@ -877,7 +823,6 @@ class TrinityConfig(BaseSettings):
     @property
     def run_id(self) -> str:
         """``<project>.<name>`` made safe for NATS subject tokens and stream names."""
-        import re
 
         raw = f"{self.project}.{self.name}"
         return ".".join(re.sub(r"[^A-Za-z0-9_-]+", "_", part) for part in raw.split(".") if part)

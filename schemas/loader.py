@@ -33,16 +33,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource
 
-from schemas.config import (
-    IGNORED_PATHS,
-    REDACTED,
-    SECRET_KEY,
-    TrinityConfig,
-    redact_secrets,
-    redact_url,
-)
+from schemas.config import IGNORED_PATHS, TrinityConfig
 from schemas.derive import DEFAULT, derive
 from schemas.derive import DERIVED as DERIVED  # roles read the provenance labels from here
+from schemas.redact import REDACTED, SECRET_KEY, redact_secrets, redact_url
 
 CLI = "cli"
 
@@ -625,7 +619,7 @@ def _dotenv_value(path: str | os.PathLike[str] | None, key: str) -> str | None:
 def to_yaml(loaded: LoadedConfig, with_sources: bool = False, *, redact: bool = True) -> str:
     """The resolved configuration as YAML; with sources, each value is annotated with its origin.
 
-    Secrets print as ``***`` (:func:`schemas.config.redact_secrets`: tokens, passwords, API
+    Secrets print as ``***`` (:func:`schemas.redact.redact_secrets`: tokens, passwords, API
     keys, the password in a URL) unless ``redact`` is false."""
     data = loaded.config.model_dump(mode="json")
     if redact:
