@@ -235,7 +235,7 @@ async def connect(
                 pass
             left = deadline - time.monotonic()
             if not retry or left <= 0:
-                raise BusConnectError(url, cause) from e
+                raise BusConnectError(url, cause, retryable=retry) from e
             log.info(
                 "nats_connect_retry", conn=name, url=url, cause=cause, seconds_left=round(left, 1)
             )

@@ -8,12 +8,15 @@ class BusError(Exception):
 
 
 class BusConnectError(BusError, ConnectionError):
-    """Connecting failed; the message names the URL and the cause (refused, auth, TLS, ...)."""
+    """Connecting failed; the message names the URL and the cause (refused, auth, TLS, ...).
+    ``retryable``: whether trying again later could help (no server yet) or not (a wrong
+    token, a TLS or credentials problem: a restart would fail the same way)."""
 
-    def __init__(self, url: str, cause: str) -> None:
+    def __init__(self, url: str, cause: str, retryable: bool = False) -> None:
         super().__init__(f"cannot connect to NATS at {url}: {cause}")
         self.url = url
         self.cause = cause
+        self.retryable = retryable
 
 
 class PayloadTooLarge(BusError, ValueError):

@@ -262,26 +262,12 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         return connect_exit_code(e)
 
 
-#: Causes of a failed first connect that ``bus.connection`` retries (a server not up yet):
-#: a later attempt may succeed. Every other cause (authorization, TLS, a missing credentials
-#: file, an unknown host) fails the same way again.
-_RETRYABLE_CONNECT = ("connection refused", "timed out", "no server answered")
 
 
 def connect_exit_code(e: Exception) -> int:
     """The exit code for a :class:`bus.errors.BusConnectError`: 2 when retrying cannot help
     (``trinity run`` then does not restart the role: see ``roles/run.py``), 1 when it can."""
-    import builtins
-
-    retryable = getattr(e, "retryable", None)
-    if isinstance(retryable, bool):
-        return 1 if retryable else 2
-    cause = str(getattr(e, "cause", ""))
-    if cause.startswith(_RETRYABLE_CONNECT):
-        return 1
-    # bus.connection retries a bare OSError (reset, broken pipe), shown as "ErrorName: text"
-    name = getattr(builtins, cause.split(":", 1)[0], None)
-    return 1 if isinstance(name, type) and issubclass(name, OSError) else 2
+    return 1 if getattr(e, "retryable", False) else 2
 
 
 def cmd_buffer(args: argparse.Namespace) -> int:
