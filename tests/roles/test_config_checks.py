@@ -228,18 +228,25 @@ def test_trinity_run_with_a_wrong_token_exits_2_before_any_role(tmp_path, nats_s
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_connect_exit_code_separates_final_causes_from_retryable_ones():
-    from bus.errors import BusConnectError
-    from roles.cli import connect_exit_code
+def test_connect_exit_code_separates_final_causes_from_retryable_ones(nats_server_factory):
+    """The bus says whether a failed connect may work later (nothing listens yet: exit 1,
+    trinity run restarts) or never (a wrong token: exit 2, final)."""
+    import asyncio
 
-    for cause, code in [
-        ("authorization failed (wrong token, user/password or credentials)", 2),
-        ("TLS certificate verification failed: x", 2),
-        ("credentials file '/x' does not exist", 2),
-        ("cannot resolve host (x)", 2),
-        ("connection refused (no nats-server listening there; start one with `trinity server`)", 1),
-        ("timed out (is it a NATS server, and reachable?)", 1),
-        ("no server answered", 1),
-        ("ConnectionResetError: reset by peer", 1),
-    ]:
-        assert connect_exit_code(BusConnectError("nats://h:1", cause)) == code, cause
+    from bus.connection import connect
+    from bus.errors import BusConnectError
+    from bus.server import free_port
+    from roles.cli import connect_exit_code
+    from tests.conftest import nats_settings
+
+    def failure(cfg):
+        with pytest.raises(BusConnectError) as e:
+            asyncio.run(connect(cfg, connect_wait=0.3))
+        return e.value
+
+    nobody = failure(nats_settings(f"nats://127.0.0.1:{free_port()}"))
+    assert nobody.retryable and connect_exit_code(nobody) == 1
+    server = nats_server_factory(token="right")
+    wrong = failure(nats_settings(server.url, token="wrong"))
+    assert not wrong.retryable and connect_exit_code(wrong) == 2
+    assert connect_exit_code(BusConnectError("nats://h:1", "credentials file '/x' does not exist")) == 2
