@@ -145,7 +145,10 @@ class TrainerSyncClient(_Side):
         self.hello_served = float(hello["ts"])
         self.sender = None  # its other member is gone
         log.info("explorer_hello", version=trainer.step)
-        await self.offer(trainer.step, trainer)
+        # not offer(): its skip rule reads the explorer's version from KV, which is the dead
+        # predecessor's; the new process holds the base weights until this arrives
+        self.offered = trainer.step
+        await self._offer_broadcast(trainer.step, trainer)
 
     async def offer(self, version: int, trainer: Any) -> None:
         explorer = await self.state.model_version("explorer")
@@ -181,6 +184,8 @@ class TrainerSyncClient(_Side):
         backend = "nccl" if _cuda() else "gloo"
         fresh = self.sender is None
         if fresh:
+            # a group made now answers every hello said so far: its rendezvous is newer
+            self.hello_served = max(self.hello_served, time.time())
             host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")  # a reachable address on multi-node
             rdv = Rendezvous(host, _free_port(), 1 + self.receivers, backend, p.group_name)
             self.sender = await asyncio.to_thread(WeightSender, rdv, p.timeout)
@@ -239,7 +244,8 @@ class ExplorerSyncClient(_Side):
         self.failed_offer: float | None = None  # ``ts`` of an offer whose load failed
         self.joined_ts: float | None = None
         self.started = time.time()
-        self.hello: float | None = None  # ``ts`` of this process's hello, once said
+        self.hello: float | None = None  # ``ts`` of this process's last hello
+        self.went_on: int | None = None  # trainer version at the last step run without waiting
 
     async def before_step(self, step: int, engines: Sequence[Any]) -> int:
         """Returns the model version the step runs on."""
@@ -289,10 +295,9 @@ class ExplorerSyncClient(_Side):
             done = await self.state.get(TRAINER_FINISHED)
             offer = await self._offer()
             if offer and int(offer["version"]) > self.version:
-                before = self.version
+                # a failed load (reported) marks its offer: the loop then waits for the next
+                # one, or for the trainer to say it has finished; never ends the run early
                 await self._load(offer, engines, self.step)
-                if self.version == before:  # the load timed out (already reported)
-                    return self.version
                 continue
             if done and self.version >= int(done["version"]):
                 return self.version
@@ -310,10 +315,14 @@ class ExplorerSyncClient(_Side):
         if o["method"] != "checkpoint" and self.joined_ts is None and float(o["ts"]) < self.started:
             # a broadcast prepared before this process started: its group is not ours
             if self.hello is None:
-                self.hello = time.time()
-                await self.state.put(HELLO, {"ts": self.hello, "version": self.version})
+                await self._say_hello()
             return None
         return o
+
+    async def _say_hello(self) -> None:
+        """Ask the trainer for a broadcast group formed after this process started."""
+        self.hello = time.time()
+        await self.state.put(HELLO, {"ts": self.hello, "version": self.version})
 
     async def _offer_for(self, need: int) -> dict | str | None:
         """What explorer step needing version ``need`` should do now: load an offer (the
@@ -325,7 +334,8 @@ class ExplorerSyncClient(_Side):
         steps; waiting for it would stall both sides until ``sync_timeout`` (the trainer
         waiting for experience, the explorer for weights). Then the trainer's weights are
         the truth: the explorer loads whatever it offers that it does not hold, and
-        otherwise goes on, until the trainer has caught up. An offer newer than what the
+        otherwise goes on one step per trainer step (so a misjudged lag, after a stall say,
+        costs staleness, never an explorer running away), until the trainer has caught up. An offer newer than what the
         explorer holds but short of ``need`` is taken on the way when it is the trainer's
         newest: the trainer waits for it to be taken, so leaving it would stall both."""
         o = await self._offer()
@@ -341,7 +351,10 @@ class ExplorerSyncClient(_Side):
         if o and int(o["version"]) != self.version:
             log.info("trainer_rolled_back", trainer=trainer, need=need, loading=int(o["version"]))
             return o
-        return GO_ON
+        if trainer != self.went_on:  # one step per trainer step: the lead stays bounded
+            self.went_on = trainer
+            return GO_ON
+        return None
 
     async def _offer_after(self, ts: float) -> dict | None:
         o = await self._offer()
@@ -354,9 +367,17 @@ class ExplorerSyncClient(_Side):
             await asyncio.gather(*(e.load_checkpoint(offer["path"], version) for e in engines))
         else:
             p = self.plan
-            try:
-                rdv = await self.state.wait_rendezvous(p.group_name, p.timeout)
+            fresh = self.joined_ts is None  # no group joined in this process yet
+            if fresh and self.hello is None:
+                cur = await self.state.get(f"rendezvous.{p.group_name}")
+                if not (isinstance(cur, dict) and float(cur.get("ts", 0)) > self.started):
+                    await self._say_hello()  # only the dead predecessor's group is there
+            try:  # a group formed before this process started lost a member: not that one
+                rdv = await self.state.wait_rendezvous(
+                    p.group_name, p.timeout, newer_than=self.started if fresh else 0.0
+                )
             except bus.RequestTimeout as e:  # the trainer gave up on this group meanwhile
+                self.hello = None  # ask again next time
                 self.failed_offer = float(offer["ts"])
                 await self.timed_out(f"rendezvous ({e})", version, step, ["trainer"])
                 return
@@ -376,7 +397,8 @@ class ExplorerSyncClient(_Side):
             await self.state.put(JOIN, {"version": version, "ts": time.time()})
             try:
                 got = await asyncio.wait_for(asyncio.gather(*(e.receive_weights() for e in engines)), p.timeout)
-            except (asyncio.TimeoutError, RuntimeError) as e:
+            except Exception as e:  # a peer gone mid-broadcast: gloo's error, or vLLM's wrap of it
+                self.hello = None
                 self.joined_ts = None
                 self.failed_offer = float(offer["ts"])
                 await self.timed_out(f"receiving weights ({e})", version, step, ["trainer"])

@@ -248,17 +248,26 @@ async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, tim
     return BatchReply.unpack(msg.data)
 
 
-async def _fetch_serving_hellos(fetch: Any, sync: Any, trainer: Any) -> BatchReply:
+async def _fetch_serving_hellos(fetch: Any, sync: Any, trainer: Any, state: Any) -> BatchReply:
     """Await the batch request ``fetch``; meanwhile answer a restarted explorer that asks for
     weights (the batch may be waiting for that explorer's experience, see
-    roles.synchronizer.client). The model is idle while a batch is awaited."""
+    roles.synchronizer.client; the model is idle while a batch is awaited), and give up on
+    the request when the buffer that had it restarted (its heartbeat's pid changed): the
+    new buffer never saw it, and waiting for the reply would cost the request's whole
+    timeout. Asking again is safe: the buffer hands out the same batch for a step."""
     task = asyncio.ensure_future(fetch)
+    buffer_pid = None
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
+            done, _ = await asyncio.wait({task}, timeout=1.0)
             if done:
                 return task.result()
             await sync.serve_hello(trainer)
+            beat = await state.get("heartbeat.buffer")
+            pid = beat.get("pid") if isinstance(beat, dict) else None
+            if buffer_pid is not None and pid is not None and pid != buffer_pid:
+                raise bus.RequestTimeout("the buffer restarted while serving the batch request")
+            buffer_pid = buffer_pid or pid
     finally:
         task.cancel()
 
@@ -310,7 +319,8 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
             await state.heartbeat("trainer", step=trainer.step)
             try:
                 reply = await _fetch_serving_hellos(
-                    fetch_batch(nc, cfg.run_id, step, n, trainer.step, read_timeout), sync, trainer
+                    fetch_batch(nc, cfg.run_id, step, n, trainer.step, read_timeout), sync, trainer,
+                    state,
                 )
             except (bus.NoResponders, bus.RequestTimeout) as e:
                 log.warning("no_batch", step=step, error=str(e))

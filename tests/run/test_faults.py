@@ -107,13 +107,15 @@ def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_
     assert len(ids) == len(set(ids)), "the restarted trainer trained an experience twice"
 
 
-@pytest.mark.parametrize("role", ["explorer", "trainer"])
+@pytest.mark.parametrize("role", ["explorer", "trainer", "buffer", "synchronizer"])
 def test_a_killed_role_costs_seconds_not_a_sync_timeout(tmp_path, tiny_model, arith, role):
     """Before, a restarted explorer joined the broadcast group of its dead predecessor, and a
     restarted trainer offered weights the explorer neither held nor wanted yet: either way
     both sides waited for sync_timeout. Now the explorer says hello and the trainer answers
     with a fresh group (also while it waits for a batch), and the explorer takes the
-    trainer's newest weights on the way to the version it needs."""
+    trainer's newest weights on the way to the version it needs. A buffer killed while it
+    served a batch request cost the request's timeout; the trainer now asks again once the
+    buffer's heartbeat shows a new process."""
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
                           stages=False, extra={"synchronizer.sync_timeout": 120})
     job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
