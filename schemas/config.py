@@ -721,8 +721,11 @@ class NatsConfig(Section):
     """Seconds messages are kept; 0 forever."""
     duplicate_window: float = Field(120.0, gt=0)
     """Seconds JetStream remembers message ids for de-duplication."""
-    ack_wait: float = Field(60.0, gt=0)
-    """Seconds before an unacked message is redelivered."""
+    ack_wait: float = Field(15.0, gt=0)
+    """Seconds before an unacked message is redelivered. It is also how long messages held by
+    a consumer that died (a killed buffer) wait before its successor gets them, so keep it
+    short: consumers ack right after their effect is durable (an LMDB commit takes
+    milliseconds), and a redelivered message is stored once anyway."""
     max_deliver: Annotated[int, AfterValidator(_unlimited_or_at_least(1))] = 10
     """Deliveries of one message without an ack before it goes to the dead-letter stream (a
     last resort against a message that stops its consumer every time); -1 unlimited."""

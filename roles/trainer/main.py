@@ -248,15 +248,19 @@ async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, tim
     return BatchReply.unpack(msg.data)
 
 
-async def _fetch_serving_hellos(fetch: Any, sync: Any, trainer: Any, state: Any) -> BatchReply:
+async def _fetch_serving_hellos(
+    fetch: Any, sync: Any, trainer: Any, state: Any, nc: Any
+) -> BatchReply:
     """Await the batch request ``fetch``; meanwhile answer a restarted explorer that asks for
     weights (the batch may be waiting for that explorer's experience, see
     roles.synchronizer.client; the model is idle while a batch is awaited), and give up on
-    the request when the buffer that had it restarted (its heartbeat's pid changed): the
-    new buffer never saw it, and waiting for the reply would cost the request's whole
-    timeout. Asking again is safe: the buffer hands out the same batch for a step."""
+    the request when it may be lost: the buffer that had it restarted (its heartbeat's pid
+    changed) or the connection went through a reconnect (a request or its reply sent while
+    the server was away is gone). Waiting for the reply would cost the request's whole
+    timeout; asking again is safe: the buffer hands out the same batch for a step."""
     task = asyncio.ensure_future(fetch)
     buffer_pid = None
+    reconnects = nc.stats["reconnects"]
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=1.0)
@@ -267,6 +271,8 @@ async def _fetch_serving_hellos(fetch: Any, sync: Any, trainer: Any, state: Any)
             pid = beat.get("pid") if isinstance(beat, dict) else None
             if buffer_pid is not None and pid is not None and pid != buffer_pid:
                 raise bus.RequestTimeout("the buffer restarted while serving the batch request")
+            if nc.stats["reconnects"] != reconnects:
+                raise bus.RequestTimeout("reconnected to NATS while waiting for the batch")
             buffer_pid = buffer_pid or pid
     finally:
         task.cancel()
@@ -320,7 +326,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
             try:
                 reply = await _fetch_serving_hellos(
                     fetch_batch(nc, cfg.run_id, step, n, trainer.step, read_timeout), sync, trainer,
-                    state,
+                    state, nc,
                 )
             except (bus.NoResponders, bus.RequestTimeout) as e:
                 log.warning("no_batch", step=step, error=str(e))
