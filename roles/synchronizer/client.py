@@ -7,10 +7,12 @@ They meet through the run's KV bucket (``bus.RunState``):
 * ``rendezvous.<group_name>``: where the broadcast group meets (``Rendezvous.to_dict()``);
 * ``sync.join``: the explorer's engines are about to receive ``version`` (broadcast only);
 * ``sync.want``: under ``explorer_driven``, the explorer asks for the current weights;
-* ``sync.hello``: a (re)started explorer asks for a broadcast group of its own: the one in
-  the current offer was formed with a process that is gone, and joining it would only wait
-  for ``sync_timeout``. The trainer answers with a fresh group and its current weights, also
-  while it waits for a batch (it may be waiting for this very explorer's experience);
+* ``sync.formed``: when the trainer's current broadcast group was complete (all members in);
+* ``sync.hello``: a (re)started explorer asks for a broadcast group of its own when the
+  current one was formed before it started (with a predecessor that is gone: joining it
+  would only wait for ``sync_timeout``). The trainer answers with a fresh group and its
+  current weights, also while it waits for a batch (it may be waiting for this very
+  explorer's experience);
 * ``version.trainer`` / ``version.explorer``: who holds what.
 
 Every event also goes to the sync subject as a :class:`SyncEvent`. Every wait is bounded by
@@ -39,6 +41,8 @@ from .policy import SyncPlan, explorer_requests, required_version, trainer_offer
 log = structlog.get_logger(__name__)
 
 OFFER, JOIN, WANT, HELLO = "sync.offer", "sync.join", "sync.want", "sync.hello"
+#: ``{"group": "host:port", "at": ts}``: when the trainer's current broadcast group was formed
+FORMED = "sync.formed"
 #: What ExplorerSyncClient._offer_for answers when the explorer should not wait.
 GO_ON = "go on"
 TRAINER_FINISHED = keys.TRAINER_FINISHED
@@ -196,6 +200,8 @@ class TrainerSyncClient(_Side):
         try:
             if fresh:
                 await asyncio.wait_for(asyncio.to_thread(self.sender.connect), p.timeout + 5)
+                rdv = self.sender.rdv
+                await self.state.put(FORMED, {"group": f"{rdv.host}:{rdv.port}", "at": time.time()})
             joined = await poll(lambda: self._joined(version), p.timeout)
             if joined == "hello":  # the explorer restarted: this group lost its member
                 self.sender = None
@@ -312,12 +318,28 @@ class ExplorerSyncClient(_Side):
         o = await self.state.get(OFFER)
         if not o or float(o["ts"]) == self.failed_offer:
             return None
-        if o["method"] != "checkpoint" and self.joined_ts is None and float(o["ts"]) < self.started:
-            # a broadcast prepared before this process started: its group is not ours
+        if o["method"] != "checkpoint" and await self._predecessors_group() is not None:
             if self.hello is None:
                 await self._say_hello()
             return None
         return o
+
+    async def _predecessors_group(self) -> dict | None:
+        """What keeps this process from joining the current broadcast group, if anything: the
+        rendezvous of a group formed before it started (its other member was a predecessor
+        that is gone: joining would wait for ``sync_timeout``), or ``{}`` when the trainer
+        tore the group down. None when there is nothing in the way: this process has joined
+        a group already, or the current one still waits for its members."""
+        if self.joined_ts is not None:
+            return None
+        rdv = await self.state.get(f"rendezvous.{self.plan.group_name}")
+        if not isinstance(rdv, dict):
+            return {}
+        formed = await self.state.get(FORMED)
+        if not isinstance(formed, dict):
+            return None
+        same = formed.get("group") == f"{rdv.get('host')}:{rdv.get('port')}"
+        return rdv if same and float(formed.get("at", 0)) < self.started else None
 
     async def _say_hello(self) -> None:
         """Ask the trainer for a broadcast group formed after this process started."""
@@ -367,14 +389,12 @@ class ExplorerSyncClient(_Side):
             await asyncio.gather(*(e.load_checkpoint(offer["path"], version) for e in engines))
         else:
             p = self.plan
-            fresh = self.joined_ts is None  # no group joined in this process yet
-            if fresh and self.hello is None:
-                cur = await self.state.get(f"rendezvous.{p.group_name}")
-                if not (isinstance(cur, dict) and float(cur.get("ts", 0)) > self.started):
-                    await self._say_hello()  # only the dead predecessor's group is there
-            try:  # a group formed before this process started lost a member: not that one
+            stale = await self._predecessors_group()
+            if stale is not None and self.hello is None:
+                await self._say_hello()
+            try:  # not the group of a gone predecessor: the one the trainer makes instead
                 rdv = await self.state.wait_rendezvous(
-                    p.group_name, p.timeout, newer_than=self.started if fresh else 0.0
+                    p.group_name, p.timeout, newer_than=float(stale.get("ts", 0)) if stale else 0.0
                 )
             except bus.RequestTimeout as e:  # the trainer gave up on this group meanwhile
                 self.hello = None  # ask again next time
