@@ -102,7 +102,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
-import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 ROLES = ("buffer", "synchronizer", "trainer", "explorer")
@@ -245,62 +244,18 @@ def _load(path: Path) -> list[Any]:
 
 
 def poison_messages(run_id: str, rnd: int, rng: random.Random) -> dict[str, bytes]:
-    """One message of each poison kind, by Nats-Msg-Id (unique per round)."""
-    from schemas import codec
-    from schemas.data import Experience, ExperienceGroup
+    """One message of each poison kind the tests use (tests/run/poison.py), plus seeded random
+    bytes, a valid message cut in half and an empty message, by Nats-Msg-Id (unique per
+    round)."""
+    from tests.run.poison import group_envelope
+    from tests.run.poison import poison_messages as kinds
 
-    def envelope(gid: str, tokens: list[int]) -> dict:
-        exps = [
-            Experience(
-                id=f"{gid}/{i}",
-                task_id=gid,
-                group_id=gid,
-                run_id=run_id,
-                tokens=np.array(tokens, np.int32),
-                prompt_length=2,
-                logprobs=np.zeros(len(tokens) - 2, np.float32),
-                reward=1.0,
-            )
-            for i in range(2)
-        ]
-        g = ExperienceGroup(group_id=gid, task_id=gid, run_id=run_id, experiences=exps)
-        return msgpack.unpackb(codec.encode(g), raw=False, ext_hook=msgpack.ExtType)
-
-    out: dict[str, bytes] = {}
-
-    def edit(kind: str, change: Any, tokens: list[int] = [1, 2, 3, 4]) -> None:  # noqa: B006
-        mid = f"chaos-poison-r{rnd}-{kind}"
-        env = envelope(mid, tokens)
-        if change is not None:
-            change(env["payload"])
-        out[mid] = msgpack.packb(env)
-
-    def empty_group_id(p: dict) -> None:
-        p["group_id"] = ""
-        for e in p["experiences"]:
-            e["group_id"] = ""
-
-    def long_id(p: dict) -> None:
-        p["experiences"][0]["id"] = "x" * 500
-
-    def huge_version(p: dict) -> None:
-        p["model_version"] = 2**63
-        for e in p["experiences"]:
-            e["model_version"] = 2**63
-
-    def nan_reward(p: dict) -> None:
-        p["experiences"][1]["reward"] = float("nan")
-
-    edit("empty-group-id", empty_group_id)
-    edit("long-id", long_id)
-    edit("huge-version", huge_version)
-    edit("nan-reward", nan_reward)
-    edit("vocab", None, [1, 2, 10**6, 4])  # decodes and validates: only the vocabulary refuses it
-    out[f"chaos-poison-r{rnd}-garbage"] = b"\x93not a message"
-    out[f"chaos-poison-r{rnd}-random-bytes"] = rng.randbytes(rng.randint(1, 300))
-    whole = msgpack.packb(envelope(f"chaos-poison-r{rnd}-truncated", [1, 2, 3, 4]))
-    out[f"chaos-poison-r{rnd}-truncated"] = whole[: len(whole) // 2]
-    out[f"chaos-poison-r{rnd}-empty"] = b""
+    prefix = f"chaos-poison-r{rnd}"
+    out = kinds(run_id, prefix)
+    out[f"{prefix}-random-bytes"] = rng.randbytes(rng.randint(1, 300))
+    whole = msgpack.packb(group_envelope(run_id, f"{prefix}-truncated", [1, 2, 3, 4]))
+    out[f"{prefix}-truncated"] = whole[: len(whole) // 2]
+    out[f"{prefix}-empty"] = b""
     return out
 
 

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
-import msgpack
 import nats
-import numpy as np
 import pytest
 
 from bus.publish import H_ERROR, H_MSG_ID, H_ORIG_ID
 from bus.subjects import names
-from schemas import codec
-from schemas.data import Experience, ExperienceGroup
 
 from .helpers import steps_log, tiny_run_config, trinity, wait_for
+from .poison import poison_messages
 from .test_run_e2e import _trained_exactly_once
 
 pytestmark = pytest.mark.slow
@@ -24,58 +21,9 @@ pytestmark = pytest.mark.slow
 RUN = "t.r"
 
 
-def _group(gid: str, tokens: list[int]) -> dict:
-    """A valid group as a msgpack-ready envelope, to be made poisonous field by field."""
-    exps = [
-        Experience(
-            id=f"{gid}/{i}",
-            task_id=gid,
-            group_id=gid,
-            run_id=RUN,
-            tokens=np.array(tokens, np.int32),
-            prompt_length=2,
-            logprobs=np.zeros(len(tokens) - 2, np.float32),
-            reward=1.0,
-        )
-        for i in range(2)
-    ]
-    g = ExperienceGroup(group_id=gid, task_id=gid, run_id=RUN, experiences=exps)
-    return msgpack.unpackb(codec.encode(g), raw=False, ext_hook=msgpack.ExtType)
-
-
 def _poison() -> dict[str, bytes]:
     """One message of each kind the issue names, by Nats-Msg-Id."""
-    out: dict[str, bytes] = {}
-
-    def edit(name: str, change) -> None:
-        env = _group(f"poison-{name}", [1, 2, 3, 4])
-        change(env["payload"])
-        out[f"poison-{name}"] = msgpack.packb(env)
-
-    def empty_group_id(p: dict) -> None:
-        p["group_id"] = ""
-        for e in p["experiences"]:
-            e["group_id"] = ""
-
-    def long_id(p: dict) -> None:
-        p["experiences"][0]["id"] = "x" * 500
-
-    def huge_version(p: dict) -> None:
-        p["model_version"] = 2**63
-        for e in p["experiences"]:
-            e["model_version"] = 2**63
-
-    def nan_reward(p: dict) -> None:
-        p["experiences"][1]["reward"] = float("nan")
-
-    edit("empty-group-id", empty_group_id)
-    edit("long-id", long_id)
-    edit("huge-version", huge_version)
-    edit("nan-reward", nan_reward)
-    # decodes and validates: only the model's vocabulary says it cannot be trained
-    out["poison-vocab"] = msgpack.packb(_group("poison-vocab", [1, 2, 10**6, 4]))
-    out["poison-garbage"] = b"\x93not a message"
-    return out
+    return poison_messages(RUN, "poison")
 
 
 async def _inject(url: str, messages: dict[str, bytes]) -> None:
