@@ -133,3 +133,35 @@ async def test_mix_strategy_takes_expert_share_from_auxiliary_buffer(tmp_path, n
         assert len(exps) == 8 and len(expert) == 4 and {e.group_id for e in exps if e not in expert} == {"g0"}
 
     await _with_buffer(cfg, body)
+
+
+def test_ingest_quarantines_each_bad_group_and_stores_the_others(tmp_path):
+    """A group the pipeline makes invalid (NaN advantages), or with a token id past the
+    vocabulary, comes back with its error; the good groups of the same fetch are stored."""
+    import dataclasses
+
+    import numpy as np
+
+    from roles.buffer.pipeline import Pipeline
+    from roles.buffer.service import BufferService
+    from storage.replay import ReplayStore
+    from tests.conftest import make_group
+
+    def nan_advantages(g):
+        if g.group_id != "nan":
+            return g
+        exps = [dataclasses.replace(e, advantages=np.full(e.response_length, np.nan, np.float32))
+                for e in g.experiences]
+        return dataclasses.replace(g, experiences=exps)
+
+    pipeline = Pipeline(operators=[("nan", nan_advantages)])
+    with ReplayStore(tmp_path / "r") as store:
+        service = BufferService(store, pipeline, vocab=200_000)
+        groups = [make_group(group_id=gid, n=2, tokens=16, prompt=4) for gid in ("ok", "nan", "vocab")]
+        groups[2].experiences[1].tokens = groups[2].experiences[1].tokens.copy()
+        groups[2].experiences[1].tokens[3] = 10**6
+        added, bad = service.ingest(groups)
+        assert added == 2 and sorted(bad) == [1, 2]
+        assert "experiences[0].advantages: holds NaN" in str(bad[1])
+        assert "experiences[1].tokens: token id 1000000 is past the model's vocabulary" in str(bad[2])
+        assert service.quarantined == 2 and store.count_ready() == 2
