@@ -8,6 +8,8 @@ and ``nats kv ls trinity_<run>`` show them):
   The buffer then serves the trainer's last, partial batch without waiting.
 * ``finished.trainer``: the trainer trained its last step and offered those weights. The
   explorer loads them, runs the final evaluation, and the stage is done.
+* ``api.explorer``: where the explorer's OpenAI API listens (``{"url", "model"}``), for agents
+  in other processes.
 * ``run.done``: the stage is complete; roles that idle in a stage (buffer, synchronizer, a
   trainer whose work ended) exit or move to the next stage when they see it.
 * ``sync.*``, ``rendezvous.*``, ``version.*``, ``heartbeat.*``: see ``roles/synchronizer``
@@ -18,3 +20,4 @@ EXPLORER_CURSOR = "cursor.explorer"
 EXPLORER_FINISHED = "finished.explorer"
 TRAINER_FINISHED = "finished.trainer"
 RUN_DONE = "run.done"
+EXPLORER_API = "api.explorer"

@@ -39,6 +39,28 @@ def resolve_algorithm(cfg: TrinityConfig, sources: dict[str, str]) -> list[str]:
         if getattr(alg, f) is None or (f == "repeat_times" and value != alg.repeat_times):
             setattr(alg, f, value)
             sources[f"algorithm.{f}"] = DERIVED
+    return serve_problems(cfg, sources, user_repeat)
+
+
+def serve_problems(cfg: TrinityConfig, sources: dict[str, str], user_repeat: bool) -> list[str]:
+    """``mode: serve`` publishes every rewarded episode as its own group of one rollout: an
+    advantage that compares rollouts within a group would make every advantage 0 (nothing
+    learned, silently), and ``repeat_times`` counts one rollout per episode."""
+    if cfg.mode != "serve":
+        return []
+    from ops.advantages import GROUP_ADVANTAGE_FNS
+
+    alg = cfg.algorithm
+    if alg.advantage_fn in GROUP_ADVANTAGE_FNS:
+        return [f"algorithm.advantage_fn: {alg.advantage_fn!r} compares rollouts of one task, but "
+                "mode serve makes each episode its own group (every advantage would be 0); use a "
+                "batch baseline: algorithm_type reinforceplusplus, or ppo (critic)"]
+    if user_repeat and alg.repeat_times != 1:
+        return [f"algorithm.repeat_times: {alg.repeat_times}; mode serve has one rollout per "
+                "episode (set 1 or leave it unset)"]
+    if alg.repeat_times != 1:
+        alg.repeat_times = 1
+        sources["algorithm.repeat_times"] = DERIVED
     return []
 
 

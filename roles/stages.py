@@ -34,10 +34,12 @@ ROLES_BY_MODE: dict[str, tuple[str, ...]] = {
     "train": ("buffer", "trainer"),
     "explore": ("buffer", "explorer"),
     "bench": ("explorer",),
+    "serve": ("buffer", "synchronizer", "trainer", "explorer"),
 }
 
 #: The role whose completion completes a stage.
-FINISHER = {"both": "explorer", "colocate": "explorer", "train": "trainer", "explore": "explorer", "bench": "explorer"}
+FINISHER = {"both": "explorer", "colocate": "explorer", "train": "trainer", "explore": "explorer", "bench": "explorer",
+            "serve": "explorer"}
 
 Runner = Callable[[TrinityConfig, asyncio.Event], Awaitable[bool]]
 

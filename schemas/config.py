@@ -60,11 +60,11 @@ IGNORED_PATHS: dict[str, str] = {
     "model.lora_configs": "LoRA training is not implemented yet",
     "monitor.enable_ray_timeline": "trinity does not use Ray",
     "explorer.runner_num": "deprecated in Trinity-RFT; use explorer.runner_per_model",
-    "explorer.proxy_port": "serve mode is not implemented",
-    "explorer.listen_address": "serve mode is not implemented",
-    "explorer.service_status_check_interval": "serve mode is not implemented",
-    "explorer.min_running_model_num": "serve mode is not implemented",
-    "explorer.db_url": "serve mode is not implemented",
+    "explorer.proxy_port": "the explorer serves the API itself: set explorer.openai_api.port",
+    "explorer.listen_address": "the explorer serves the API itself: set explorer.openai_api.host",
+    "explorer.service_status_check_interval": "serve mode runs one explorer process; there is no model-service proxy to check",
+    "explorer.min_running_model_num": "serve mode runs one explorer process; there is no model-service proxy",
+    "explorer.db_url": "closed episodes go to the buffer over the bus; there is no SQL database",
     "log.group_by_node": "logs are per role; one node per role process",
 }
 
@@ -488,6 +488,10 @@ class InferenceModelConfig(Section):
     """Passed to chat templates that support it."""
     enable_history: bool = False
     """Record every call's experiences on the model wrapper."""
+    enable_openai_api: bool = False
+    """Serve the engines through an OpenAI-compatible HTTP API in the explorer
+    (``explorer.openai_api``); workflows reach it with ``self.model.get_openai_client()``.
+    Always on in ``mode: serve``."""
     ignore_eos: bool = False
     """Generate to max tokens (benchmarks)."""
     extra_engine_args: dict[str, Any] = Field(default_factory=dict)
@@ -514,6 +518,33 @@ class DynamicTimeoutConfig(Section):
     """Timeout = ``min(max_timeout, average_task_time * ratio)``."""
 
 
+class OpenAIApiConfig(Section):
+    """The explorer's OpenAI-compatible server (``roles/explorer/api``)."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on; ``0.0.0.0`` to accept agents from other machines."""
+    port: int = Field(8010, ge=0, le=65535)
+    """Port; 0 picks a free one. The URL is logged and written to the run's KV
+    (``api.explorer``)."""
+    api_key: str | None = None
+    """Bearer token every request must carry (``Authorization: Bearer ...``); None: no check."""
+    tool_call_parser: Literal["hermes", "none"] = "hermes"
+    """How tool calls are read from generated text: ``hermes`` parses
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen2.5/3);
+    ``none`` leaves all text as content."""
+    episode_timeout: float = Field(600.0, gt=0)
+    """Seconds an episode may stay without a request or a reward before it is dropped
+    (counted and logged, never trained)."""
+    enable_concatenated_multi_turn: bool = False
+    """Merge an episode's calls whose prompt extends the previous call's prompt + response
+    into one experience (action mask 1 only on the model's tokens); off: one experience per
+    call."""
+    max_n: int = Field(16, ge=1)
+    """Largest ``n`` (choices per request) accepted."""
+    max_tokens_per_request: int | None = Field(None, ge=1)
+    """Cap on ``max_tokens``; None: only ``max_model_len`` bounds a completion."""
+
+
 class ExplorerConfig(Section):
     name: str = "explorer"
     """Name of the explorer (log file and heartbeat key)."""
@@ -531,6 +562,8 @@ class ExplorerConfig(Section):
     """Environment variables set for workflow runners."""
     rollout_model: InferenceModelConfig = Field(default_factory=InferenceModelConfig)
     """The rollout engines."""
+    openai_api: OpenAIApiConfig = Field(default_factory=OpenAIApiConfig)
+    """The OpenAI-compatible server (``rollout_model.enable_openai_api``, ``mode: serve``)."""
     auxiliary_models: list[InferenceModelConfig] = Field(default_factory=list)
     """Extra models for custom workflows (e.g. a judge)."""
     eval_interval: int = Field(100, ge=0)
@@ -783,8 +816,9 @@ class TrinityConfig(BaseSettings):
     """Project name; runs live under ``<checkpoint_root_dir>/<project>/<name>``."""
     name: str = "rft"
     """Experiment name."""
-    mode: Literal["both", "train", "explore", "bench", "colocate"] = "both"
-    """Which roles run: both, train, explore, bench (evaluate checkpoints), colocate."""
+    mode: Literal["both", "train", "explore", "bench", "colocate", "serve"] = "both"
+    """Which roles run: both, train, explore, bench (evaluate checkpoints), colocate, serve
+    (online RL: agents outside trinity drive the explorer's OpenAI API; no taskset)."""
     checkpoint_root_dir: str = "./checkpoints"
     """Root of checkpoints, logs, monitor files and the embedded NATS store."""
     continue_from_checkpoint: bool = True

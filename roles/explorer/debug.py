@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from roles.explorer.engines import create_engines
-from roles.explorer.main import train_reader
+from roles.explorer.main import served_model_name, train_reader
 from roles.explorer.runner import RunnerPool
 from schemas.config import TrinityConfig
 from schemas.data import Experience
@@ -38,11 +38,20 @@ def experience_json(e: Experience) -> dict[str, Any]:
 
 async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict[str, Any]:
     engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model)
+    api = None
     try:
-        pool = RunnerPool(engines, cfg.explorer, cfg.run_id)
+        if cfg.explorer.rollout_model.enable_openai_api:  # workflows' get_openai_client()
+            from roles.explorer.api import ApiServer
+
+            api = ApiServer(cfg.explorer.openai_api, engines, served_model_name(cfg), cfg.run_id,
+                            publish=None)
+            await api.start()
+        pool = RunnerPool(engines, cfg.explorer, cfg.run_id, api=api)
         tasks = train_reader(cfg).read_batch(n_tasks)
         results = await asyncio.gather(*(pool.run_task(t) for t in tasks))
     finally:
+        if api is not None:
+            await api.stop()
         for e in engines:
             await e.close()
     return {

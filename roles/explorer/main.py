@@ -8,6 +8,12 @@ when a sync is due; the explorer itself decides nothing about weights. Evaluatio
 startup and every ``eval_interval`` steps. SIGTERM stops taking tasks, lets the step in
 flight finish for a short grace period, then abandons it: a group is published whole or not
 at all, and the cursor only moves past fully finished steps.
+
+With ``explorer.rollout_model.enable_openai_api`` (always in ``mode: serve``) the explorer
+also serves an OpenAI-compatible API over its engines (``roles/explorer/api``), and weight
+loads wait for the requests in flight (:class:`roles.explorer.api.WeightGate`). In ``mode:
+serve`` there is no taskset: agents outside trinity open episodes and post rewards, a step is
+every ``buffer.batch_size`` rewarded episodes, and weights move at step boundaries.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ CURSOR_KEY = keys.EXPLORER_CURSOR
 #: KV key set once the taskset is exhausted and every group is stored on the stream.
 FINISHED_KEY = keys.EXPLORER_FINISHED
 HEARTBEAT_SECONDS = 5.0
+#: KV key where the explorer announces its OpenAI API: ``{"url": ..., "model": ...}``.
+API_KEY = keys.EXPLORER_API
 
 
 class SyncClient(Protocol):
@@ -79,8 +87,14 @@ async def make_sync(cfg: TrinityConfig, nc: Any, state: bus.RunState, pub: bus.P
 class ExplorerStats:
     steps: int = 0
     published: int = 0
+    episodes: int = 0  # serve mode: rewarded episodes stored on the bus
     failed: list[tuple[str, str]] = field(default_factory=list)
     interrupted: bool = False
+
+
+def served_model_name(cfg: TrinityConfig) -> str:
+    """The model name the OpenAI API serves (``GET /v1/models``)."""
+    return cfg.explorer.rollout_model.model_path or cfg.model.model_path or "model"
 
 
 def train_reader(cfg: TrinityConfig) -> TaskReader:
@@ -140,6 +154,34 @@ class Explorer:
         self.pool = RunnerPool(engines, cfg.explorer, cfg.run_id)
         self.monitor: Any = None
         self._stragglers: set[asyncio.Task[TaskResult]] = set()
+        self.api: Any = None
+        #: what the sync client loads weights into (gated when the API serves requests)
+        self.sync_engines: list[Any] = list(engines)
+        self._rewards: list[float] = []
+        self._episode_done = asyncio.Event()
+
+    async def start_api(self) -> str:
+        """Serve the OpenAI API over the engines; weight loads then wait for requests."""
+        from roles.explorer.api import ApiServer, GatedEngine, WeightGate
+
+        gate = WeightGate()
+        publish = self._publish_episode if self.cfg.mode == "serve" else None
+        self.api = ApiServer(self.cfg.explorer.openai_api, self.engines, served_model_name(self.cfg),
+                             self.cfg.run_id, publish, gate)
+        self.pool.api = self.api
+        self.sync_engines = [GatedEngine(e, gate) for e in self.engines]
+        return await self.api.start()
+
+    async def _open_bus(self) -> SyncClient:
+        """Streams, publisher, run state and the sync client; announce the API if any."""
+        cfg = self.cfg
+        js = bus.jetstream(self.nc, cfg.nats)
+        await bus.ensure_streams(js, cfg.nats, cfg.run_id)
+        self.pub = bus.Publisher(self.nc, cfg.nats, cfg.run_id)
+        self.state = await bus.RunState.open(js, cfg.run_id)
+        if self.api is not None:
+            await self.state.put(API_KEY, {"url": self.api.url, "model": self.api.model_name})
+        return self.sync or await make_sync(cfg, self.nc, self.state, self.pub)
 
     async def report(self, m: Metric) -> None:
         """A metric to the monitor files and the metrics subject."""
@@ -152,11 +194,7 @@ class Explorer:
 
     async def run(self) -> ExplorerStats:
         cfg, name = self.cfg, self.cfg.explorer.name
-        js = bus.jetstream(self.nc, cfg.nats)
-        await bus.ensure_streams(js, cfg.nats, cfg.run_id)
-        self.pub = bus.Publisher(self.nc, cfg.nats, cfg.run_id)
-        self.state = await bus.RunState.open(js, cfg.run_id)
-        sync = self.sync or await make_sync(cfg, self.nc, self.state, self.pub)
+        sync = await self._open_bus()
         reader = train_reader(cfg)
         saved = await self.state.get(CURSOR_KEY)
         if saved:
@@ -172,7 +210,7 @@ class Explorer:
             if cfg.explorer.eval_on_startup and self.step == 0:
                 await until_stopped(evaluate(cfg, self.pool, 0, self.report), self.stop)
             while not self.stop.is_set() and not reader.exhausted:
-                ok, _ = await until_stopped(sync.before_step(self.step, self.engines), self.stop)
+                ok, _ = await until_stopped(sync.before_step(self.step, self.sync_engines), self.stop)
                 if not ok:
                     break
                 if self.engines[0].model_version != version:
@@ -221,10 +259,7 @@ class Explorer:
         cfg = self.cfg
         if not cfg.buffer.explorer_input.eval_tasksets:
             raise ValueError("buffer.explorer_input.eval_tasksets: mode bench needs at least one")
-        js = bus.jetstream(self.nc, cfg.nats)
-        await bus.ensure_streams(js, cfg.nats, cfg.run_id)
-        self.pub = bus.Publisher(self.nc, cfg.nats, cfg.run_id)
-        self.state = await bus.RunState.open(js, cfg.run_id)
+        await self._open_bus()
         from storage import checkpoints as ckpt
 
         todo = [(0, None)] + [(s, ckpt.hf_dir(cfg.checkpoint_job_dir, s))
@@ -233,7 +268,7 @@ class Explorer:
             if path is not None:
                 if not ckpt.hf_weights_complete(path):
                     continue
-                await asyncio.gather(*(e.load_checkpoint(str(path), step) for e in self.engines))
+                await asyncio.gather(*(e.load_checkpoint(str(path), step) for e in self.sync_engines))
             ok, _ = await until_stopped(evaluate(cfg, self.pool, step, self.report,
                                                  final=i == len(todo) - 1), self.stop)
             if not ok:
@@ -244,6 +279,80 @@ class Explorer:
         if self.monitor is not None:
             self.monitor.close()
         return self.stats
+
+    async def serve(self) -> ExplorerStats:
+        """``mode: serve`` (online RL): no taskset; agents drive the API, and every
+        ``buffer.batch_size`` rewarded episodes are a step (cursor, metrics, weight sync). With
+        ``buffer.total_steps`` (or ``trainer.total_steps``) the run ends once the trainer has
+        trained them and the final weights are loaded; without, it serves until stopped."""
+        cfg, name = self.cfg, self.cfg.explorer.name
+        sync = await self._open_bus()
+        saved = await self.state.get(CURSOR_KEY)
+        if saved:
+            self.step, self.stats.episodes = int(saved["step"]), int(saved.get("episodes", 0))
+            log.info("resuming serve step=%d episodes=%d", self.step, self.stats.episodes)
+        await self.state.set_model_version(name, self.engines[0].model_version)
+        last = cfg.trainer.total_steps or cfg.buffer.total_steps
+        beat = asyncio.create_task(self._heartbeats())
+        try:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                ok, what = await until_stopped(self._serve_wait(last), self.stop)
+                if not ok:
+                    break
+                if what == "trained":
+                    await self._finish(sync)
+                    break
+                self.step += 1
+                self.stats.steps += 1
+                await self.state.put(CURSOR_KEY, {"step": self.step, "episodes": self.stats.episodes})
+                await self._serve_metrics(time.monotonic() - t0)
+                await sync.after_step(self.step)
+                ok, _ = await until_stopped(sync.before_step(self.step, self.sync_engines), self.stop)
+                if not ok:
+                    break
+                await self.state.set_model_version(name, self.engines[0].model_version)
+            self.stats.interrupted = self.stop.is_set() or self.stats.interrupted
+            await self.pub.flush()
+        finally:
+            beat.cancel()
+            if self.monitor is not None:
+                self.monitor.close()
+        return self.stats
+
+    async def _serve_wait(self, last: int | None) -> str:
+        """Until a step's worth of episodes is in ("step") or the trainer has trained its
+        last step ("trained")."""
+        need = (self.step + 1) * self.cfg.buffer.batch_size
+        while True:
+            if self.stats.episodes >= need:
+                return "step"
+            if last is not None and (await self.state.model_version("trainer") or 0) >= last:
+                return "trained"
+            self._episode_done.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._episode_done.wait(), 1.0)
+
+    async def _publish_episode(self, group: Any) -> bool:
+        """Store a closed episode's group on the bus (the API's ``publish``); True when the
+        bus already had it."""
+        ack = await self.pub.publish_group(group)
+        if not ack.duplicate:
+            self.stats.episodes += 1
+            self.stats.published += 1
+            self._rewards.append(group.experiences[0].reward)
+            self._episode_done.set()
+        return bool(ack.duplicate)
+
+    async def _serve_metrics(self, seconds: float) -> None:
+        s, rewards = self.api.stats, self._rewards
+        self._rewards = []
+        values = {"reward_mean": sum(rewards) / max(len(rewards), 1), "episodes": float(len(rewards)),
+                  "step_seconds": seconds, "api_requests": float(s.requests),
+                  "api_errors": float(s.errors), "episodes_expired": float(s.episodes_expired),
+                  "model_version": float(self.engines[0].model_version)}
+        log.info("step=%d %s", self.step, " ".join(f"{k}={v:.4g}" for k, v in values.items()))
+        await self.report(Metric(role="explorer", step=self.step, kind="rollout", values=values))
 
     async def _explore_step(self, tasks: list[Any]) -> list[TaskResult]:
         """Run and publish one step's tasks; returns the results the step waited for.
@@ -287,7 +396,7 @@ class Explorer:
                 return
         await self.state.put(FINISHED_KEY, {"step": self.step, "ts": time.time()})
         log.info("taskset exhausted after step %d: waiting for the final weights", self.step)
-        ok, _ = await until_stopped(sync.final(self.engines), self.stop)
+        ok, _ = await until_stopped(sync.final(self.sync_engines), self.stop)
         if not ok:
             self.stats.interrupted = True
             return
@@ -332,16 +441,21 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) ->
     try:
         nc = await bus.connect(cfg.nats, name=cfg.explorer.name)
         explorer = Explorer(cfg, engines, nc)
+        if cfg.mode == "serve" or cfg.explorer.rollout_model.enable_openai_api:
+            await explorer.start_api()
         forward = None
         if stop is None:
             stop_on_signals(explorer.stop)
         else:
             forward = asyncio.get_running_loop().create_task(_forward(stop, explorer.stop))
         try:
-            stats = await (explorer.bench() if cfg.mode == "bench" else explorer.run())
+            run = {"bench": explorer.bench, "serve": explorer.serve}.get(cfg.mode, explorer.run)
+            stats = await run()
         finally:
             if forward is not None:
                 forward.cancel()
+            if explorer.api is not None:
+                await explorer.api.stop()
         log.info("explorer done steps=%d published=%d failed=%d interrupted=%s",
                  stats.steps, stats.published, len(stats.failed), stats.interrupted)
         return not stats.interrupted

@@ -29,6 +29,7 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Any
 
 from roles.explorer.engines.base import RolloutEngine
 from roles.explorer.workflows.base import ModelHandle, Workflow
@@ -84,10 +85,12 @@ class RunnerPool:
         cfg: ExplorerConfig,
         run_id: str,
         auxiliary: list[RolloutEngine] | None = None,
+        api: Any = None,
     ) -> None:
         if not engines:
             raise ValueError("RunnerPool: no engines")
         self.engines = engines
+        self.api = api  # the explorer's OpenAI API server (ModelHandle.get_openai_client)
         self.cfg = cfg
         self.run_id = run_id
         self.auxiliary = auxiliary or []
@@ -136,7 +139,7 @@ class RunnerPool:
         cls = get_workflow(task.workflow)
 
         def make(r: int) -> Workflow:
-            handle = ModelHandle(engine, loop, task.rollout_args)
+            handle = ModelHandle(engine, loop, task.rollout_args, api=self.api)
             aux = [ModelHandle(a, loop) for a in self.auxiliary]
             wf = cls(task=task, model=handle, auxiliary_models=aux)
             wf.repeat_times = r
@@ -144,9 +147,12 @@ class RunnerPool:
 
         async def one(r: int) -> list[Experience]:
             wf = make(r)
-            if wf.is_async:
-                return list(await wf.run_async())
-            return list(await asyncio.to_thread(wf.run))
+            try:
+                if wf.is_async:
+                    return list(await wf.run_async())
+                return list(await asyncio.to_thread(wf.run))
+            finally:
+                wf.model.release()
 
         if cls.repeatable or repeat == 1:
             return await one(repeat)
@@ -162,9 +168,12 @@ class RunnerPool:
 
             def threaded() -> list[Experience]:
                 wf = make(1)
-                if wf.is_async:
-                    return list(asyncio.run_coroutine_threadsafe(wf.run_async(), loop).result())
-                return list(wf.run())
+                try:
+                    if wf.is_async:
+                        return list(asyncio.run_coroutine_threadsafe(wf.run_async(), loop).result())
+                    return list(wf.run())
+                finally:
+                    wf.model.release()
 
             parts = await asyncio.gather(*(asyncio.to_thread(threaded) for _ in range(repeat)))
         return [e for p in parts for e in p]

@@ -354,7 +354,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
         if done:
             if saved != trainer.step or not trainer.has_hf_checkpoint():
                 await save(trainer, nc, cfg.run_id, final=True)
-            if cfg.mode in ("both", "colocate"):
+            if cfg.mode in ("both", "colocate", "serve"):
                 await sync.finish(trainer.step, trainer)
             await state.put(keys.TRAINER_FINISHED, {"version": trainer.step, "ts": time.time()})
             log.info("trainer_finished", step=trainer.step, consumed=trainer.consumed)

@@ -99,7 +99,7 @@ def trainer_processes(cfg: Any) -> tuple[int, int]:
     if c.gpu_per_node <= 0:
         return 1, 0
     rm = cfg.explorer.rollout_model
-    explorer = rm.engine_num * rm.tensor_parallel_size if cfg.mode == "both" else 0
+    explorer = rm.engine_num * rm.tensor_parallel_size if cfg.mode in ("both", "serve") else 0
     n = c.gpu_per_node - explorer
     if n < 1:
         raise ValueError(

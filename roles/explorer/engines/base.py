@@ -37,6 +37,9 @@ class Sample:
     finish_reason: str | None = None
     model_version: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    #: per response token, its ``top_logprobs`` most likely alternatives (token id -> raw
+    #: logprob), when the request asked for them
+    top_logprobs: list[dict[int, float]] | None = None
 
     @property
     def response_tokens(self) -> list[int]:
@@ -98,7 +101,7 @@ class Limits:
 #: Sampling arguments the engines understand (a taskset's ``rollout_args`` and the model
 #: defaults); anything else in rollout_args is an error, not silently ignored.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "logprobs", "max_tokens", "n", "seed",
-                 "repetition_penalty", "min_tokens", "stop", "ignore_eos")
+                 "repetition_penalty", "min_tokens", "stop", "ignore_eos", "top_logprobs")
 
 
 def check_sampling(args: dict[str, Any]) -> dict[str, Any]:
@@ -119,6 +122,9 @@ class RolloutEngine(abc.ABC):
     tokenizer: Any = None
     #: Ranks this engine takes in the weight broadcast group (its TP workers).
     tensor_parallel_size: int = 1
+    #: The engine renders chat messages itself (a remote OpenAI server): callers pass
+    #: messages to ``chat``, not token ids to ``generate``.
+    remote_chat: bool = False
 
     def __init__(self) -> None:
         self._version = 0
@@ -131,9 +137,10 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     async def generate(
         self, prompt_ids: list[int] | None = None, *, prompt: str | None = None, n: int = 1,
-        **sampling: Any,
+        truncate: bool = True, **sampling: Any,
     ) -> list[Sample]:
-        """``n`` completions of a prompt given as token ids or text."""
+        """``n`` completions of a prompt given as token ids or text. ``truncate=False`` keeps
+        the prompt whole (the OpenAI API path: only ``max_model_len`` applies there)."""
 
     async def chat(
         self, messages: list[dict[str, Any]], n: int = 1, **sampling: Any

@@ -21,6 +21,8 @@ from schemas.config import ExternalModelConfig, InferenceModelConfig
 class ExternalEngine(RolloutEngine):
     """Chat completions against an OpenAI-compatible API."""
 
+    remote_chat = True
+
     def __init__(self, cfg: InferenceModelConfig, ext: ExternalModelConfig, name: str = "external-0") -> None:
         super().__init__()
         import openai
@@ -72,7 +74,7 @@ class ExternalEngine(RolloutEngine):
         return out
 
     async def generate(self, prompt_ids: list[int] | None = None, *, prompt: str | None = None,
-                       n: int = 1, **s: Any) -> list[Sample]:
+                       n: int = 1, truncate: bool = True, **s: Any) -> list[Sample]:
         if prompt is None:
             if prompt_ids is None or self.tokenizer is None:
                 raise EngineError(f"{self.name}: generate needs a text prompt (no tokenizer)")

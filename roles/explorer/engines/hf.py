@@ -70,14 +70,14 @@ class HFEngine(RolloutEngine):
 
     async def generate(
         self, prompt_ids: list[int] | None = None, *, prompt: str | None = None, n: int = 1,
-        **sampling: Any,
+        truncate: bool = True, **sampling: Any,
     ) -> list[Sample]:
         check_sampling(sampling)
         if prompt_ids is None:
             if prompt is None:
                 raise EngineError("generate: give prompt_ids or prompt")
             prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        ids, truncated = self.limits.fit_prompt(list(prompt_ids))
+        ids, truncated = self.limits.fit_prompt(list(prompt_ids)) if truncate else (list(prompt_ids), False)
         max_new = self.limits.max_new_tokens(len(ids), sampling.get("max_tokens"))
         version = self._version
         async with self._lock:
@@ -87,15 +87,15 @@ class HFEngine(RolloutEngine):
                 tokens=ids + resp, prompt_length=len(ids), logprobs=lps,
                 response_text=self.tokenizer.decode(resp, skip_special_tokens=True),
                 prompt_truncated=truncated, response_truncated=reason == "length",
-                finish_reason=reason, model_version=version,
+                finish_reason=reason, model_version=version, top_logprobs=tops,
             )
-            for resp, lps, reason in out
+            for resp, lps, reason, tops in out
         ]
 
     @torch.no_grad()
     def _generate(
         self, ids: list[int], n: int, max_new: int, s: dict[str, Any]
-    ) -> list[tuple[list[int], list[float], str]]:
+    ) -> list[tuple[list[int], list[float], str, list[dict[int, float]] | None]]:
         temperature = float(s.get("temperature", 1.0))
         top_k = int(s.get("top_k", -1) or -1)
         eos = self.tokenizer.eos_token_id
@@ -112,13 +112,19 @@ class HFEngine(RolloutEngine):
         if temperature > 0:
             kw.update(temperature=temperature, top_p=float(s.get("top_p", 1.0)),
                       top_k=top_k if top_k > 0 else None)
+        stops = s.get("stop")
+        if stops:  # stop early; the exact cut is made below (_stop_at)
+            kw.update(stop_strings=[stops] if isinstance(stops, str) else list(stops), tokenizer=self.tokenizer)
         if s.get("seed") is not None:
             torch.manual_seed(int(s["seed"]))
         inp = torch.tensor([ids] * n, device=self.device)
         out = self.model.generate(inp, attention_mask=torch.ones_like(inp), **kw)
         gen = out.sequences[:, len(ids):]
         logits = torch.stack(out.logits, dim=1).float()  # (n, steps, vocab), raw
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, gen.unsqueeze(-1)).squeeze(-1)
+        all_lp = torch.log_softmax(logits, dim=-1)
+        lp = all_lp.gather(-1, gen.unsqueeze(-1)).squeeze(-1)
+        k = int(s.get("top_logprobs") or 0)
+        top = all_lp.topk(k, dim=-1) if k > 0 else None
         results = []
         for row in range(n):
             toks = gen[row].tolist()
@@ -126,7 +132,14 @@ class HFEngine(RolloutEngine):
             if kw["eos_token_id"] is not None and eos in toks:
                 toks = toks[: toks.index(eos) + 1]
                 reason = "stop"
-            results.append((toks, lp[row, : len(toks)].tolist(), reason))
+            cut = _stop_at(self.tokenizer, toks, s.get("stop"))
+            if cut is not None:
+                toks, reason = toks[:cut], "stop"
+            tops = None
+            if top is not None:
+                tops = [dict(zip(top.indices[row, j].tolist(), top.values[row, j].tolist(), strict=True))
+                        for j in range(len(toks))]
+            results.append((toks, lp[row, : len(toks)].tolist(), reason, tops))
         return results
 
     async def update_weights(
@@ -178,3 +191,17 @@ class HFEngine(RolloutEngine):
 
     async def close(self) -> None:
         self.model = None
+
+
+def _stop_at(tok: Any, toks: list[int], stop: str | list[str] | None) -> int | None:
+    """Tokens to keep when a stop string appears in the decoded response: up to and including
+    the token that completes the first stop string (vLLM keeps that token too; the API leaves
+    the string out of the text). None when no stop string appears."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if not stops:
+        return None
+    for j in range(len(toks)):
+        text = tok.decode(toks[: j + 1], skip_special_tokens=True)
+        if any(x in text for x in stops):
+            return j + 1
+    return None

@@ -113,7 +113,7 @@ class VLLMEngine(RolloutEngine):
             max_tokens=max_tokens,
             min_tokens=int(s.get("min_tokens", self.limits.min_response_tokens) or 0),
             repetition_penalty=float(s.get("repetition_penalty", self.cfg.repetition_penalty or 1.0)),
-            logprobs=0,
+            logprobs=int(s.get("top_logprobs") or 0),
             seed=s.get("seed"),
             stop=s.get("stop"),
             ignore_eos=bool(s.get("ignore_eos", self.cfg.ignore_eos)),
@@ -122,14 +122,14 @@ class VLLMEngine(RolloutEngine):
 
     async def generate(
         self, prompt_ids: list[int] | None = None, *, prompt: str | None = None, n: int = 1,
-        **sampling: Any,
+        truncate: bool = True, **sampling: Any,
     ) -> list[Sample]:
         check_sampling(sampling)
         if prompt_ids is None:
             if prompt is None:
                 raise EngineError("generate: give prompt_ids or prompt")
             prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        ids, truncated = self.limits.fit_prompt(list(prompt_ids))
+        ids, truncated = self.limits.fit_prompt(list(prompt_ids)) if truncate else (list(prompt_ids), False)
         params = self.sampling_params(n, self.limits.max_new_tokens(len(ids), sampling.get("max_tokens")), sampling)
         version = self._version
         final = None
@@ -141,12 +141,17 @@ class VLLMEngine(RolloutEngine):
         for c in final.outputs:
             toks = list(c.token_ids)
             lps = [c.logprobs[i][t].logprob for i, t in enumerate(toks)] if c.logprobs else []
+            tops = None
+            if sampling.get("top_logprobs") and c.logprobs:  # the sampled token plus the top k
+                k = int(sampling["top_logprobs"])
+                tops = [{t: p.logprob for t, p in d.items() if p.rank is not None and p.rank <= k}
+                        for d in c.logprobs]
             samples.append(
                 Sample(
                     tokens=ids + toks, prompt_length=len(ids), logprobs=lps,
                     response_text=self.tokenizer.decode(toks, skip_special_tokens=True),
                     prompt_truncated=truncated, response_truncated=c.finish_reason == "length",
-                    finish_reason=c.finish_reason, model_version=version,
+                    finish_reason=c.finish_reason, model_version=version, top_logprobs=tops,
                 )
             )
         return samples

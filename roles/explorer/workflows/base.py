@@ -59,12 +59,15 @@ class ModelHandle:
         loop: asyncio.AbstractEventLoop,
         defaults: dict[str, Any] | None = None,
         enable_history: bool = False,
+        api: Any = None,
     ) -> None:
         self.engine = engine
         self.loop = loop
         self.defaults = {k: v for k, v in (defaults or {}).items() if k != "n"}
         self.enable_history = enable_history
         self.history: list[Experience] = []
+        self.api = api  # the explorer's roles.explorer.api.ApiServer, when it runs one
+        self._episode: str | None = None
 
     @property
     def tokenizer(self) -> Any:
@@ -113,6 +116,62 @@ class ModelHandle:
         """Experiences recorded since the last call (``enable_history``), and clear them."""
         out, self.history = self.history, []
         return out
+
+    # -- the OpenAI API (``explorer.rollout_model.enable_openai_api``) ---------------------
+
+    def _on_loop(self, fn: Any) -> Any:
+        """``fn()`` on the explorer's loop (the episode book is the loop's), from any thread."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            return fn()
+
+        async def call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+
+    def _episode_url(self) -> str:
+        if self.api is None:
+            raise RuntimeError(
+                "get_openai_client: the explorer serves no OpenAI API; set "
+                "explorer.rollout_model.enable_openai_api: true"
+            )
+        if self._episode is None:
+            self._episode = self._on_loop(lambda: self.api.book.own(self, self.engine, self.defaults))
+        return f"{self.api.url}/v1/episodes/{self._episode}"
+
+    def get_openai_client(self) -> Any:
+        """An ``openai.OpenAI`` client on an episode of this task run: every completion it
+        gets is recorded (prompt and response token ids, log-probs, model version) for
+        :meth:`extract_experience_from_history`. For sync workflows (a worker thread)."""
+        import openai
+
+        return openai.OpenAI(base_url=self._episode_url(), api_key=self.api.cfg.api_key or "EMPTY")
+
+    def get_openai_async_client(self) -> Any:
+        """An ``openai.AsyncOpenAI`` client on the same episode (for async workflows)."""
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self._episode_url(), api_key=self.api.cfg.api_key or "EMPTY")
+
+    def extract_experience_from_history(self) -> list[Experience]:
+        """Experiences recorded since the last call, and clear them: this handle's own calls
+        (``enable_history``) then the OpenAI clients' calls (one per call, or merged with
+        ``explorer.openai_api.enable_concatenated_multi_turn``). Trinity-RFT's name."""
+        out = self.extract_history()
+        if self._episode is not None:
+            eid = self._episode
+            out += self._on_loop(lambda: self.api.book.take(eid))
+        return out
+
+    def release(self) -> None:
+        """Forget this handle's API episode (the runner calls it when the workflow ends)."""
+        if self._episode is not None and self.api is not None:
+            eid, self._episode = self._episode, None
+            self._on_loop(lambda: self.api.book.release(eid))
 
 
 class Workflow:
