@@ -42,14 +42,14 @@ CHAT_TEMPLATE = (
 #: examples of the OpenAI API's tool calling (``explorer.rollout_model.chat_template``).
 TOOL_CHAT_TEMPLATE = (
     "{% if tools %}{{ 's:tools:' }}{% for t in tools %}{{ t['function'] | tojson }}{% endfor %}"
-    "{{ '\n' }}{% endif %}"
+    "{{ '\\n' }}{% endif %}"
     "{% for m in messages %}"
     "{% if m['role'] == 'assistant' %}{{ 'a:' + (m['content'] or '') }}"
     "{% if m.tool_calls is defined and m.tool_calls %}{% for c in m.tool_calls %}"
     "{{ '<tool_call>' }}{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}"
     "{{ '</tool_call>' }}{% endfor %}{% endif %}{{ eos_token }}"
-    "{% elif m['role'] == 'tool' %}{{ 't:<tool_response>' + m['content'] + '</tool_response>\n' }}"
-    "{% else %}{{ m['role'][0] + ':' + m['content'] + '\n' }}{% endif %}"
+    "{% elif m['role'] == 'tool' %}{{ 't:<tool_response>' + m['content'] + '</tool_response>\\n' }}"
+    "{% else %}{{ m['role'][0] + ':' + m['content'] + '\\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}a:{% endif %}"
 )

@@ -35,6 +35,9 @@ UNSUPPORTED = {
 }
 
 
+_UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
 class ApiError(Exception):
     """An error answered as OpenAI's ``{"error": {...}}`` body with HTTP ``status``."""
 
@@ -168,7 +171,9 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         return model.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "body"
+        # pydantic names the union member it tried (``content.str``): not a field
+        loc = ".".join(str(p) for p in err["loc"] if isinstance(p, int) or p.isidentifier()
+                       and p not in _UNION_TAGS) or "body"
         msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
         raise ApiError(400, f"{loc}: {msg}", loc, "invalid_value") from None
 
