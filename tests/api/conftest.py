@@ -27,8 +27,8 @@ def make_engine(model: Path, **kw: Any) -> Any:
     from roles.explorer.engines.hf import HFEngine
     from schemas.config import InferenceModelConfig
 
-    return HFEngine(InferenceModelConfig(model_path=str(model), engine_type="transformers",
-                                         max_model_len=512, **kw), "hf-0")
+    kw.setdefault("max_model_len", 512)
+    return HFEngine(InferenceModelConfig(model_path=str(model), engine_type="transformers", **kw), "hf-0")
 
 
 @pytest.fixture(scope="session")

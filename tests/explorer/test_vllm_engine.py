@@ -25,12 +25,14 @@ async def test_vllm_logprobs_then_weight_update(tiny_model, hf_model) -> None:
                                max_prompt_tokens=40, max_response_tokens=12, seed=0)
     vllm_engine = await VLLMEngine.create(cfg)
     try:
-        await _check(vllm_engine, hf_model)
+        loaded = await _check(vllm_engine, hf_model)
+        await _check_openai_api(vllm_engine, loaded)
     finally:
         await vllm_engine.close()
 
 
-async def _check(vllm_engine, hf_model) -> None:
+async def _check(vllm_engine, hf_model):
+    """Returns the model whose weights the engine holds at the end."""
     msgs = [{"role": "user", "content": "3+4=?"}]
     samples = await vllm_engine.chat(msgs, n=4, temperature=1.0)
     assert len(samples) == 4
@@ -55,3 +57,29 @@ async def _check(vllm_engine, hf_model) -> None:
         ref_old = teacher_logprobs(hf_model, s.tokens, s.prompt_length)
         assert torch.allclose(ref_new, torch.tensor(s.logprobs), atol=1e-4)
         assert not torch.allclose(ref_old, torch.tensor(s.logprobs), atol=1e-3)
+    return new
+
+
+async def _check_openai_api(vllm_engine, hf_model) -> None:
+    """The explorer's OpenAI API over vLLM: what the client gets and what the episode
+    records are the engine's tokens and raw log-probs (as a teacher-forced pass gives them)."""
+    import openai
+
+    from roles.explorer.api import ApiServer
+    from schemas.config import OpenAIApiConfig
+
+    server = ApiServer(OpenAIApiConfig(port=0), [vllm_engine], "tiny", "run", None)
+    await server.start()
+    try:
+        c = openai.AsyncOpenAI(base_url=f"{server.url}/v1/episodes/v1", api_key="none")
+        r = await c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "3+4=?"}],
+                                            n=2, max_tokens=6, logprobs=True, top_logprobs=2)
+        calls = server.book.open["v1"].calls
+        assert len(r.choices) == len(calls) == 2
+        for ch, call in zip(r.choices, calls, strict=True):
+            ref = teacher_logprobs(hf_model, call.tokens, len(call.prompt_ids))
+            assert torch.allclose(ref, torch.tensor(call.logprobs), atol=1e-4)
+            assert [x.logprob for x in ch.logprobs.content] == pytest.approx(call.logprobs, abs=1e-6)
+            assert all(len(x.top_logprobs) == 2 for x in ch.logprobs.content)
+    finally:
+        await server.stop()

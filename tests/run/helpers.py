@@ -62,10 +62,12 @@ def tiny_run_config(path: Path, *, model: Path, data: Path, port: int, name: str
     return path
 
 
-def trinity(*args: str, log: Path | None = None, **popen: Any) -> subprocess.Popen:
-    """``python -m roles.cli ...`` as a process, TRINITY_* variables of the caller removed."""
+def trinity(*args: str, log: Path | None = None, env_extra: dict[str, str] | None = None,
+            **popen: Any) -> subprocess.Popen:
+    """``python -m roles.cli ...`` as a process, TRINITY_* variables of the caller removed
+    (``env_extra`` set instead)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **(env_extra or {}))
     out = open(log, "wb") if log else subprocess.PIPE
     return subprocess.Popen([sys.executable, "-m", "roles.cli", *args], cwd=ROOT, env=env,
                             stdout=out, stderr=subprocess.STDOUT, **popen)
