@@ -98,7 +98,7 @@ def test_serve_mode_trains_an_outside_agent_exactly_once(tmp_path, tool_model, a
                               "explorer.openai_api": {"port": port, "enable_concatenated_multi_turn": True},
                           })
     run = trinity("run", "--config", str(cfg))
-    agent = subprocess.Popen([sys.executable, str(Path(__file__).parent / "serve_agent.py"),
+    agent = subprocess.Popen([sys.executable, str(ROOT / "examples/serve_agent/agent.py"),
                               f"http://127.0.0.1:{port}", str(steps * batch), "ep"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     agent_out, _ = agent.communicate(timeout=600)

@@ -1,7 +1,7 @@
 """An agent in its own process that knows trinity only as an OpenAI ``base_url``: it runs
 two-turn episodes with a tool result in between and posts each episode's reward.
 
-``python serve_agent.py URL EPISODES PREFIX`` prints one JSON line per episode:
+``python examples/serve_agent/agent.py URL EPISODES PREFIX`` prints one JSON line per episode:
 ``{"episode", "experiences", "tool_calls", "versions"}``.
 """
 
