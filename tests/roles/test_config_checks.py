@@ -250,3 +250,16 @@ def test_connect_exit_code_separates_final_causes_from_retryable_ones(nats_serve
     wrong = failure(nats_settings(server.url, token="wrong"))
     assert not wrong.retryable and connect_exit_code(wrong) == 2
     assert connect_exit_code(BusConnectError("nats://h:1", "credentials file '/x' does not exist")) == 2
+
+
+def test_serve_mode_refuses_a_group_baseline_and_sets_one_rollout(config):
+    rc, _, err = config("mode=serve", "algorithm.algorithm_type=grpo")
+    assert rc == 2 and "algorithm.advantage_fn: 'grpo'" in err and "reinforceplusplus" in err
+    rc, _, err = config("mode=serve", "algorithm.algorithm_type=reinforceplusplus", "algorithm.repeat_times=4")
+    assert rc == 2 and "algorithm.repeat_times: 4" in err
+    rc, out, err = config("mode=serve", "algorithm.algorithm_type=reinforceplusplus",
+                          "explorer.openai_api.api_key=hunter2")
+    assert rc == 0, err
+    assert "repeat_times: 1" in out and "hunter2" not in out  # the key prints as ***
+    rc, _, err = config("explorer.openai_api.tool_call_parser=json")
+    assert rc == 2 and "explorer.openai_api.tool_call_parser" in err
