@@ -42,6 +42,23 @@ def _cpu_env() -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+def _vllm_classes() -> tuple[Any, Any]:
+    """``(AsyncEngineArgs, AsyncLLM)``, imported by the caller in a worker thread.
+
+    Why a thread: importing vLLM on CPU fails to import ``torchcodec`` and vLLM keeps that
+    ImportError, traceback included, for the whole process; a traceback keeps every frame of
+    the importing stack alive. Imported from :meth:`VLLMEngine.create`, that kept its ``llm``
+    local, the engine, alive after :meth:`VLLMEngine.close`, and its ``__del__`` ran at
+    interpreter exit with vLLM's modules torn down: ``Exception ignored in: AsyncLLM.__del__
+    ... TypeError: 'NoneType' object is not callable`` at the end of every vLLM process. A
+    worker thread's stack holds nothing of ours (and the 10 s import leaves the loop free).
+    """
+    from vllm import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncEngineArgs, AsyncLLM
+
+
 class VLLMEngine(RolloutEngine):
     """One ``vllm.AsyncLLM`` behind the rollout engine interface. Build with :meth:`create`."""
 
@@ -65,8 +82,7 @@ class VLLMEngine(RolloutEngine):
             raise EngineError("explorer.rollout_model.model_path: not set (nor model.model_path)")
         _cpu_env()
         try:
-            from vllm import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
+            AsyncEngineArgs, AsyncLLM = await asyncio.to_thread(_vllm_classes)
         except ImportError as e:
             raise EngineError(
                 "engine_type 'vllm' needs the vllm package: pip install -e '.[cpu]' (CPU) or "
@@ -195,6 +211,15 @@ class VLLMEngine(RolloutEngine):
         return version
 
     async def close(self) -> None:
+        """Stop the engine quietly: its output handler first (shut down under it, it logs the
+        engine's death as an ``EngineDeadError`` traceback), then the engine core. After this
+        nothing holds the ``AsyncLLM`` (see :func:`_vllm_classes`), so its ``__del__`` runs now,
+        with vLLM intact, instead of at interpreter exit."""
         llm, self.llm = self.llm, None
-        if llm is not None:
-            await asyncio.to_thread(llm.shutdown)
+        if llm is None:
+            return
+        handler = llm.output_handler
+        if handler is not None:
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
+        await asyncio.to_thread(llm.shutdown)
