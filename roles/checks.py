@@ -1,25 +1,61 @@
-"""The data a configuration names, checked before any process starts.
+"""The files a configuration names, checked before any work, the same way by every command.
 
-``trinity config`` and ``trinity run`` open every taskset and dataset of every stage and read
-its first row: a wrong split, an empty file or a row without the prompt key fails here, named
-with its config key, instead of in a role process after the run has started (where the
-supervisor could only report a crash). One row per dataset keeps this fast; rows further in
-are checked by the readers, as before.
+Why one module: a newcomer who forgot ``prepare.py`` must read ``model.model_path: ... does
+not exist`` whichever command they ran (``trinity run``, a role alone under honcho,
+``trinity debug``), not a Hugging Face or vLLM error from deep inside a role. So every entry
+point that loads a configuration calls :func:`preflight` (or :func:`check_inputs`) with its
+own name, and each checks exactly the inputs it reads:
 
-Paths that do not exist are left to the caller: ``trinity run`` refuses them
-(``roles.run.preflight``), ``trinity config`` only warns (a config may be printed on a machine
-without the data).
+* ``model.model_path`` (stage 0's; later stages start from the previous stage's checkpoint):
+  the explorer, the trainer and the buffer (tokenizer, vocabulary) read it;
+* ``explorer.rollout_model.model_path`` when set apart from it, tasksets and eval tasksets:
+  the explorer, and ``trinity debug`` (which runs the explorer's workflows);
+* the trainer's file datasets (``experience_buffer``, ``auxiliary_buffers``): the buffer;
+* the bus's files (``nats.tls_*``, ``nats.creds_file``, ``nats.nkey_seed_file``): whatever
+  connects to NATS (every role, ``run``, ``inspect``, ``server``).
+
+``trinity run`` and ``trinity config`` check them all. A dataset that exists is also opened and
+its first row read (a wrong split, an empty file, a row without the prompt key fails here,
+named with its config key); one row per dataset keeps this fast, rows further in are checked by
+the readers. Every entry point fails with exit 2 and the same lines; ``trinity config`` alone
+only warns about inputs not set or not there (a config may be printed on a machine without the data).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.config import TrinityConfig
+from schemas.loader import ConfigError
 
 Check = Callable[[], None]
+
+#: What each entry point reads: a subset of explorer, trainer, buffer (their inputs) and bus.
+NEEDS: dict[str, frozenset[str]] = {
+    "run": frozenset({"explorer", "trainer", "buffer", "bus"}),
+    "config": frozenset({"explorer", "trainer", "buffer", "bus"}),
+    "explorer": frozenset({"explorer", "bus"}),
+    "trainer": frozenset({"trainer", "bus"}),
+    "buffer": frozenset({"buffer", "bus"}),
+    "synchronizer": frozenset({"bus"}),
+    "debug": frozenset({"explorer"}),
+    "inspect": frozenset({"bus"}),
+    "server": frozenset({"bus"}),
+}
+
+
+@dataclass
+class Input:
+    """One file or folder a configuration names."""
+
+    key: str  #: the config key, as the user wrote it (``stages[1] (sft).buffer...`` in stages)
+    path: str | None
+    readers: frozenset[str]
+    check: Check | None = None  #: opens it and reads the first row (datasets)
+    ident: str = ""  #: stages inherit the global datasets: each one is checked once
 
 
 def _dataset_kind(cfg: TrinityConfig) -> str:
@@ -32,55 +68,99 @@ def _dataset_kind(cfg: TrinityConfig) -> str:
         return "sft"
 
 
-def _named_data(cfg: TrinityConfig, where: str) -> list[tuple[str, str | None, str, Check]]:
-    """``(config key, path, dedup key, check)`` for every dataset stage ``cfg`` reads."""
+def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
+    """Every input stage ``cfg`` names (``first``: the stage whose model is the user's)."""
     from storage.tasksets import check_dataset, check_taskset
 
     ei, ti = cfg.buffer.explorer_input, cfg.buffer.trainer_input
-    out: list[tuple[str, str | None, str, Check]] = []
+    explorer, buffer = frozenset({"explorer"}), frozenset({"buffer"})
+    out: list[Input] = []
 
     def ident(c: object, kind: str) -> str:
         return json.dumps([kind, c.model_dump(mode="json")], sort_keys=True)  # type: ignore[attr-defined]
 
+    if first:
+        out.append(Input(f"{where}model.model_path", cfg.model.model_path or None,
+                         frozenset({"explorer", "trainer", "buffer"})))
+        rollout = cfg.explorer.rollout_model
+        if rollout.engine_type != "external" and rollout.model_path and rollout.model_path != cfg.model.model_path:
+            out.append(Input(f"{where}explorer.rollout_model.model_path", rollout.model_path, explorer))
+        n = cfg.nats
+        for name in ("tls_ca_file", "tls_cert_file", "tls_key_file", "creds_file", "nkey_seed_file"):
+            if getattr(n, name):
+                out.append(Input(f"nats.{name}", getattr(n, name), frozenset({"bus"})))
     if ei.taskset is not None and cfg.mode in ("both", "colocate", "explore"):
         ts = ei.taskset
-        out.append((f"{where}buffer.explorer_input.taskset", ts.path, ident(ts, "task"),
-                    lambda ts=ts: check_taskset(ts)))
+        out.append(Input(f"{where}buffer.explorer_input.taskset.path", ts.path, explorer,
+                         lambda ts=ts: check_taskset(ts), ident(ts, "task")))
     for j, ts in enumerate(ei.eval_tasksets):
-        out.append((f"{where}buffer.explorer_input.eval_tasksets[{j}]", ts.path, ident(ts, "task"),
-                    lambda ts=ts: check_taskset(ts)))
+        out.append(Input(f"{where}buffer.explorer_input.eval_tasksets[{j}].path", ts.path, explorer,
+                         lambda ts=ts: check_taskset(ts), ident(ts, "task")))
     eb = ti.experience_buffer
     if eb is not None and eb.storage_type == "file":
         kind = _dataset_kind(cfg)
-        out.append((f"{where}buffer.trainer_input.experience_buffer", eb.path, ident(eb, kind),
-                    lambda eb=eb, kind=kind: check_dataset(eb, kind)))  # type: ignore[misc]
+        out.append(Input(f"{where}buffer.trainer_input.experience_buffer.path", eb.path, buffer,
+                         lambda eb=eb, kind=kind: check_dataset(eb, kind), ident(eb, kind)))  # type: ignore[misc]
     for name, b in ti.auxiliary_buffers.items():
-        out.append((f"{where}buffer.trainer_input.auxiliary_buffers.{name}", b.path,
-                    ident(b, "sft"), lambda b=b: check_dataset(b, "sft")))
+        out.append(Input(f"{where}buffer.trainer_input.auxiliary_buffers.{name}.path", b.path, buffer,
+                         lambda b=b: check_dataset(b, "sft"), ident(b, "sft")))
     return out
 
 
-def check_data(stages: list[TrinityConfig]) -> tuple[list[str], list[str]]:
-    """``(problems, absent)``: one line per dataset that cannot be used, naming its config
-    key and the file, row or split; and the config keys whose path does not exist."""
+def _missing_requirements(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[str]:
+    """Inputs a stage's mode needs but the config does not name at all."""
+    out = []
+    if needs & {"explorer", "trainer"} and not cfg.model.model_path:  # the buffer can do without
+        out.append(f"{where}model.model_path: not set")
+    if "explorer" in needs:
+        ei = cfg.buffer.explorer_input
+        if cfg.mode in ("both", "colocate", "explore") and ei.taskset is None:
+            out.append(f"{where}buffer.explorer_input.taskset: mode {cfg.mode} needs a taskset")
+        if cfg.mode == "bench" and not ei.eval_tasksets:
+            out.append(f"{where}buffer.explorer_input.eval_tasksets: mode bench needs one")
+    return out
+
+
+def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], list[str]]:
+    """``(problems, missing)`` for entry point ``entry`` (a key of :data:`NEEDS`): one line per
+    input it reads that cannot be used, naming its config key and the file, row or split; and
+    one line per input that is not set or whose path does not exist."""
     from storage.datafiles import TasksetError
 
+    needs = NEEDS[entry]
     problems: list[str] = []
-    absent: list[str] = []
+    missing: list[str] = []
     seen: set[str] = set()
     for i, s in enumerate(stages):
         where = f"stages[{i}] ({s.name.rsplit('/', 1)[-1]})." if len(stages) > 1 else ""
-        for key, path, ident, check in _named_data(s, where):
-            if ident in seen:  # stages inherit the global datasets: check each one once
+        if i == 0:
+            missing += _missing_requirements(s, where, needs)
+        elif "explorer" in needs:  # a later stage's model is its predecessor's checkpoint
+            missing += [p for p in _missing_requirements(s, where, needs) if "model_path" not in p]
+        for item in _inputs(s, i == 0, where):
+            if not item.readers & needs or not item.path:
                 continue
-            seen.add(ident)
-            if path and not Path(path).expanduser().exists():
-                absent.append(f"{key}.path: {path} does not exist")
+            if item.ident:
+                if item.ident in seen:
+                    continue
+                seen.add(item.ident)
+            if not Path(item.path).expanduser().exists():
+                missing.append(f"{item.key}: {item.path} does not exist")
+                continue
+            if item.check is None:
                 continue
             try:
-                check()
+                item.check()
             except TasksetError as e:
-                problems.append(f"{key}: {e}")
+                problems.append(f"{item.key.removesuffix('.path')}: {e}")
             except OSError as e:
-                problems.append(f"{key}: {path}: cannot read: {e}")
-    return problems, absent
+                problems.append(f"{item.key.removesuffix('.path')}: {item.path}: cannot read: {e}")
+    return problems, missing
+
+
+def preflight(stages: list[TrinityConfig], entry: str = "run") -> None:
+    """Raise :class:`ConfigError` naming every input ``entry`` reads that is missing or
+    unusable: what every command runs before it does any work."""
+    problems, missing = check_inputs(stages, entry)
+    if problems or missing:
+        raise ConfigError(missing + problems)

@@ -79,14 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from roles.checks import check_data
+    from roles.checks import check_inputs
     from roles.settings import load
 
     loaded = load(args)
-    problems, absent = check_data(loaded.stages or [loaded.config])
+    problems, missing = check_inputs(loaded.stages or [loaded.config], "config")
     if problems:
         raise ConfigError(problems)
-    for line in absent:
+    for line in missing:
         print(f"warning: {line} (trinity run needs it)", file=sys.stderr)
     if args.stage is not None:
         if not 0 <= args.stage < len(loaded.stages):
@@ -100,9 +100,11 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     """``trinity server``: the embedded nats-server in the foreground (the Procfile's nats line)."""
     from bus.server import serve_forever
+    from roles.checks import preflight
     from roles.settings import load
 
     cfg = load(args).config
+    preflight([cfg], "server")
     return serve_forever(cfg.nats, cfg.nats.store_dir, args.host, args.port, args.monitor_port)
 
 
@@ -112,9 +114,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import json
 
     from bus import BusConnectError, BusError, inspect_run, render_text
+    from roles.checks import preflight
     from roles.settings import load
 
     cfg = load(args).config
+    preflight([cfg], "inspect")
     try:
         report = asyncio.run(inspect_run(cfg.nats, cfg.run_id, args.tail, args.stream))
     except BusConnectError as e:
@@ -132,6 +136,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from storage.checkpoints import CheckpointError
     from storage.convert import convert_checkpoints
 
+    missing = [f"{opt}: {path} does not exist" for opt, path in
+               (("--checkpoint-dir", args.checkpoint_dir), ("--base-model-dir", args.base_model_dir))
+               if path and not os.path.exists(path)]
+    if missing:  # the same words as a config's missing path, before any work
+        print("trinity convert: invalid arguments:\n  " + "\n  ".join(missing), file=sys.stderr)
+        return 2
     try:  # the trainer's allow-list: the few DeepSpeed classes a ZeRO optimizer state holds
         from roles.trainer.deepspeed_engine import checkpoint_safe_globals
 
@@ -227,12 +237,14 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from roles.checks import preflight
     from roles.logs import setup_logging
     from roles.settings import load
     from roles.stages import run_stages, runner_for
 
     loaded = load(args)
     cfg = loaded.config
+    preflight(loaded.stages or [cfg], role)  # the inputs this role reads, as trinity run checks them
     if role == "trainer":
         try:
             launch_trainer_ranks(cfg)
@@ -292,10 +304,14 @@ def cmd_explorer(args: argparse.Namespace) -> int:
 
 def cmd_debug(args: argparse.Namespace) -> int:
     """``trinity debug --module workflow``: run a workflow on a few tasks, dump experiences."""
-    from roles.explorer.debug import main as debug_main
+    from roles.checks import preflight
     from roles.settings import load
 
-    return debug_main(load(args).config, args.output_file, args.plugin_dir)
+    cfg = load(args).config
+    preflight([cfg], "debug")  # before the workflow's engines start (an HF error otherwise)
+    from roles.explorer.debug import main as debug_main
+
+    return debug_main(cfg, args.output_file, args.plugin_dir)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

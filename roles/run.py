@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from roles.checks import preflight
 from schemas.config import TrinityConfig
-from schemas.loader import ConfigError, LoadedConfig
+from schemas.loader import LoadedConfig
 
 if TYPE_CHECKING:
     from bus.server import EmbeddedServer
@@ -58,45 +59,6 @@ class Child:
 def stage_label(s: TrinityConfig) -> str:
     """A stage's own name (its experiment is ``<name>/<stage_name>``)."""
     return s.name.rsplit("/", 1)[-1]
-
-
-# -- checks before anything starts ------------------------------------------------------------
-
-
-def preflight(stages: list[TrinityConfig]) -> None:
-    """Every file a stage reads must exist: fail before any process starts, naming it."""
-    problems = []
-
-    def need(path: str | None, where: str) -> None:
-        if path and not Path(path).exists():
-            problems.append(f"{where}: {path} does not exist")
-
-    for i, s in enumerate(stages):
-        where = f"stages[{i}] ({stage_label(s)})." if len(stages) > 1 else ""
-        ei, ti = s.buffer.explorer_input, s.buffer.trainer_input
-        if i == 0:
-            if not s.model.model_path:
-                problems.append(f"{where}model.model_path: not set")
-            need(s.model.model_path, f"{where}model.model_path")
-        if s.mode in ("both", "colocate", "explore"):
-            if ei.taskset is None:
-                problems.append(f"{where}buffer.explorer_input.taskset: mode {s.mode} needs a taskset")
-            else:
-                need(ei.taskset.path, f"{where}buffer.explorer_input.taskset.path")
-        if s.mode == "bench" and not ei.eval_tasksets:
-            problems.append(f"{where}buffer.explorer_input.eval_tasksets: mode bench needs one")
-        for j, ts in enumerate(ei.eval_tasksets):
-            need(ts.path, f"{where}buffer.explorer_input.eval_tasksets[{j}].path")
-        eb = ti.experience_buffer
-        if eb is not None and eb.storage_type == "file":
-            need(eb.path, f"{where}buffer.trainer_input.experience_buffer.path")
-        for name, b in ti.auxiliary_buffers.items():
-            need(b.path, f"{where}buffer.trainer_input.auxiliary_buffers.{name}.path")
-    from roles.checks import check_data  # every dataset that exists: split, rows, keys
-
-    problems += check_data(stages)[0]
-    if problems:
-        raise ConfigError(problems)
 
 
 def fresh_name(cfg: TrinityConfig) -> str | None:

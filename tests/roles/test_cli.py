@@ -87,7 +87,7 @@ def test_inspect_without_a_server_says_which_url():
 
 def test_convert_reports_a_missing_dir(tmp_path):
     r = trinity("convert", "--checkpoint-dir", str(tmp_path / "nope"))
-    assert r.returncode == 1 and "nope" in r.stderr
+    assert r.returncode == 2 and f"--checkpoint-dir: {tmp_path / 'nope'} does not exist" in r.stderr
 
 
 def test_freeze_heap_takes_live_objects_out_of_full_collections() -> None:
