@@ -106,6 +106,19 @@ class RunState:
                 out[k] = (entry.value or b"").decode("utf-8", "replace")
         return out
 
+    async def with_prefix(self, prefix: str) -> dict[str, Any]:
+        """The live keys that start with ``prefix`` and their values (one get per such key)."""
+        try:
+            keys = await ride_out(self.kv.keys, "KV keys")
+        except (NoKeysError, NotFoundError):
+            return {}
+        out: dict[str, Any] = {}
+        for k in sorted(k for k in keys if k.startswith(prefix)):
+            value = await self.get(k)
+            if value is not None:
+                out[k] = value
+        return out
+
     # -- model versions --------------------------------------------------------------------
 
     async def set_model_version(self, role: str, version: int, **extra: Any) -> None:

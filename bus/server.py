@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -47,6 +48,10 @@ MAX_PAYLOAD_CEILING = 8 * 1024 * 1024
 #: Per-client outbound buffer on the server; a consumer that falls further behind is cut off.
 MAX_PENDING = 64 * 1024 * 1024
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", ""})
+#: Seconds ``serve_forever(until=...)`` keeps serving after the run is over: the roles saw it
+#: at the same moment (they poll every 0.2 s) and close their connections within this time;
+#: well inside the 5 s honcho gives every process between SIGTERM and SIGKILL.
+LINGER = 2.0
 
 
 def find_binary() -> str:
@@ -548,20 +553,31 @@ def serve_forever(
     host: str | None = None,
     port: int | None = None,
     monitor_port: int | None = None,
+    *,
+    until: Callable[[], Awaitable[None]] | None = None,
+    linger: float = LINGER,
 ) -> int:
     """Run an embedded server in the foreground until SIGINT/SIGTERM; return its exit code.
 
     The server's log goes to this process's stderr (honcho shows it on the ``nats`` line).
     Signals are forwarded so JetStream shuts down cleanly.
+
+    ``until`` (``trinity server --until-done``): once this coroutine returns (it runs in a
+    thread of its own, as a client of this server), the server stops by itself ``linger``
+    seconds later, after its clients have left, and a SIGTERM in that time is ignored:
+    honcho sends one as soon as the first role exits, and the server must stop last.
     """
     server = EmbeddedServer.from_config(
         cfg, store_dir, host=host, port=port, monitor_port=monitor_port
     )
     stop_requested: list[int] = []
+    finishing = threading.Event()
 
     def forward(signum: int, _frame: object) -> None:
         # Installed before the server starts: a SIGTERM that arrives while it is starting
         # (the port already listens) must still end in a clean shutdown, not kill us.
+        if finishing.is_set():
+            return  # stopping by itself after the linger
         stop_requested.append(signum)
         if server.proc is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -588,7 +604,28 @@ def serve_forever(
             store_dir=str(server.store_dir),
             config=str(server.config_path),
         )
+        if until is not None:
+            threading.Thread(target=_stop_after, args=(until, linger, finishing, proc),
+                             name="until-done", daemon=True).start()
         return proc.wait()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _stop_after(until: Callable[[], Awaitable[None]], linger: float, finishing: threading.Event,
+                proc: subprocess.Popen) -> None:
+    """Wait for ``until()``, then ``linger`` seconds, then stop the server cleanly. A failure
+    of ``until`` (e.g. it cannot connect) is logged and leaves the server running."""
+    import asyncio
+
+    try:
+        asyncio.run(until())
+    except Exception as e:
+        log.warning("until_done_failed", error=f"{type(e).__name__}: {e}")
+        return
+    finishing.set()
+    log.info("run_finished_stopping", seconds=linger)
+    time.sleep(linger)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)

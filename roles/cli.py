@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--host", default=None, help="bind address (default: the host of nats.url)")
             p.add_argument("--port", type=int, default=None, help="client port (default: the port of nats.url)")
             p.add_argument("--monitor-port", type=int, default=None, help="HTTP monitor port (/jsz, /connz)")
+            p.add_argument("--until-done", action="store_true",
+                           help="stop (exit 0) once the config's run is done and every role has left (the Procfile's nats line)")
         if name == "run":
             p.add_argument("--max-restarts", type=int, default=2, metavar="N",
                            help="restart a role that died up to N times before failing the run (default 2)")
@@ -98,14 +100,27 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    """``trinity server``: the embedded nats-server in the foreground (the Procfile's nats line)."""
+    """``trinity server``: the embedded nats-server in the foreground (the Procfile's nats line).
+    ``--until-done``: it stops by itself, last, once the run is over (``roles/stages.py``)."""
+    import functools
+    import time
+
+    from bus.errors import BusError
     from bus.server import serve_forever
     from roles.checks import preflight
     from roles.settings import load
+    from roles.stages import until_finished
 
-    cfg = load(args).config
+    loaded = load(args)
+    cfg = loaded.config
     preflight([cfg], "server")
-    return serve_forever(cfg.nats, cfg.nats.store_dir, args.host, args.port, args.monitor_port)
+    until = functools.partial(until_finished, loaded.stages or [cfg], time.time()) if args.until_done else None
+    try:
+        return serve_forever(cfg.nats, cfg.nats.store_dir, args.host, args.port, args.monitor_port,
+                             until=until)
+    except BusError as e:  # the port is taken, the binary is missing: say so, no traceback
+        print(f"trinity server: {e}", file=sys.stderr)
+        return 1
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -12,6 +12,11 @@ and ``nats kv ls trinity_<run>`` show them):
   in other processes.
 * ``run.done``: the stage is complete; roles that idle in a stage (buffer, synchronizer, a
   trainer whose work ended) exit or move to the next stage when they see it.
+* ``exit.<process>`` (in the last stage's bucket): ``{"state": "running" | "done", "ts"}``. A
+  role process says "running" when it starts and "done" once the last stage is over and its own
+  work is finished (engines closed, files written). Every role process, and ``trinity server
+  --until-done``, exits only when every ``exit.*`` written since it started says "done": all
+  leave together and none is killed mid-shutdown by honcho (``roles/stages.py``).
 * ``sync.*``, ``rendezvous.*``, ``version.*``, ``heartbeat.*``: see ``roles/synchronizer``
   and ``bus/kv.py``.
 """
@@ -21,3 +26,4 @@ EXPLORER_FINISHED = "finished.explorer"
 TRAINER_FINISHED = "finished.trainer"
 RUN_DONE = "run.done"
 EXPLORER_API = "api.explorer"
+EXIT_PREFIX = "exit."

@@ -107,3 +107,21 @@ def read_metrics(job_dir: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return out
+
+
+def summary(stages: list[TrinityConfig]) -> list[str]:
+    """Eval accuracy at the start and the end of every stage that evaluated: the lines
+    ``trinity run`` prints at the end, and the explorer does when honcho runs the roles."""
+    out = []
+    for s in stages:
+        evals = [r for r in read_metrics(s.checkpoint_job_dir) if r["kind"] == "eval"]
+        if not evals:
+            continue
+        first, final = evals[0], [r for r in evals if r["values"].get("final")]
+        shown = [("start", first)] + ([("end", final[-1])] if final and final[-1] is not first else [])
+        for when, r in shown:
+            v = r["values"]
+            out.append(f"  {s.name.rsplit('/', 1)[-1]:<16} {when:<5} step {r['step']:<4} "
+                       f"weights v{int(v.get('model_version', 0)):<4} {r['taskset'] or '':<10} "
+                       f"accuracy {100 * v.get('accuracy', float('nan')):5.1f}%")
+    return ["eval accuracy (each stage starts from the previous stage's final weights):", *out] if out else []

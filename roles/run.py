@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from roles.checks import preflight
+from roles.monitor import summary
 from schemas.config import TrinityConfig
 from schemas.loader import LoadedConfig
 
@@ -130,25 +131,6 @@ class Progress:
             parts.append(f"eval acc {last['eval']['values'].get('accuracy', float('nan')):.3f}")
         parts.append(f"{time.monotonic() - self.t0:.0f}s")
         return " | ".join(parts)
-
-
-def summary(stages: list[TrinityConfig]) -> list[str]:
-    """Eval accuracy at the start and the end of every stage that evaluated."""
-    from roles.monitor import read_metrics
-
-    out = []
-    for s in stages:
-        evals = [r for r in read_metrics(s.checkpoint_job_dir) if r["kind"] == "eval"]
-        if not evals:
-            continue
-        first, final = evals[0], [r for r in evals if r["values"].get("final")]
-        shown = [("start", first)] + ([("end", final[-1])] if final and final[-1] is not first else [])
-        for when, r in shown:
-            v = r["values"]
-            out.append(f"  {stage_label(s):<16} {when:<5} step {r['step']:<4} "
-                       f"weights v{int(v.get('model_version', 0)):<4} {r['taskset'] or '':<10} "
-                       f"accuracy {100 * v.get('accuracy', float('nan')):5.1f}%")
-    return ["eval accuracy (each stage starts from the previous stage's final weights):", *out] if out else []
 
 
 # -- the supervisor ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ imports it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 
 
@@ -19,3 +20,17 @@ def stop_on_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread / not POSIX
             pass
+
+
+def ignore_signals_from_now() -> None:
+    """SIGTERM/SIGINT are ignored for the rest of this process, which is exiting by itself.
+
+    Why: under honcho, the first process to exit makes honcho SIGTERM all the others. A role
+    whose work is over and that is already on its way out must end with its own exit 0, not
+    be killed in its last second (honcho would print ``rc=-15``). Call it from the event
+    loop's thread, once nothing is left to stop."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)

@@ -11,18 +11,25 @@ done (a restarted process, a resumed run) is skipped, so restarts need no extra 
 Stage ``i > 0`` starts from the previous stage's final weights: its ``model.model_path``
 becomes that stage's last Hugging Face checkpoint (a stage without a trainer passes its
 model on unchanged). A config without ``stages`` is one stage.
+
+At the end every role process leaves at the same point (``exit.*`` in ``roles/keys.py``): it
+says it is done, waits until every other role process says so too, then exits 0 and ignores
+SIGTERM. Under honcho, which SIGTERMs everything when the first process exits, nobody is then
+killed mid-shutdown, and ``trinity server --until-done`` (the Procfile's nats line) stops last.
+The explorer also prints the run's eval summary there, as ``trinity run`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 
 from roles import keys
-from roles.signals import stop_on_signals
+from roles.signals import ignore_signals_from_now, stop_on_signals
 from schemas.config import TrinityConfig
 
 log = structlog.get_logger(__name__)
@@ -42,6 +49,10 @@ FINISHER = {"both": "explorer", "colocate": "explorer", "train": "trainer", "exp
             "serve": "explorer"}
 
 Runner = Callable[[TrinityConfig, asyncio.Event], Awaitable[bool]]
+
+#: Seconds a role process whose work is over waits for the others to say they are done before
+#: it exits anyway (a role that died and was not restarted never says so).
+FINISH_WAIT = 60.0
 
 
 def roles_needed(stages: list[TrinityConfig]) -> list[str]:
@@ -96,8 +107,11 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
     """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM."""
     import bus
 
+    since = time.time()
+    name = process_name(role)
     terminate = asyncio.Event()
     stop_on_signals(terminate)
+    await _say_exit(stages[-1], name, "running")
     prev: TrinityConfig | None = None
     for raw in stages:
         if terminate.is_set():
@@ -134,7 +148,91 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
                 await asyncio.sleep(0.5)
         finally:
             await bus.disconnect(nc)
+    await finish_together(stages[-1], name, since, terminate)
+    if role == "explorer":
+        _print_summary(stages)
     return 0
+
+
+def process_name(role: str) -> str:
+    """The name of this process's exit marker (a trainer rank other than 0 has its own)."""
+    rank = os.environ.get("RANK", "0")
+    return role if rank in ("", "0") else f"{role}_rank{rank}"
+
+
+async def _say_exit(cfg: TrinityConfig, name: str, state: str) -> None:
+    """Set this process's exit marker in the last stage's bucket (see ``roles/keys.py``)."""
+    import bus
+
+    nc = await bus.connect(cfg.nats, name=f"{name}-exit")
+    try:
+        kv = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id)
+        await kv.put(keys.EXIT_PREFIX + name, {"state": state, "ts": time.time(), "pid": os.getpid()})
+    finally:
+        await bus.disconnect(nc)
+
+
+async def unfinished(state: object, since: float) -> list[str] | None:
+    """The role processes that have not said "done" since ``since`` (``[]``: every one has);
+    None while the stage is not done or no role process has started."""
+    if not await state.get(keys.RUN_DONE):  # type: ignore[attr-defined]
+        return None
+    markers = await state.with_prefix(keys.EXIT_PREFIX)  # type: ignore[attr-defined]
+    if not markers:
+        return None
+    return sorted(k[len(keys.EXIT_PREFIX):] for k, v in markers.items()
+                  if not (isinstance(v, dict) and v.get("state") == "done" and float(v.get("ts", 0)) >= since))
+
+
+async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate: asyncio.Event) -> None:
+    """Say this process is done, wait (at most :data:`FINISH_WAIT` s, or until SIGTERM: the
+    work is done either way) until every role process has said so since ``since``, then ignore
+    SIGTERM: from here on the process only disconnects and exits 0. Markers older than
+    ``since`` are a previous session's and do not count."""
+    import bus
+
+    nc = await bus.connect(cfg.nats, name=f"{name}-exit")
+    try:
+        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id)
+        await state.put(keys.EXIT_PREFIX + name, {"state": "done", "ts": time.time(), "pid": os.getpid()})
+        deadline = time.monotonic() + FINISH_WAIT
+        while not terminate.is_set():
+            waiting = await unfinished(state, since)
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                log.warning("exit_without_them", waiting=waiting, seconds=FINISH_WAIT)
+                break
+            await asyncio.sleep(0.2)
+        ignore_signals_from_now()
+    finally:
+        await bus.disconnect(nc)
+
+
+async def until_finished(stages: list[TrinityConfig], since: float) -> None:
+    """Return once the last stage is done and every role process has said "done" since
+    ``since``: what ``trinity server --until-done`` waits for before it stops the server."""
+    import bus
+
+    cfg = stages[-1]
+    nc = await bus.connect(cfg.nats, name="server-until-done")
+    try:
+        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id)
+        while await unfinished(state, since) != []:
+            await asyncio.sleep(0.2)
+    finally:
+        await bus.disconnect(nc)
+
+
+def _print_summary(stages: list[TrinityConfig]) -> None:
+    """The eval summary ``trinity run`` prints at the end, when no ``trinity run`` does (honcho)."""
+    from roles.monitor import summary
+    from roles.settings import SUPERVISED_ENV
+
+    if not os.environ.get(SUPERVISED_ENV):
+        lines = summary(stages)
+        if lines:
+            print("\n".join(lines), flush=True)
 
 
 def runner_for(role: str) -> Runner:
