@@ -14,6 +14,9 @@ for another by name without changing the caller:
   whole batch is one group.
 - ``values`` (critic, ``B x T``), ``old_logprob`` (the sampler's log-probs, ``B x T``),
   ``teacher_logprob`` (``B x T``), ``reward_baselines`` (``(B,)``, ReMax's greedy reward).
+- ``episode_ids``: which episode (rollout) of its group each sequence is a turn of, for
+  step-wise agents that give one sequence per turn (``step_wise_grpo``); ``None``: every
+  sequence is its own episode.
 
 Functions ignore the data they do not use and raise ``ValueError`` when data they need is
 missing. Everything after the data keywords is a hyperparameter (``advantage_fn_args``).
@@ -44,7 +47,7 @@ from ops.registry import register
 # repeat_times is 2 for them) and which need the whole training batch at once (so they run
 # in the trainer rather than in the buffer as each group arrives).
 # Functions not listed in either set are assumed to need the whole batch.
-GROUP_ADVANTAGE_FNS: frozenset[str] = frozenset({"grpo", "rloo", "opmd", "asymre", "rec"})
+GROUP_ADVANTAGE_FNS: frozenset[str] = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo"})
 SEQUENCE_ADVANTAGE_FNS: frozenset[str] = frozenset(
     {"reinforce", "remax", "on_policy_distill", "jsd"}
 )
@@ -59,6 +62,7 @@ ADVANTAGE_DATA: tuple[str, ...] = (
     "old_logprob",
     "teacher_logprob",
     "reward_baselines",
+    "episode_ids",
 )
 
 GroupIds = Tensor | Sequence[Hashable] | None
@@ -200,6 +204,7 @@ def gae_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten: bool = True,
@@ -248,6 +253,7 @@ def grpo_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
     epsilon: float = 1e-6,
     std_normalize: bool = True,
     std_cal_level: str = "group",
@@ -284,6 +290,52 @@ def grpo_advantage(
     return _result(scores, mask, _float_dtype(rewards), metrics, keep)
 
 
+@register("advantage_fn", "step_wise_grpo")
+@torch.no_grad()
+def step_wise_grpo_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
+    epsilon: float = 1e-6,
+    std_normalize: bool = True,
+) -> AdvantageResult:
+    """GRPO over *episodes* for step-wise agents (Trinity-RFT's ``step_wise_grpo``): a turn is
+    one sequence, an episode several; the episodes of a task are the group.
+
+    Each episode's return is the reward of its first turn (the whole episode's return both
+    when the final reward is propagated to every turn and when each turn carries its
+    reward-to-go); ``A_e = (R_e - mean_group(R)) / (std_group(R) + epsilon)`` over the group's
+    *episodes*, so an episode with more turns does not weigh more in the baseline; every turn
+    of the episode gets ``A_e`` on its counted tokens.
+    """
+    mask = _mask(action_mask)
+    b = mask.shape[0]
+    r = _scalar_rewards(_require("rewards", rewards, "step_wise_grpo"), b)
+    ep = group_index(episode_ids, b) if episode_ids is not None else torch.arange(b)
+    grp = group_index(group_ids, b)
+    # one row per (group, episode): its first turn's reward and its group
+    key = grp.to(torch.float64) * (int(ep.max()) + 1 if b else 1) + ep.to(torch.float64)
+    uniq, inverse = torch.unique(key, return_inverse=True)
+    first = torch.full((uniq.numel(),), b, dtype=torch.long)
+    first = first.scatter_reduce(0, inverse, torch.arange(b), reduce="amin")
+    ep_r, ep_g = r[first], grp[first]
+    stats = _group_stats(ep_r, ep_g)
+    scores = ep_r - stats.mean
+    if std_normalize:  # all-equal returns give 0, never 0/0
+        denom = stats.std + epsilon
+        scores = torch.where(denom > 0, scores / denom.clamp(min=1e-30), torch.zeros_like(scores))
+    scores = torch.where(stats.count > 1, scores, torch.zeros_like(scores))
+    metrics = _group_metrics(ep_r, stats)
+    metrics["episodes"] = float(uniq.numel())
+    return _result(scores[inverse], mask, _float_dtype(rewards), metrics)
+
+
 @register("advantage_fn", "rloo")
 @torch.no_grad()
 def rloo_advantage(
@@ -295,6 +347,7 @@ def rloo_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
 ) -> AdvantageResult:
     """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
 
@@ -320,6 +373,7 @@ def opmd_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
     opmd_baseline: str = "mean",
     tau: float = 1.0,
 ) -> AdvantageResult:
@@ -363,6 +417,7 @@ def asymre_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
     baseline_shift: float = -0.1,
 ) -> AdvantageResult:
     """Asymmetric REINFORCE (Arnal et al. 2025, arXiv:2506.20520).
@@ -389,6 +444,7 @@ def rec_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
     epsilon: float = 1e-6,
     std_normalize: bool = False,
 ) -> AdvantageResult:
@@ -420,6 +476,7 @@ def reinforce_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
 ) -> AdvantageResult:
     """Plain REINFORCE (Williams 1992): the advantage is the sequence reward itself.
 
@@ -453,6 +510,7 @@ def reinforceplusplus_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
     gamma: float = 1.0,
 ) -> AdvantageResult:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262).
@@ -481,6 +539,7 @@ def remax_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
 ) -> AdvantageResult:
     """ReMax (Li et al. 2023, arXiv:2310.10505): the baseline is the greedy response's reward.
 
@@ -512,6 +571,7 @@ def on_policy_distill_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
     kl_coef: float = 1.0,
 ) -> AdvantageResult:
     """On-policy distillation (Agarwal et al. 2023, arXiv:2306.13649; Thinking Machines 2025).
@@ -542,6 +602,7 @@ def jsd_advantage(
     old_logprob: Tensor | None = None,
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
     kl_coef: float = 1.0,
     lambda_coef: float = 0.5,
 ) -> AdvantageResult:

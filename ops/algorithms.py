@@ -120,6 +120,7 @@ ALGORITHM_DEFAULTS: dict[str, _Defaults] = {
     ),
     "rec": _Defaults("rec", policy_loss_fn="rec"),
     "rloo": _Defaults("rloo"),
+    "multi_step_grpo": _Defaults("step_wise_grpo", repeat_times=8),
     "reinforceplusplus": _Defaults("reinforceplusplus"),
     "gspo": _Defaults("grpo", policy_loss_fn="gspo", loss_agg_mode="seq-mean-token-mean"),
     "topr": _Defaults("reinforce", policy_loss_fn="topr"),

@@ -167,6 +167,9 @@ class Experience:
     teacher_logprobs: Array | None = None
     info: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    #: the episode (rollout) of its task this experience is a turn of, when a workflow gives
+    #: one experience per turn (step-wise agents); None: the experience is a whole episode
+    episode: int | None = None
 
     @property
     def response_length(self) -> int:

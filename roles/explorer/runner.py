@@ -145,37 +145,47 @@ class RunnerPool:
             wf.repeat_times = r
             return wf
 
-        async def one(r: int) -> list[Experience]:
+        def episode(exps: list[Experience], k: int) -> list[Experience]:
+            """One rollout's experiences are turns of episode ``k`` (step-wise agents)."""
+            for e in exps:
+                e.episode = k
+            return exps
+
+        async def one(r: int, k: int = 0) -> list[Experience]:
             wf = make(r)
             try:
                 if wf.is_async:
-                    return list(await wf.run_async())
-                return list(await asyncio.to_thread(wf.run))
+                    exps = list(await wf.run_async())
+                else:
+                    exps = list(await asyncio.to_thread(wf.run))
             finally:
                 wf.model.release()
+            return episode(exps, k) if r == 1 else exps
 
         if cls.repeatable or repeat == 1:
             return await one(repeat)
         mode = self.cfg.concurrent_mode
         if mode == "sequential":
             out: list[Experience] = []
-            for _ in range(repeat):
-                out.extend(await one(1))
+            for k in range(repeat):
+                out.extend(await one(1, k))
             return out
         if mode == "asynchronous":
-            parts = await asyncio.gather(*(one(1) for _ in range(repeat)))
+            parts = await asyncio.gather(*(one(1, k) for k in range(repeat)))
         else:  # multi-threading: run each rollout's whole workflow in its own thread
 
-            def threaded() -> list[Experience]:
+            def threaded(k: int) -> list[Experience]:
                 wf = make(1)
                 try:
                     if wf.is_async:
-                        return list(asyncio.run_coroutine_threadsafe(wf.run_async(), loop).result())
-                    return list(wf.run())
+                        exps = list(asyncio.run_coroutine_threadsafe(wf.run_async(), loop).result())
+                    else:
+                        exps = list(wf.run())
                 finally:
                     wf.model.release()
+                return episode(exps, k)
 
-            parts = await asyncio.gather(*(asyncio.to_thread(threaded) for _ in range(repeat)))
+            parts = await asyncio.gather(*(asyncio.to_thread(threaded, k) for k in range(repeat)))
         return [e for p in parts for e in p]
 
     async def _run_part(self, part: _Part) -> tuple[str | None, int]:
@@ -242,6 +252,7 @@ class RunnerPool:
                     dataclasses.replace(
                         e, id=f"{gid}/{p.offset + i}", task_id=task.task_id, group_id=gid,
                         run_id=self.run_id,
+                        episode=None if e.episode is None else p.offset + e.episode,
                     )
                 )
         version = min(e.model_version for e in exps)
