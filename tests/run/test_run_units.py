@@ -92,3 +92,30 @@ def test_monitor_writes_jsonl_and_tensorboard_and_the_summary_reads_it(tmp_path)
     lines = summary([cfg])
     assert "start step 0" in lines[1] and "25.0%" in lines[1]
     assert "end   step 5" in lines[2] and "weights v5" in lines[2] and "75.0%" in lines[2]
+
+
+async def test_exit_markers_count_only_this_sessions_done(nats_cfg, run_id):
+    """``unfinished``: None until the stage is done and some role process has started; then the
+    processes not done since ``since``: a previous session's "done" does not count (a re-run of a
+    finished experiment must wait for its slow starters, not leave before they connect)."""
+    import time
+
+    import bus
+    from roles import keys
+    from roles.stages import unfinished
+
+    nc = await bus.connect(nats_cfg, name="test")
+    try:
+        state = await bus.RunState.open(bus.jetstream(nc, nats_cfg), run_id)
+        before = time.time()
+        await state.put(keys.EXIT_PREFIX + "buffer", {"state": "done", "ts": before - 3600})
+        assert await unfinished(state, before) is None  # the stage is not done
+        await state.put(keys.RUN_DONE, {"by": "explorer"})
+        assert await unfinished(state, before) == ["buffer"]  # an old session's marker
+        await state.put(keys.EXIT_PREFIX + "buffer", {"state": "running", "ts": time.time()})
+        await state.put(keys.EXIT_PREFIX + "explorer", {"state": "done", "ts": time.time()})
+        assert await unfinished(state, before) == ["buffer"]
+        await state.put(keys.EXIT_PREFIX + "buffer", {"state": "done", "ts": time.time()})
+        assert await unfinished(state, before) == []
+    finally:
+        await bus.disconnect(nc)
