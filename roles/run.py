@@ -112,9 +112,12 @@ class Progress:
         if "rollout" in last:
             ro = last["rollout"]
             parts.append(f"explore step {ro['step']}")
-            if "reward_mean" in ro["values"]:
-                parts.append(f"reward {ro['values']['reward_mean']:.3f}")
-            parts.append(f"weights v{int(ro['values'].get('model_version', 0))}")
+            v = ro["values"]
+            if "reward_mean" in v:
+                parts.append(f"reward {v['reward_mean']:.3f}")
+            if v.get("turns_per_episode", 1) > 1 or v.get("tool_calls_per_episode"):  # agents
+                parts.append(f"turns {v['turns_per_episode']:.1f} tools {v.get('tool_calls_per_episode', 0):.1f}")
+            parts.append(f"weights v{int(v.get('model_version', 0))}")
         if "train" in last:
             step = last["train"]["step"]
             parts.append(f"train step {step}")

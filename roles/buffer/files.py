@@ -21,12 +21,14 @@ def _plain_template(messages: list[dict[str, Any]], add_generation_prompt: bool)
     return text + ("assistant: " if add_generation_prompt else "")
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
-    """Token ids of ``messages`` with the tokenizer's chat template (a plain ``role: text``
-    layout when it has none, e.g. a tiny test tokenizer)."""
+def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+           tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of ``messages`` (and ``tools``) with the tokenizer's chat template (a plain
+    ``role: text`` layout when it has none, e.g. a tiny test tokenizer)."""
     if getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+            **({"tools": tools} if tools else {}),
         )
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]
@@ -83,12 +85,39 @@ class FileBuffer:
                 rejected=np.asarray(self._cut(rejected), dtype=np.int32),
                 info={"is_expert": True},
             )
-        prompt = render(self.tokenizer, row.messages[:-1], True)
-        full = self._cut(render(self.tokenizer, row.messages, False))
-        p = min(len(prompt), max(len(full) - 1, 0))
+        if self.cfg.format.enable_concatenated_multi_turn:
+            prompt, full, mask = self._all_turns(row, eid)
+        else:  # the last assistant turn is the response
+            prompt = render(self.tokenizer, row.messages[:-1], True, row.tools)
+            full = render(self.tokenizer, row.messages, False, row.tools)
+            mask = np.ones(len(full) - len(prompt), dtype=bool)
+        cut = self._cut(full)
+        p = len(prompt)
+        if len(cut) <= p:  # the cut left no response: train on the last token kept
+            p = max(len(cut) - 1, 0)
+            mask = np.ones(len(cut) - p, dtype=bool)
+        else:
+            mask = mask[: len(cut) - p]
         return Experience(
             id=eid, task_id=eid, group_id=eid, run_id=name,
-            tokens=np.asarray(full, dtype=np.int32), prompt_length=p,
-            action_mask=np.ones(len(full) - p, dtype=bool),
-            info={"is_expert": True},
+            tokens=np.asarray(cut, dtype=np.int32), prompt_length=p, action_mask=mask,
+            response_truncated=len(cut) < len(full), info={"is_expert": True},
         )
+
+    def _all_turns(self, row: FormattedRow, eid: str) -> tuple[list[int], list[int], np.ndarray]:
+        """``enable_concatenated_multi_turn``: the prompt is everything before the first
+        assistant turn; the mask is 1 on every assistant turn and 0 on what lies between
+        (user turns, tool results), found by rendering prefixes with the chat template."""
+        msgs, tools = row.messages, row.tools
+        first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), None)
+        if first is None:
+            raise ValueError(f"{eid}: enable_concatenated_multi_turn: the conversation has no assistant turn")
+        prompt = render(self.tokenizer, msgs[:first], True, tools)
+        full = render(self.tokenizer, msgs, False, tools)
+        mask = np.zeros(len(full) - len(prompt), dtype=bool)
+        for i in range(first, len(msgs)):
+            if msgs[i].get("role") == "assistant":
+                start = len(render(self.tokenizer, msgs[:i], True, tools))
+                end = len(render(self.tokenizer, msgs[: i + 1], False, tools))
+                mask[start - len(prompt):end - len(prompt)] = True
+        return prompt, full, mask

@@ -41,7 +41,28 @@ def group_metrics(results: list[TaskResult]) -> dict[str, float]:
         out["response_length_mean"] = sum(e.response_length for e in exps) / len(exps)
         out["prompt_truncated"] = float(sum(e.prompt_truncated for e in exps))
         out["response_truncated"] = float(sum(e.response_truncated for e in exps))
+        out.update(episode_metrics(exps))
     return out
+
+
+def episode_metrics(exps: list[Any]) -> dict[str, float]:
+    """What an agent developer watches, per episode: model turns (``info["calls"]`` of each
+    experience, else 1), tool calls and malformed tool calls (``info["tool_calls"]``,
+    ``info["tool_call_errors"]``, as the OpenAI API records them), the context length at its
+    end in tokens, and how many episodes were cut (a truncated prompt or response). An
+    episode is a step-wise rollout's turns (``Experience.episode``) or one experience."""
+    episodes: dict[tuple[str, Any], list[Any]] = {}
+    for e in exps:
+        episodes.setdefault((e.group_id, e.id if e.episode is None else e.episode), []).append(e)
+    n = len(episodes)
+    turns = sum(int(e.info.get("calls", 1)) for e in exps)
+    tools = sum(int(e.info.get("tool_calls", 0)) for e in exps)
+    errors = sum(int(e.info.get("tool_call_errors", 0)) for e in exps)
+    cut = sum(any(e.prompt_truncated or e.response_truncated for e in ep) for ep in episodes.values())
+    return {"episodes": float(n), "turns_per_episode": turns / n, "tool_calls_per_episode": tools / n,
+            "tool_call_errors": float(errors),
+            "episode_tokens_mean": sum(max(len(e.tokens) for e in ep) for ep in episodes.values()) / n,
+            "truncated_episodes_rate": cut / n}
 
 
 def eval_readers(cfg: TrinityConfig) -> list[TaskReader]:

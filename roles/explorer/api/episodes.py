@@ -53,6 +53,9 @@ class Call:
     finish_reason: str
     messages: list[dict[str, Any]] = field(default_factory=list)
     response_text: str = ""
+    tool_calls: int = 0
+    #: the text had a ``<tool_call>`` the parser could not read (it stayed text)
+    tool_call_errors: int = 0
 
     @property
     def tokens(self) -> list[int]:
@@ -94,7 +97,9 @@ def _experience(calls: list[Call], spans: list[tuple[int, int]]) -> Experience:
         model_version=min(c.model_version for c in calls),
         response_truncated=last.finish_reason == "length",
         response_text=last.response_text, messages=list(last.messages),
-        info={"finish_reason": reasons[-1], "calls": len(calls)},
+        info={"finish_reason": reasons[-1], "calls": len(calls),
+              "tool_calls": sum(c.tool_calls for c in calls),
+              "tool_call_errors": sum(c.tool_call_errors for c in calls)},
     )
 
 

@@ -199,11 +199,13 @@ class ApiServer:
             ep.in_flight -= 1
             ep.touched = time.monotonic()
         self.stats.completions += 1
-        for s in samples:
+        choices = []
+        for k, s in enumerate(samples):
+            choice, n_calls, malformed = self._choice(k, s, req, engine, bool(tools))
+            choices.append(choice)
             ep.calls.append(Call(list(s.tokens[:s.prompt_length]), list(s.response_tokens),
                                  list(s.logprobs), s.model_version, s.finish_reason or "stop",
-                                 messages, s.response_text))
-        choices = [self._choice(k, s, req, engine, bool(tools)) for k, s in enumerate(samples)]
+                                 messages, s.response_text, n_calls, malformed))
         headers = {"X-Trinity-Episode": eid,
                    "X-Trinity-Model-Version": str(min(s.model_version for s in samples))}
         prompt_len = samples[0].prompt_length if samples else len(ids)
@@ -307,9 +309,12 @@ class ApiServer:
         return self.engines[min(range(len(self.engines)), key=self._busy.__getitem__)]
 
     def _choice(self, k: int, s: Sample, req: ChatRequest, engine: RolloutEngine,
-                tools: bool) -> dict[str, Any]:
+                tools: bool) -> tuple[dict[str, Any], int, int]:
+        """The response's choice, its tool calls and whether a call was malformed (counted
+        per episode: an agent developer watches both)."""
         text = _strip_stop(s.response_text, req.stop)
         content, calls = parse_tool_calls(text, self.cfg.tool_call_parser) if tools else (text, [])
+        malformed = int(tools and not calls and "<tool_call>" in text)
         msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
         reason = s.finish_reason or "stop"
         if calls:
@@ -319,7 +324,7 @@ class ApiServer:
         if req.logprobs:
             out["logprobs"] = choice_logprobs(engine.tokenizer, s.response_tokens, s.logprobs,
                                               s.top_logprobs, req.return_tokens_as_token_ids)
-        return out
+        return out, len(calls), malformed
 
     async def _stream(self, request: web.Request, cid: str, choices: list[dict[str, Any]],
                       samples: list[Sample], usage: dict[str, int], req: ChatRequest,

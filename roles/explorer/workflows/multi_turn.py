@@ -47,6 +47,11 @@ class MultiTurnWorkflow(Workflow):
         ``render(messages[:i+1])``. When ``turn_experiences`` (the model calls, in order) are
         given and their sampled tokens equal the rendered turns, their logprobs are kept;
         otherwise ``logprobs`` is None and the trainer recomputes them.
+
+        A conversation longer than the engine's ``max_model_len`` is cut to its first
+        ``max_model_len`` tokens (the seeds' rule for prompts: keep the head), flagged
+        ``response_truncated`` with ``info["truncated"]`` saying from how many tokens; a
+        prompt that alone reaches ``max_model_len`` is an error (nothing left to train on).
         """
         tok = self.model.tokenizer
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
@@ -80,11 +85,22 @@ class MultiTurnWorkflow(Workflow):
                     logprobs[start - len(prompt) : start - len(prompt) + m] = call.logprobs[:m]
                 else:
                     keep_logprobs = False
+        info = {"calls": sum(m["role"] == "assistant" for m in messages), **(info or {})}
+        limit = getattr(getattr(self.model.engine, "limits", None), "max_model_len", None)
+        truncated = limit is not None and len(full) > limit
+        if truncated:
+            if len(prompt) >= limit:
+                raise ValueError(f"task {self.task.task_id}: the prompt alone is {len(prompt)} tokens, "
+                                 f"max_model_len is {limit}")
+            info["truncated"] = f"{len(full)} tokens cut to max_model_len={limit}"
+            full, keep = full[:limit], limit - len(prompt)
+            mask, logprobs = mask[:keep], logprobs[:keep]
         return Experience(
             id=uuid.uuid4().hex, task_id="", group_id="", run_id="",
             tokens=np.asarray(full, dtype=np.int32), prompt_length=len(prompt),
             logprobs=logprobs if keep_logprobs else None, action_mask=mask, reward=float(reward),
-            model_version=self.model.model_version, messages=list(messages), info=dict(info or {}),
+            model_version=self.model.model_version, messages=list(messages), info=info,
+            response_truncated=truncated,
         )
 
 
