@@ -85,6 +85,7 @@ def build_tiny_model(
     num_key_value_heads: int = 2,
     intermediate_size: int = 256,
     max_position_embeddings: int = 512,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a random-weight Qwen2 model with the char tokenizer to ``out_dir``; return it.
 
@@ -102,6 +103,8 @@ def build_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
+    if chat_template is not None:  # e.g. TOOL_CHAT_TEMPLATE for agents
+        tok.chat_template = chat_template
     cfg = Qwen2Config(
         vocab_size=len(tok),
         hidden_size=hidden_size,

@@ -319,6 +319,8 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
 
     monitor = Monitor(cfg, "trainer")
     done = last is not None and trainer.step >= last
+    # mode train has no explorer: offering weights there only wrote a checkpoint per step
+    explorer_takes_weights = cfg.mode in ("both", "colocate", "serve")
     try:
         while not stop.is_set() and not done:
             step = trainer.step + 1
@@ -349,12 +351,12 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
             if (si and step % si == 0) or done:
                 await save(trainer, nc, cfg.run_id, final=done)
                 saved = step
-            if not done:
+            if not done and explorer_takes_weights:
                 await sync.after_step(step, trainer)
         if done:
             if saved != trainer.step or not trainer.has_hf_checkpoint():
                 await save(trainer, nc, cfg.run_id, final=True)
-            if cfg.mode in ("both", "colocate", "serve"):
+            if explorer_takes_weights:
                 await sync.finish(trainer.step, trainer)
             await state.put(keys.TRAINER_FINISHED, {"version": trainer.step, "ts": time.time()})
             log.info("trainer_finished", step=trainer.step, consumed=trainer.consumed)

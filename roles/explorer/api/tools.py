@@ -86,8 +86,11 @@ def parse_tool_calls(text: str, parser: str) -> tuple[str | None, list[ToolCall]
     ``none``, or any malformed block): ``(text, [])``."""
     if parser == "none" or "<tool_call>" not in text:
         return text, []
+    blocks = _HERMES.findall(text)
+    if len(blocks) != text.count("<tool_call>"):  # one never closed (cut by max_tokens?)
+        return text, []
     calls = []
-    for block in _HERMES.findall(text):
+    for block in blocks:
         try:
             obj = json.loads(block)
         except ValueError:
@@ -96,8 +99,6 @@ def parse_tool_calls(text: str, parser: str) -> tuple[str | None, list[ToolCall]
                 and isinstance(obj.get("arguments", {}), dict)):
             return text, []
         calls.append(ToolCall(obj["name"], json.dumps(obj.get("arguments", {}), ensure_ascii=False)))
-    if not calls:  # an unclosed <tool_call>
-        return text, []
     content = _HERMES.sub("", text).strip()
     return content or None, calls
 
