@@ -12,9 +12,8 @@ import time
 import openai
 
 ADD = {"type": "function", "function": {
-    "name": "add", "description": "a+b",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+    "name": "add",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
 
 
 def episode(url: str, eid: str) -> dict:

@@ -23,6 +23,7 @@ longest-running tasks, successes and failures) for watching a slow run.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -38,6 +39,9 @@ from schemas.config import ExplorerConfig
 from schemas.data import Experience, ExperienceGroup, Task
 
 log = logging.getLogger("trinity.explorer.runner")
+#: Most sync workflows running at once (threads are started as needed, so a high bound
+#: costs nothing until used; a hung workflow's abandoned thread holds one).
+WORKFLOW_THREADS = 512
 
 
 @dataclass
@@ -106,6 +110,11 @@ class RunnerPool:
         self.steps_seen = 0  # the explorer counts its steps here (dynamic timeout warm-up)
         self._success_seconds: list[float] = []
         self._running: dict[int, tuple[str, float]] = {}  # id(part) -> (task id, start)
+        # Sync workflows get threads of their own: in asyncio's default pool (cpu + 4
+        # threads) they would cap concurrency at a handful of rollouts and take the threads
+        # an engine needs to answer them (a deadlock). Threads start only when used.
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=WORKFLOW_THREADS, thread_name_prefix="workflow")
 
     def current_timeout(self) -> float:
         """The timeout of the next workflow call (``max_timeout`` unless dynamic)."""
@@ -157,7 +166,7 @@ class RunnerPool:
                 if wf.is_async:
                     exps = list(await wf.run_async())
                 else:
-                    exps = list(await asyncio.to_thread(wf.run))
+                    exps = list(await loop.run_in_executor(self._threads, wf.run))
             finally:
                 wf.model.release()
             return episode(exps, k) if r == 1 else exps
@@ -185,7 +194,8 @@ class RunnerPool:
                     wf.model.release()
                 return episode(exps, k)
 
-            parts = await asyncio.gather(*(asyncio.to_thread(threaded, k) for k in range(repeat)))
+            parts = await asyncio.gather(*(loop.run_in_executor(self._threads, threaded, k)
+                                           for k in range(repeat)))
         return [e for p in parts for e in p]
 
     async def _run_part(self, part: _Part) -> tuple[str | None, int]:

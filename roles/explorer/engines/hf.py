@@ -13,6 +13,7 @@ event loop keeps serving the bus); the ``n`` samples of one call run as one batc
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import glob
 import os
 import weakref
@@ -61,6 +62,9 @@ class HFEngine(RolloutEngine):
             self.tokenizer.chat_template = cfg.chat_template
         torch.manual_seed(cfg.seed)
         self._locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # generation runs on a thread of its own, never in asyncio's shared default pool:
+        # workflow threads waiting for this engine's answers may fill that one
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
 
     @property
     def _lock(self) -> asyncio.Lock:
@@ -81,7 +85,8 @@ class HFEngine(RolloutEngine):
         max_new = self.limits.max_new_tokens(len(ids), sampling.get("max_tokens"))
         version = self._version
         async with self._lock:
-            out = await asyncio.to_thread(self._generate, ids, n, max_new, sampling)
+            out = await asyncio.get_running_loop().run_in_executor(
+                self._thread, self._generate, ids, n, max_new, sampling)
         return [
             Sample(
                 tokens=ids + resp, prompt_length=len(ids), logprobs=lps,
@@ -191,6 +196,7 @@ class HFEngine(RolloutEngine):
 
     async def close(self) -> None:
         self.model = None
+        self._thread.shutdown(wait=False)
 
 
 def _stop_at(tok: Any, toks: list[int], stop: str | list[str] | None) -> int | None:
