@@ -25,7 +25,10 @@ log = logging.getLogger("trinity.explorer.eval")
 def group_metrics(results: list[TaskResult]) -> dict[str, float]:
     """Aggregate rollout metrics over task results (the rollout and eval metrics share it)."""
     exps = [e for r in results if r.group for e in r.group.experiences]
-    rewards = [float(e.reward) for e in exps if e.reward is not None]
+    # rewards and accuracy per episode: a step-wise episode's turns share its reward, and
+    # counting turns would weigh long (often lost) episodes more
+    firsts = list({(e.group_id, e.id if e.episode is None else e.episode): e for e in reversed(exps)}.values())
+    rewards = [float(e.reward) for e in firsts if e.reward is not None]
     out: dict[str, float] = {
         "tasks": float(len(results)),
         "failed_tasks": float(sum(1 for r in results if not r.ok)),
@@ -35,7 +38,7 @@ def group_metrics(results: list[TaskResult]) -> dict[str, float]:
         mean = sum(rewards) / len(rewards)
         out["reward_mean"] = mean
         out["reward_std"] = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
-        acc = [float(e.info["accuracy"]) for e in exps if "accuracy" in e.info]
+        acc = [float(e.info["accuracy"]) for e in firsts if "accuracy" in e.info]
         out["accuracy"] = sum(acc) / len(acc) if acc else sum(r > 0 for r in rewards) / len(rewards)
     if exps:
         out["response_length_mean"] = sum(e.response_length for e in exps) / len(exps)
