@@ -117,8 +117,15 @@ def summary(stages: list[TrinityConfig]) -> list[str]:
         evals = [r for r in read_metrics(s.checkpoint_job_dir) if r["kind"] == "eval"]
         if not evals:
             continue
-        first, final = evals[0], [r for r in evals if r["values"].get("final")]
-        shown = [("start", first)] + ([("end", final[-1])] if final and final[-1] is not first else [])
+        # per eval taskset: its first evaluation, and its final one when that is another
+        shown = []
+        for name in dict.fromkeys(r["taskset"] for r in evals):
+            mine = [r for r in evals if r["taskset"] == name]
+            final = [r for r in mine if r["values"].get("final")]
+            shown.append(("start", mine[0]))
+            if final and final[-1] is not mine[0]:
+                shown.append(("end", final[-1]))
+        shown.sort(key=lambda x: x[0] == "end")  # every start line, then every end line
         for when, r in shown:
             v = r["values"]
             out.append(f"  {s.name.rsplit('/', 1)[-1]:<16} {when:<5} step {r['step']:<4} "
