@@ -29,6 +29,12 @@ RUN_ELSEWHERE = {
     "cp .env.example .env": "tests/run/test_honcho.py",
     "source .venv/bin/activate": "tests/run/test_honcho.py",
     "honcho start": "tests/run/test_honcho.py",
+    ".venv/bin/python examples/agent_calculator/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
+    ".venv/bin/trinity run --config examples/agent_calculator/calculator.yaml":
+        "tests/api/test_examples.py (short settings; the full run is minutes)",
+    ".venv/bin/python examples/agent_guess/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
+    ".venv/bin/trinity run --config examples/agent_guess/guess.yaml":
+        "tests/api/test_examples.py (short settings; the full run is minutes)",
     "trinity debug --config FILE --module workflow --output-file exps.json "
     "--set explorer.rollout_model.engine_type=transformers": "tests/explorer/test_engines_workflows.py",
 }
