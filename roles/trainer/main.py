@@ -372,4 +372,17 @@ async def save(trainer: Trainer, nc: Any, run_id: str, final: bool) -> None:
     again): in that order, so a crash between the two only re-serves checkpointed batches,
     which the restarted trainer's step counter skips."""
     await asyncio.to_thread(trainer.save, final)
-    await bus.request(nc, bus.names(run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": trainer.step}), timeout=30)
+    # the commit is idempotent ("up to step N"): a server or buffer that is away is waited
+    # out as every KV operation is (bus.retry.RIDE_OUT), not a reason to die mid-run
+    from bus.retry import RIDE_OUT
+
+    deadline = time.monotonic() + RIDE_OUT
+    while True:
+        try:
+            await bus.request(nc, bus.names(run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": trainer.step}), timeout=30)
+            return
+        except (bus.RequestTimeout, bus.NoResponders) as e:
+            if time.monotonic() > deadline:
+                raise
+            log.info("commit_waiting", step=trainer.step, error=str(e))
+            await asyncio.sleep(1.0)
