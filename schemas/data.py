@@ -172,6 +172,12 @@ class Experience:
     episode: int | None = None
 
     @property
+    def episode_key(self) -> tuple[str, int | str]:
+        """``(group_id, episode)``: the episode this experience belongs to. A step-wise
+        rollout's turns share one; any other experience is an episode of its own."""
+        return self.group_id, self.id if self.episode is None else self.episode
+
+    @property
     def response_length(self) -> int:
         """Number of response tokens: ``len(tokens) - prompt_length``."""
         return len(self.tokens) - self.prompt_length

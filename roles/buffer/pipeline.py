@@ -79,7 +79,7 @@ def group_advantages(group: ExperienceGroup, spec: AlgorithmSpec) -> ExperienceG
     rewards = torch.tensor([0.0 if e.reward is None else float(e.reward) for e in exps], dtype=torch.float32)
     fn = ops.get("advantage_fn", spec.advantage_fn)
     res = fn(action_mask=mask, rewards=rewards, group_ids=[group.group_id] * len(exps),
-             old_logprob=old, episode_ids=[e.id if e.episode is None else e.episode for e in exps],
+             old_logprob=old, episode_ids=[e.episode_key for e in exps],
              **spec.advantage_fn_args)
     keep = res.keep.reshape(-1).bool() if res.keep.numel() == len(exps) else torch.ones(len(exps), dtype=torch.bool)
     kept = []

@@ -27,7 +27,7 @@ def group_metrics(results: list[TaskResult]) -> dict[str, float]:
     exps = [e for r in results if r.group for e in r.group.experiences]
     # rewards and accuracy per episode: a step-wise episode's turns share its reward, and
     # counting turns would weigh long (often lost) episodes more
-    firsts = list({(e.group_id, e.id if e.episode is None else e.episode): e for e in reversed(exps)}.values())
+    firsts = list({e.episode_key: e for e in reversed(exps)}.values())
     rewards = [float(e.reward) for e in firsts if e.reward is not None]
     out: dict[str, float] = {
         "tasks": float(len(results)),
@@ -56,7 +56,7 @@ def episode_metrics(exps: list[Any]) -> dict[str, float]:
     episode is a step-wise rollout's turns (``Experience.episode``) or one experience."""
     episodes: dict[tuple[str, Any], list[Any]] = {}
     for e in exps:
-        episodes.setdefault((e.group_id, e.id if e.episode is None else e.episode), []).append(e)
+        episodes.setdefault(e.episode_key, []).append(e)
     n = len(episodes)
     turns = sum(int(e.info.get("calls", 1)) for e in exps)
     tools = sum(int(e.info.get("tool_calls", 0)) for e in exps)
