@@ -766,8 +766,11 @@ class NatsConfig(Section):
     """Messages per pull fetch."""
     publish_concurrency: int = Field(64, ge=1)
     """Publishes awaiting an ack at once."""
-    publish_timeout: float = Field(60.0, gt=0)
-    """Seconds a publish keeps retrying (same message id, so stored once) before it fails."""
+    publish_timeout: float = Field(180.0, gt=0)
+    """Seconds a publish keeps retrying (same message id, so stored once) before it fails. As
+    long as every other bus operation rides out a server that is gone (``bus.retry.RIDE_OUT``):
+    an operator's restart of an external server may take a minute, and a role whose publish
+    gave up first would die of it."""
     request_timeout: float = Field(30.0, gt=0)
     """Seconds a request/reply waits for an answer."""
 
