@@ -55,6 +55,7 @@ class Child:
     restarts: int = 0
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
     done: bool = False
+    pump: asyncio.Task | None = None  # copies its output to ours until the pipe ends
 
 
 def stage_label(s: TrinityConfig) -> str:
@@ -174,7 +175,7 @@ class Supervisor:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
             start_new_session=True,  # Ctrl-C reaches us only; we stop the roles in order
         )
-        asyncio.get_running_loop().create_task(self.pump(child, child.proc))
+        child.pump = asyncio.get_running_loop().create_task(self.pump(child, child.proc))
 
     async def pump(self, child: Child, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -202,6 +203,13 @@ class Supervisor:
         for c in self.children:  # leftovers of roles that exited by themselves
             if c.proc is not None:
                 _signal_group(c.proc.pid, signal.SIGKILL)
+        # Read every pipe to its end: a pipe still open when the event loop closes prints
+        # "Exception ignored in BaseSubprocessTransport.__del__" after a clean run.
+        pumps = [c.pump for c in self.children if c.pump is not None and not c.pump.done()]
+        if pumps:
+            _, late = await asyncio.wait(pumps, timeout=5.0)
+            for t in late:
+                t.cancel()
 
     async def run(self, roles: list[str]) -> int:
         interrupted = asyncio.Event()

@@ -2,22 +2,29 @@
 
     python examples/agent_guess/prepare.py [--out examples/agent_guess/_build] [--force]
 
-The game: find a secret number in 1..15 with at most 4 calls of the ``guess`` tool, which
-answers "higher", "lower" or "correct" (the episode ends). Reward 1 for finding it. Halving
-the range every time always wins; other splits lose some numbers.
+The game: find a secret number in 1..7 with at most 3 calls of the ``guess`` tool, which
+answers "correct" (the episode ends) or "higher"/"lower" with the range left, e.g.
+"higher: 5-7". Reward 1 for finding it. Halving the range every time always wins; other
+splits lose some numbers. The range in the answer makes the game Markov: the model needs
+to read the last tool message, not to remember its earlier guesses, which a 0.3M-parameter
+model does not do (it played "higher" after 4 and after 8 alike when told only "higher").
 
 What it writes under ``--out``:
 
 * ``model/``: the tiny random-weight Qwen2 of ``storage/tiny.py`` with the tool-calling chat
   template (``TOOL_CHAT_TEMPLATE``), 512 positions (a 4-turn game is ~470 tokens).
 * ``data/train.jsonl`` (600 games, random secrets), ``data/test.jsonl`` (every secret once).
-* ``sft/train.jsonl``: games played by a weak teacher that, at each guess, splits at the
-  quarter of the range 3 times in 5 (and halves it otherwise): its greedy policy, the
-  quarter split, finds 10 of the 15 secrets; halving finds all 15.
+* ``sft/train.jsonl``: games played by a weak teacher that, at each guess, tries the
+  smallest number still possible 3 times in 5 (and halves the range otherwise): its greedy
+  policy, counting up, finds 3 of the 7 secrets; halving finds all 7.
 
-Why: after the warm-up the model plays the game (tool calls, reading "higher"/"lower"), its
-greedy play is the teacher's majority, and its samples sometimes halve; step-wise GRPO
-(every guess one experience, the game's reward on each) moves it to halving.
+Why: after the warm-up the model plays the game (tool calls, reading the answers), its
+greedy play is the teacher's majority (counting up), and its samples sometimes halve;
+step-wise GRPO (every guess one experience, the game's reward on each) moves it to
+halving. What did not learn (2026-11-24): 1..15 in 4 guesses, where the model did not learn
+to read two-digit ranges from 3000 demonstrations, and a teacher splitting at the quarter
+instead of counting up, whose games RL can barely tell apart (halving first wins 78% of
+them, the quarter 69%).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # run from anywhere in a checkout
 
-HIGH, TURNS, N_TRAIN, DEMOS, SEED = 15, 4, 600, 3000, 0
+HIGH, TURNS, N_TRAIN, DEMOS, SEED = 7, 3, 600, 3000, 0
 QUESTION = f"1-{HIGH}?"
 GUESS_TOOL = {"type": "function", "function": {
     "name": "guess", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}
@@ -42,14 +49,15 @@ def teacher_game(secret: int, rng: random.Random) -> dict:
     lo, hi = 1, HIGH
     msgs: list[dict] = [{"role": "user", "content": QUESTION}]
     for t in range(TURNS):
-        g = lo + (hi - lo) // 4 if rng.random() < 0.6 else (lo + hi) // 2
+        g = lo if rng.random() < 0.6 else (lo + hi) // 2
         call = {"id": f"c{t}", "type": "function", "function": {"name": "guess", "arguments": {"n": g}}}
         msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        result = "correct" if g == secret else ("higher" if secret > g else "lower")
-        msgs.append({"role": "tool", "tool_call_id": f"c{t}", "content": result})
         if g == secret:
+            msgs.append({"role": "tool", "tool_call_id": f"c{t}", "content": "correct"})
             break
         lo, hi = (g + 1, hi) if secret > g else (lo, g - 1)
+        result = f"{'higher' if secret > g else 'lower'}: {lo}-{hi}"
+        msgs.append({"role": "tool", "tool_call_id": f"c{t}", "content": result})
     return {"messages": msgs, "tools": [GUESS_TOOL]}
 
 

@@ -68,23 +68,31 @@ class CalculatorAgent(Workflow):
 
 @register_workflow("guess_agent")
 class GuessAgent(Workflow):
-    """Guess ``secret`` in ``1..high`` with the ``guess`` tool, told "higher" or "lower" after
-    each miss; reward 1 when found within ``max_turns`` guesses (``workflow_args``)."""
+    """Guess ``secret`` in ``1..high`` with the ``guess`` tool, told "higher" or "lower" and
+    the range still possible after each miss ("higher: 5-7"); reward 1 when found within
+    ``max_turns`` guesses (``workflow_args``)."""
 
     repeatable = False
 
     def run(self) -> list[Experience]:
-        secret, high = int(self.task.raw["secret"]), int(self.args.get("high", 15))
+        secret, high = int(self.task.raw["secret"]), int(self.args.get("high", 7))
+
+        lo, hi = 1, high
 
         def guess(n: int) -> str:
+            nonlocal lo, hi
             if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= high:
                 raise ValueError(f"n must be an integer in 1..{high}")
             if n == secret:
                 raise EpisodeOver("correct")
-            return "higher" if secret > n else "lower"
+            if secret > n:
+                lo = max(lo, n + 1)
+                return f"higher: {lo}-{hi}"
+            hi = min(hi, n - 1)
+            return f"lower: {lo}-{hi}"
 
         trace = react(self.model.get_openai_client(),
                       [{"role": "user", "content": self.task.raw["question"]}], [GUESS_TOOL],
-                      {"guess": guess}, max_turns=int(self.args.get("max_turns", 4)))
+                      {"guess": guess}, max_turns=int(self.args.get("max_turns", 3)))
         won = trace.over == "correct"
         return score(self.model.extract_experience_from_history(), trace, float(won))

@@ -150,3 +150,35 @@ async def test_a_conversation_past_max_model_len_is_cut_and_flagged(tool_model):
     assert len(e.action_mask) == 24 - e.prompt_length
     with pytest.raises(ValueError, match="prompt alone"):
         wf.conversation_experience([{"role": "user", "content": "y" * 40}, {"role": "assistant", "content": "z"}], 0.0)
+
+
+async def test_an_agent_whose_conversation_outgrows_the_model_stops_flagged(engine):
+    """The API path: a request whose prompt passes max_model_len is refused with
+    ``context_length_exceeded`` (nothing is cut behind the agent's back); the ReAct agent
+    stops there, and the example workflows' ``score`` flags every turn of the episode as
+    truncated, which ``truncated_episodes_rate`` counts."""
+    from react import react
+    from roles.explorer.api import ApiServer
+    from roles.explorer.eval import episode_metrics
+    from roles.explorer.workflows.base import ModelHandle
+    from schemas.config import OpenAIApiConfig
+    from workflows import score
+
+    from .conftest import Published
+    from .tool_model import QUESTION
+
+    server = ApiServer(OpenAIApiConfig(port=0), [engine], "tiny", "run", Published())
+    await server.start()
+    try:
+        handle = ModelHandle(engine, asyncio.get_running_loop(), api=server)
+        client = handle.get_openai_client()
+        long_result = "7 " * 300  # the tool's answer alone outgrows max_model_len (512)
+        trace = await asyncio.to_thread(
+            react, client, [{"role": "user", "content": QUESTION}], [ADD_TOOL],
+            {"add": lambda a, b: long_result}, max_turns=4, max_tokens=64, temperature=0.0)
+        exps = score(handle.extract_experience_from_history(), trace, 0.0)
+    finally:
+        await server.stop()
+    assert trace.context_exceeded and trace.answer is None, trace.messages
+    assert exps and all(e.response_truncated and "max_model_len" in e.info["truncated"] for e in exps)
+    assert episode_metrics(exps)["truncated_episodes_rate"] == 1.0
