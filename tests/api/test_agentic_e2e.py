@@ -18,9 +18,9 @@ AGENTS = str(ROOT / "examples/agents")
 
 
 def run_agent(tmp_path: Path, model: Path, data: Path, workflow: str, concatenate: bool,
-              **extra) -> tuple[str, Path]:
+              algorithm: str = "multi_step_grpo", **extra) -> tuple[str, Path]:
     cfg = tiny_run_config(tmp_path / "c.yaml", model=model, data=data, port=free_port(), stages=False,
-                          extra={"algorithm": {"algorithm_type": "multi_step_grpo", "repeat_times": 3,
+                          extra={"algorithm": {"algorithm_type": algorithm, "repeat_times": 3,
                                                "optimizer": {"lr": 1e-4}},
                                  "model.max_model_len": 512, "model.max_response_tokens": 64,
                                  "buffer.batch_size": 2, "buffer.total_steps": 2,
@@ -41,6 +41,11 @@ def run_agent(tmp_path: Path, model: Path, data: Path, workflow: str, concatenat
     assert sorted(final) == [1, 2]
     ids = [i for s in final.values() for i in s]
     assert len(ids) == len(set(ids)), "an experience was trained twice"
+    rows = [json.loads(x) for x in (job / "monitor/metrics.jsonl").read_text().splitlines()]
+    train = [r["values"] for r in rows if r["kind"] == "train"]
+    assert train and all(v["loss"] == v["loss"] for v in train)  # finite, not NaN
+    if algorithm == "ppo":  # the critic trained on the same experiences
+        assert all("critic/grad_norm" in v for v in train), train[-1]
     return text, job
 
 
@@ -49,17 +54,23 @@ def rollout_metrics(job: Path) -> list[dict]:
     return [r["values"] for r in rows if r["kind"] == "rollout"]
 
 
-def test_calculator_agent_concatenated_multi_turn(tmp_path, tool_model):
+#: both agent shapes train with a group baseline and with a critic (PPO's GAE per experience)
+ALGORITHMS = ["multi_step_grpo", "ppo"]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_calculator_agent_concatenated_multi_turn(tmp_path, tool_model, algorithm):
     from storage.tiny import build_arithmetic_taskset
 
     data = build_arithmetic_taskset(tmp_path / "data", n_train=8, n_eval=2)
-    text, job = run_agent(tmp_path, tool_model, data, "calculator_agent", concatenate=True)
+    text, job = run_agent(tmp_path, tool_model, data, "calculator_agent", concatenate=True, algorithm=algorithm)
     m = rollout_metrics(job)
     assert m and all(v["experiences"] == v["episodes"] for v in m)  # one experience per episode
     assert all(v["turns_per_episode"] >= 1 for v in m)
 
 
-def test_calculator_agent_step_wise(tmp_path, tool_model):
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_calculator_agent_step_wise(tmp_path, tool_model, algorithm):
     """The same agent with one experience per model turn (no concatenation): the tiny tool
     model calls ``add`` on "3+4?" and answers after the tool result, so an episode has two
     turns, and multi_step_grpo compares episodes."""
@@ -68,7 +79,7 @@ def test_calculator_agent_step_wise(tmp_path, tool_model):
     for split, n in (("train", 6), ("test", 1)):
         row = json.dumps({"question": "3+4?", "answer": "7"}) + "\n"
         (data / f"{split}.jsonl").write_text(row * n)
-    text, job = run_agent(tmp_path, tool_model, data, "calculator_agent", concatenate=False)
+    text, job = run_agent(tmp_path, tool_model, data, "calculator_agent", concatenate=False, algorithm=algorithm)
     m = rollout_metrics(job)
     assert m and all(v["experiences"] > v["episodes"] for v in m)  # turns are experiences
     assert all(v["turns_per_episode"] == pytest.approx(v["experiences"] / v["episodes"]) for v in m)
