@@ -15,7 +15,8 @@ and ``nats kv ls trinity_<run>`` show them):
 * ``exit.<process>`` (in the last stage's bucket): ``{"state": "running" | "done", "ts"}``. A
   role process says "running" when it starts and "done" once the last stage is over and its own
   work is finished (engines closed, files written). Every role process, and ``trinity server
-  --until-done``, exits only when every ``exit.*`` written since it started says "done": all
+  --until-done``, exits only when every ``exit.*`` written since its session started (``trinity run``'s
+  start, or the process's own under honcho) says "done": all
   leave together and none is killed mid-shutdown by honcho (``roles/stages.py``).
 * ``sync.*``, ``rendezvous.*``, ``version.*``, ``heartbeat.*``: see ``roles/synchronizer``
   and ``bus/kv.py``.

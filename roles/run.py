@@ -154,6 +154,7 @@ class Supervisor:
         self.progress = Progress(self.stages)
         self.status = ""
         self.stopping = False
+        self.started = time.time()
         #: No job folder yet: a new experiment (bus state under its name is stale).
         self.fresh = not Path(self.cfg.checkpoint_job_dir).exists()
 
@@ -166,10 +167,11 @@ class Supervisor:
         sys.stdout.flush()
 
     async def start(self, child: Child) -> None:
-        from roles.settings import SUPERVISED_ENV
+        from roles.settings import SESSION_START_ENV, SUPERVISED_ENV
 
         # unbuffered: lines arrive as they happen; no tqdm: \r progress bars garble the log
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", **{SUPERVISED_ENV: "1"})
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1",
+                   **{SUPERVISED_ENV: "1", SESSION_START_ENV: repr(self.started)})
         child.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "roles.cli", child.role, *self.role_args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from ops.algorithms import CONFIG_FIELDS, resolve
 from schemas.config import TrinityConfig
@@ -66,6 +67,16 @@ def serve_problems(cfg: TrinityConfig, sources: dict[str, str], user_repeat: boo
 
 #: Set by ``trinity run`` in the environment of the role processes it starts.
 SUPERVISED_ENV = "TRINITY_SUPERVISED"
+#: Set by ``trinity run`` too: when its session started (``time.time()``). A role process it
+#: restarts counts its peers' exit markers from then, not from its own start: they may have
+#: said "done" before it came back (``roles/stages.py``).
+SESSION_START_ENV = "TRINITY_SESSION_START"
+
+
+def session_start() -> float:
+    """When this session of the run started: ``trinity run``'s start for the processes it
+    supervises, this process's own start otherwise (honcho restarts nothing)."""
+    return float(os.environ.get(SESSION_START_ENV) or time.time())
 
 
 def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:

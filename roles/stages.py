@@ -106,8 +106,9 @@ async def _watch_done(state: object, stop: asyncio.Event, terminate: asyncio.Eve
 async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> int:
     """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM."""
     import bus
+    from roles.settings import session_start
 
-    since = time.time()
+    since = session_start()
     name = process_name(role)
     terminate = asyncio.Event()
     stop_on_signals(terminate)

@@ -136,4 +136,7 @@ def test_a_killed_role_costs_seconds_not_a_sync_timeout(tmp_path, tiny_model, ar
     assert f"{role} exited with -9; restart 1/2" in text
     # (a sync the kill interrupts fails at once, "connection reset": that is no stall)
     assert elapsed < 60, f"the run took {elapsed:.0f}s after the kill: a sync stalled"
+    # the restarted role counts its peers' "done" from the session's start, not its own: they
+    # may have finished before it came back (it waited FINISH_WAIT for them before)
+    assert "exit_without_them" not in text, text[-4000:]
     _trained_exactly_once(job)
