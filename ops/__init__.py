@@ -7,12 +7,12 @@ without touching the others. ``algorithm_type`` picks a default for each part
 
 Modules: ``aggregation`` (masked reductions, ``aggregate_loss``), ``logits`` (log-probs and
 entropy from logits), ``advantages``, ``policy_losses``, ``kl``, ``entropy``, ``rewards``,
-``algorithms``, ``registry``. ``ops`` imports nothing from the project's other packages.
+``sampling`` (sample strategies), ``algorithms``, ``registry``. ``ops`` imports nothing from the project's other packages.
 """
 
 # Importing the part modules registers the built-in parts under their config names.
 # ``ops.algorithms`` is not imported here so that ``python -m ops.algorithms`` runs cleanly.
-from ops import advantages, entropy, kl, policy_losses, rewards  # noqa: F401
+from ops import advantages, entropy, kl, policy_losses, rewards, sampling  # noqa: F401
 from ops.registry import get, names, register
 
 __all__ = ["get", "names", "register"]

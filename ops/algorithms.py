@@ -28,12 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops import advantages, entropy, kl, policy_losses, rewards
+from ops import advantages, entropy, kl, policy_losses, rewards, sampling
 from ops.aggregation import LOSS_AGG_MODES
 from ops.registry import get, names
-
-# Sample strategies are implemented by the buffer; ops only checks the name.
-SAMPLE_STRATEGIES: tuple[str, ...] = ("default", "staleness_control", "mix")
 
 # The ``algorithm.*`` config fields ``resolve`` accepts as overrides.
 CONFIG_FIELDS: tuple[str, ...] = (
@@ -49,6 +46,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "entropy_loss_fn_args",
     "loss_agg_mode",
     "sample_strategy",
+    "sample_strategy_args",
     "repeat_times",
 )
 
@@ -75,6 +73,7 @@ class AlgorithmSpec:
     entropy_loss_fn_args: dict[str, Any]
     loss_agg_mode: str
     sample_strategy: str
+    sample_strategy_args: dict[str, Any]
     repeat_times: int  # rollouts per task (default; DPO's 2 is one chosen/rejected pair)
     min_repeat_times: int  # 2 when the advantage compares rollouts of the same task
     use_critic: bool  # a value model is trained (GAE)
@@ -221,11 +220,10 @@ def resolve(algorithm_type: str, **overrides: Any) -> AlgorithmSpec:
             f"valid names: {', '.join(LOSS_AGG_MODES)}"
         )
     sample_strategy = given.get("sample_strategy", base.sample_strategy)
-    if sample_strategy not in SAMPLE_STRATEGIES:
-        raise ValueError(
-            f"algorithm.sample_strategy: unknown {sample_strategy!r}; "
-            f"valid names: {', '.join(SAMPLE_STRATEGIES)}"
-        )
+    strategy_fn = _lookup("sample_strategy", "sample_strategy", sample_strategy)
+    sample_strategy_args = dict(given.get("sample_strategy_args") or {})
+    _check_args("sample_strategy", sample_strategy, strategy_fn, sample_strategy_args,
+                list(hyperparameters(strategy_fn, sampling.SAMPLE_DATA)))
 
     resolved: dict[str, Any] = {}
     for field_name in ("advantage_fn", "policy_loss_fn", "entropy_loss_fn"):
@@ -281,6 +279,7 @@ def resolve(algorithm_type: str, **overrides: Any) -> AlgorithmSpec:
         **resolved,
         loss_agg_mode=loss_agg_mode,
         sample_strategy=sample_strategy,
+        sample_strategy_args=sample_strategy_args,
         repeat_times=repeat_times,
         min_repeat_times=min_repeat_times,
         use_critic=adv == "ppo",
@@ -357,12 +356,13 @@ def algorithms_markdown() -> str:
     lines += [
         "",
         f"`loss_agg_mode`: {', '.join(f'`{m}`' for m in LOSS_AGG_MODES)}.",
-        f"`sample_strategy`: {', '.join(f'`{m}`' for m in SAMPLE_STRATEGIES)}.",
         "",
         "## Parts",
         "",
         "Hyperparameters are the function's keyword arguments (set them in `*_args`).",
-        "Add a part with `ops.registry.register(kind, name)`.",
+        "Add a part with `@ops.registry.register(kind, name)` in a file of a folder listed in",
+        "`TRINITY_PLUGIN_DIRS` (every trinity process imports them before it reads the config,",
+        "so `trinity config` checks the name), or name it by import path: `module.path:function`.",
     ]
     sections: list[tuple[str, str, tuple[str, ...]]] = [
         ("advantage_fn", "advantage_fn", advantages.ADVANTAGE_DATA),
@@ -370,6 +370,8 @@ def algorithms_markdown() -> str:
         ("kl_fn", "kl_penalty_fn / kl_loss_fn", ("logprob", "ref_logprob")),
         ("entropy_loss_fn", "entropy_loss_fn", entropy.ENTROPY_DATA),
         ("reward_fn", "reward_fn (workflows)", rewards.REWARD_DATA),
+        ("sample_strategy", "sample_strategy (buffer; args in `sample_strategy_args`)",
+         sampling.SAMPLE_DATA),
     ]
     for kind, title, data in sections:
         lines += ["", f"### {title}", "", "| name | hyperparameters | what |", "|---|---|---|"]

@@ -9,12 +9,16 @@ look one up. A researcher adds a part by decorating a function::
     @register("advantage_fn", "my_baseline")
     def my_baseline(*, action_mask, rewards=None, **_unused): ...
 
-and then names it in the config. Nothing is discovered or imported behind the user's back;
-the built-in parts are registered when ``ops`` is imported.
+and then names it in the config, from a file in ``TRINITY_PLUGIN_DIRS`` (which every trinity
+process imports before it reads the config) or by its import path: ``policy_loss_fn:
+my_pkg.losses:my_loss`` imports ``my_pkg.losses`` and registers ``my_loss`` under that string.
+Nothing else is discovered behind the user's back; the built-in parts are registered when
+``ops`` is imported.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,6 +30,7 @@ KINDS: tuple[str, ...] = (
     "kl_fn",
     "entropy_loss_fn",
     "reward_fn",
+    "sample_strategy",
 )
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
@@ -60,11 +65,26 @@ def unregister(kind: str, name: str) -> None:
 
 
 def get(kind: str, name: str) -> Callable[..., Any]:
-    """Return the function registered as ``name``; ``ValueError`` lists the valid names."""
+    """Return the function registered as ``name``, or importable as ``module:function`` (then
+    registered under that name); ``ValueError`` lists the valid names."""
     parts = _kind_map(kind)
+    if name not in parts and ":" in name:
+        parts[name] = _import(kind, name)
     if name not in parts:
-        raise ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(sorted(parts))}")
+        raise ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(sorted(parts))} "
+                         "(or module.path:function)")
     return parts[name]
+
+
+def _import(kind: str, name: str) -> Callable[..., Any]:
+    module, _, attr = name.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{kind} {name!r}: cannot import {attr!r} from {module!r}: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"{kind} {name!r}: {fn!r} is not callable")
+    return fn
 
 
 def parts(kind: str) -> dict[str, Callable[..., Any]]:

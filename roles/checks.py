@@ -12,7 +12,9 @@ own name, and each checks exactly the inputs it reads:
   the explorer, and ``trinity debug`` (which runs the explorer's workflows);
 * the trainer's file datasets (``experience_buffer``, ``auxiliary_buffers``): the buffer;
 * the bus's files (``nats.tls_*``, ``nats.creds_file``, ``nats.nkey_seed_file``): whatever
-  connects to NATS (every role, ``run``, ``inspect``, ``server``).
+  connects to NATS (every role, ``run``, ``inspect``, ``server``);
+* the names of workflows and reward functions (the explorer's) and of experience operators
+  (the buffer's): an unknown one is listed with the valid names.
 
 ``trinity run`` and ``trinity config`` check them all. A dataset that exists is also opened and
 its first row read (a wrong split, an empty file, a row without the prompt key fails here,
@@ -121,6 +123,43 @@ def _missing_requirements(cfg: TrinityConfig, where: str, needs: frozenset[str])
     return out
 
 
+def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[str]:
+    """The workflows and reward functions a stage's tasksets name (the explorer runs them)
+    and its experience operators (the buffer runs them): one line per unknown name, listing
+    the valid ones. Algorithm parts are checked when the config loads (``roles/settings.py``);
+    plugin folders are imported by then."""
+    import ops
+
+    out = []
+    ei = cfg.buffer.explorer_input
+    if "explorer" in needs:
+        from roles.explorer.workflows.registry import get_workflow
+
+        named = [("taskset", ei.taskset)] if cfg.mode in ("both", "colocate", "explore") else []
+        named += [(f"eval_tasksets[{j}]", ts) for j, ts in enumerate(ei.eval_tasksets)]
+        for key, ts in named:
+            if ts is None:
+                continue
+            if ts.default_workflow_type:
+                try:
+                    get_workflow(ts.default_workflow_type)
+                except KeyError as e:
+                    out.append(f"{where}buffer.explorer_input.{key}.default_workflow_type: {e.args[0]}")
+            if ts.default_reward_fn_type:
+                try:
+                    ops.get("reward_fn", ts.default_reward_fn_type)
+                except ValueError as e:
+                    out.append(f"{where}buffer.explorer_input.{key}.default_reward_fn_type: {e}")
+    if "buffer" in needs and cfg.mode in ("both", "colocate", "explore", "train", "serve"):
+        from roles.buffer.pipeline import Pipeline
+
+        try:
+            Pipeline.from_config(cfg.data_processor.experience_pipeline.operators, None)
+        except ValueError as e:
+            out.append(f"{where}{e}")
+    return out
+
+
 def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], list[str]]:
     """``(problems, missing)`` for entry point ``entry`` (a key of :data:`NEEDS`): one line per
     input it reads that cannot be used, naming its config key and the file, row or split; and
@@ -137,6 +176,7 @@ def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], li
             missing += _missing_requirements(s, where, needs)
         elif "explorer" in needs:  # a later stage's model is its predecessor's checkpoint
             missing += [p for p in _missing_requirements(s, where, needs) if "model_path" not in p]
+        problems += [p for p in check_names(s, where, needs) if p not in problems]
         for item in _inputs(s, i == 0, where):
             if not item.readers & needs or not item.path:
                 continue

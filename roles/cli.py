@@ -269,10 +269,6 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))  # a trainer rank other than 0 logs to its own file
     setup_logging(role if rank == 0 else f"{role}_rank{rank}", cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
     share_cpu()
-    if role == "explorer":
-        from roles.explorer.workflows.registry import load_plugin_dirs
-
-        load_plugin_dirs()
     freeze_heap()
     keep_freed_memory()
     from bus.errors import BusConnectError

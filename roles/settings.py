@@ -13,9 +13,10 @@ import os
 import sys
 import time
 
-from ops.algorithms import CONFIG_FIELDS, resolve
+from ops.algorithms import CONFIG_FIELDS, AlgorithmSpec, resolve
 from schemas.config import TrinityConfig
-from schemas.loader import DEFAULT, DERIVED, LoadedConfig, load_config
+from roles.plugins import PLUGIN_DIRS_ENV, PluginError, load_plugin_dirs
+from schemas.loader import DEFAULT, DERIVED, ConfigError, LoadedConfig, dotenv_value, load_config
 
 
 def resolve_algorithm(cfg: TrinityConfig, sources: dict[str, str]) -> list[str]:
@@ -41,6 +42,12 @@ def resolve_algorithm(cfg: TrinityConfig, sources: dict[str, str]) -> list[str]:
             setattr(alg, f, value)
             sources[f"algorithm.{f}"] = DERIVED
     return serve_problems(cfg, sources, user_repeat)
+
+
+def algorithm_spec(cfg: TrinityConfig) -> AlgorithmSpec:
+    """The resolved algorithm of a loaded config (every part filled in by :func:`load`)."""
+    alg = cfg.algorithm
+    return resolve(alg.algorithm_type, **{f: getattr(alg, f) for f in CONFIG_FIELDS if f != "repeat_times"})
 
 
 def serve_problems(cfg: TrinityConfig, sources: dict[str, str], user_repeat: bool) -> list[str]:
@@ -80,11 +87,18 @@ def session_start() -> float:
 
 
 def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
-    """Load the configuration named by ``--config``/``--set``/``--dotenv`` (and the env)."""
+    """Load the configuration named by ``--config``/``--set``/``--dotenv`` (and the env),
+    after importing the plugin folders (``roles/plugins.py``): the names it checks include
+    theirs."""
+    dotenv = getattr(args, "dotenv", ".env")
+    try:
+        load_plugin_dirs(os.environ.get(PLUGIN_DIRS_ENV) or dotenv_value(dotenv, PLUGIN_DIRS_ENV) or "")
+    except PluginError as e:
+        raise ConfigError([str(e)]) from e
     loaded = load_config(
         getattr(args, "config", None),
         getattr(args, "overrides", []) or [],
-        dotenv_file=getattr(args, "dotenv", ".env"),
+        dotenv_file=dotenv,
         algorithm_resolver=resolve_algorithm,
     )
     # a role started by ``trinity run`` stays quiet: the supervisor printed them once already

@@ -202,6 +202,7 @@ NON_CONFIG_VARS = (
     "TRINITY_WEIGHT_SYNC_HOST",
     "TRINITY_PLUGIN_DIRS",
     "TRINITY_SUPERVISED",
+    "TRINITY_SESSION_START",
 )
 
 
@@ -481,7 +482,7 @@ def load_config(
     env = dict(os.environ if environ is None else environ)
     dotenv = read_dotenv(dotenv_file) if dotenv_file else {}
     if config_file is None:
-        config_file = env.get("TRINITY_CONFIG") or _dotenv_value(dotenv_file, "TRINITY_CONFIG")
+        config_file = env.get("TRINITY_CONFIG") or dotenv_value(dotenv_file, "TRINITY_CONFIG")
 
     sources: dict[str, str] = {}
     raw: dict[str, Any] = {}
@@ -601,7 +602,8 @@ def _merge_env(raw: dict[str, Any], env_layer: dict[str, Any], sources: dict[str
             )
 
 
-def _dotenv_value(path: str | os.PathLike[str] | None, key: str) -> str | None:
+def dotenv_value(path: str | os.PathLike[str] | None, key: str) -> str | None:
+    """The value of ``key`` in the ``.env`` file at ``path`` (None: no file, or not there)."""
     if not path or not Path(path).is_file():
         return None
     for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():

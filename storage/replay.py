@@ -151,14 +151,6 @@ class PriorityFn:
         return msgpack.packb([self.name, self.decay, self.use_count_limit, self.sigma, self.seed])
 
 
-def staleness_floor(step: int, max_staleness: int | float | None) -> int | None:
-    """``min_model_version`` for the ``staleness_control`` sample strategy at a train step:
-    ``max(step - max_staleness, 0)``, or None when staleness is not limited."""
-    if max_staleness is None or math.isinf(max_staleness):
-        return None
-    return max(int(step - max_staleness), 0)
-
-
 # --------------------------------------------------------------------------------------------
 # records and keys
 # --------------------------------------------------------------------------------------------

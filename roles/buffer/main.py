@@ -34,13 +34,10 @@ log = structlog.get_logger(__name__)
 def build_service(cfg: TrinityConfig) -> BufferService:
     """The service a config describes: replay store (``storage_type: queue``) or a file
     dataset as the main trainer input, auxiliary file buffers, pipeline, sample strategy."""
-    from ops.algorithms import resolve
+    from roles.settings import algorithm_spec
 
     alg = cfg.algorithm
-    spec = resolve(alg.algorithm_type, **{k: getattr(alg, k) for k in (
-        "advantage_fn", "advantage_fn_args", "policy_loss_fn", "policy_loss_fn_args",
-        "kl_penalty_fn", "kl_penalty_fn_args", "kl_loss_fn", "kl_loss_fn_args",
-        "entropy_loss_fn", "entropy_loss_fn_args", "loss_agg_mode", "sample_strategy")})
+    spec = algorithm_spec(cfg)
     eb = cfg.buffer.trainer_input.experience_buffer
     job = cfg.checkpoint_job_dir
     n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * alg.repeat_times
@@ -74,7 +71,7 @@ def build_service(cfg: TrinityConfig) -> BufferService:
     pipeline = Pipeline.from_config(cfg.data_processor.experience_pipeline.operators, spec)
     return BufferService(
         store, pipeline, main_file=main_file, aux=aux, sample_strategy=spec.sample_strategy,
-        sample_args=alg.sample_strategy_args,
+        sample_args=spec.sample_strategy_args,
         max_read_timeout=(eb.max_read_timeout if eb is not None else 1800.0),
         vocab=vocab_size(cfg.model.model_path),
     )

@@ -11,11 +11,11 @@ store refuses) is returned to the caller with its error instead of stopping the 
 process loop sends it to the dead-letter stream and acks it. Retrying it could only fail
 again, and the other groups of the fetch are stored as usual.
 
-Batches follow the algorithm's ``sample_strategy``: ``default`` (the store's FIFO or priority
-order), ``staleness_control`` (no experience older than ``trainer_version - max_staleness``)
-and ``mix`` (a share ``expert_data_ratio`` of each batch from the auxiliary SFT buffer, marked
-``info["is_expert"]``, as CHORD trains on). A request waits at most ``max_read_timeout`` for a
-full batch and then returns what there is.
+Batches follow the algorithm's ``sample_strategy`` (``ops/sampling.py``), a pure function that
+plans each batch: how many experiences from the replay store and from how old a model (e.g.
+``staleness_control``), how many from the auxiliary SFT buffer, marked ``info["is_expert"]``
+(``mix``, as CHORD trains on). A request waits at most ``max_read_timeout`` for a full batch
+and then returns what there is.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ from typing import Any
 
 import structlog
 
+import ops
+from ops.sampling import BatchPlan
 from schemas import codec
 from schemas.data import ExperienceGroup
-from storage.replay import ReplayError, ReplayStore, staleness_floor
+from storage.replay import ReplayError, ReplayStore
 
 from .files import FileBuffer
 from .pipeline import Pipeline
@@ -91,6 +93,7 @@ class BufferService:
         self.aux = aux or {}
         self.strategy = sample_strategy
         self.args = dict(sample_args or {})
+        self.plan_fn = ops.get("sample_strategy", sample_strategy)
         self.max_read_timeout = max_read_timeout
         self.vocab = vocab
         self.stored = 0
@@ -99,10 +102,10 @@ class BufferService:
         #: Set by the process loop once the explorer finished and every group on the stream
         #: is ingested: nothing more will come, so a batch request stops waiting.
         self.source_done = False
-        if self.strategy == "mix" and not self.aux:
+        if self.plan(2, 0).expert and not self.aux:
             raise ValueError(
-                "algorithm.sample_strategy 'mix' needs buffer.trainer_input.auxiliary_buffers "
-                "(e.g. an SFT dataset named sft_dataset)"
+                f"algorithm.sample_strategy {sample_strategy!r} takes expert data, which needs "
+                "buffer.trainer_input.auxiliary_buffers (e.g. an SFT dataset named sft_dataset)"
             )
 
     # -- ingest -------------------------------------------------------------------------------
@@ -146,18 +149,9 @@ class BufferService:
 
     # -- batches ------------------------------------------------------------------------------
 
-    def _floor(self, trainer_version: int) -> int | None:
-        if self.strategy != "staleness_control":
-            return None
-        return staleness_floor(trainer_version, self.args.get("max_staleness"))
-
-    def _split(self, n: int) -> tuple[int, int]:
-        """(usual, expert) sizes of a batch of ``n``."""
-        if self.strategy != "mix":
-            return n, 0
-        ratio = float(self.args.get("expert_data_ratio", 0.5))
-        expert = int(round(n * ratio))
-        return n - expert, expert
+    def plan(self, n: int, trainer_version: int) -> BatchPlan:
+        """What a batch of ``n`` for a trainer at ``trainer_version`` is made of."""
+        return self.plan_fn(n, trainer_version, **self.args)
 
     async def batch(self, req: BatchRequest) -> BatchReply:
         """Answer one batch request (see the module doc)."""
@@ -166,9 +160,9 @@ class BufferService:
             return BatchReply(req.step, [codec.encode(e) for e in exps], [1] * len(exps), req.n,
                               exhausted=len(exps) < req.n)
         assert self.store is not None
-        usual, expert = self._split(req.n)
+        plan = self.plan(req.n, req.trainer_version)
+        usual, expert, floor = plan.usual, plan.expert, plan.min_model_version
         key = self._batch_key(req.step)
-        floor = self._floor(req.trainer_version)
         taken = await asyncio.to_thread(self.store.take_batch_encoded, key, 0)  # a retake?
         if not taken and usual > 0:
             timeout = self.max_read_timeout if req.timeout is None else min(req.timeout, self.max_read_timeout)

@@ -21,9 +21,10 @@ import structlog
 import torch
 
 import bus
-from ops.algorithms import AlgorithmSpec, resolve
+from ops.algorithms import AlgorithmSpec
 from roles import keys
 from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchReply, BatchRequest
+from roles.settings import algorithm_spec
 from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
 from schemas.data import Metric
@@ -36,13 +37,6 @@ from .step import StepRunner, batch_metrics
 log = structlog.get_logger(__name__)
 
 STEPS_LOG = "trainer_steps.jsonl"
-
-
-def algorithm_spec(cfg: TrinityConfig) -> AlgorithmSpec:
-    alg = cfg.algorithm
-    from ops.algorithms import CONFIG_FIELDS
-
-    return resolve(alg.algorithm_type, **{f: getattr(alg, f) for f in CONFIG_FIELDS if f != "repeat_times"})
 
 
 def total_steps(cfg: TrinityConfig) -> int | None:

@@ -263,3 +263,94 @@ def test_serve_mode_refuses_a_group_baseline_and_sets_one_rollout(config):
     assert "repeat_times: 1" in out and "hunter2" not in out  # the key prints as ***
     rc, _, err = config("explorer.openai_api.tool_call_parser=json")
     assert rc == 2 and "explorer.openai_api.tool_call_parser" in err
+
+
+# -- names: workflows, reward functions, operators, algorithm parts, plugins ----------------
+
+
+@pytest.mark.parametrize("setting,key,valid", [
+    ("buffer.explorer_input.default_workflow_type=math_wrokflow",
+     "buffer.explorer_input.taskset.default_workflow_type", "math_workflow"),
+    ("buffer.explorer_input.default_reward_fn_type=acuracy_reward",
+     "buffer.explorer_input.taskset.default_reward_fn_type", "accuracy_reward"),
+    ("data_processor.experience_pipeline.operators=[{name: reward_shapping}]",
+     "data_processor.experience_pipeline.operators[0].name", "reward_shaping"),
+    ("algorithm.policy_loss_fn=ppo_clip", "algorithm.policy_loss_fn", "gspo"),
+    ("algorithm.advantage_fn=grpo2", "algorithm.advantage_fn", "rloo"),
+    ("algorithm.kl_loss_fn=k4", "algorithm.kl_loss_fn", "low_var_kl"),
+    ("algorithm.entropy_loss_fn=entropy", "algorithm.entropy_loss_fn", "default"),
+    ("algorithm.sample_strategy=stale", "algorithm.sample_strategy", "staleness_control"),
+    ("algorithm.policy_loss_fn=no_such_module:loss", "algorithm.policy_loss_fn", "no_such_module"),
+])
+def test_a_misspelled_name_exits_2_naming_it_and_the_valid_ones(tmp_path, config, setting, key, valid):
+    data = _data(tmp_path)
+    rc, out, err = config(setting, extra=("--config", str(_run_config(tmp_path, data))))
+    assert rc == 2, err
+    assert key in err and valid in err, err
+
+
+def test_trinity_run_refuses_an_unknown_workflow_before_any_process(tmp_path):
+    data = _data(tmp_path)
+    r = trinity("run", "--config", str(_run_config(tmp_path, data)),
+                "--set", "buffer.explorer_input.default_workflow_type=math_wrokflow")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "default_workflow_type: unknown workflow 'math_wrokflow'" in r.stderr, r.stderr
+    assert not (tmp_path / "ckpt").exists(), "something started before the names were checked"
+
+
+PLUGIN = '''
+import torch
+from ops.registry import register
+from ops.sampling import BatchPlan
+
+@register("policy_loss_fn", "my_loss")
+def my_loss(logprob, old_logprob, advantages, action_mask, *, ref_logprob=None, expert_mask=None,
+            global_step=0, scale=1.0):
+    loss = -(advantages * logprob * action_mask).sum() / action_mask.sum().clamp(min=1)
+    return scale * loss, {"my_loss/called": 1.0}
+
+@register("sample_strategy", "newest_first")
+def newest_first(n, trainer_version, *, window=2):
+    return BatchPlan(n, min_model_version=max(trainer_version - window, 0))
+'''
+
+
+def test_plugin_parts_are_accepted_by_name_and_by_import_path(tmp_path, config, monkeypatch):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "parts.py").write_text(PLUGIN)
+    data = _data(tmp_path)
+    cfg = str(_run_config(tmp_path, data))
+    sets = ("algorithm.policy_loss_fn=my_loss", "algorithm.policy_loss_fn_args={scale: 2.0}",
+            "algorithm.sample_strategy=newest_first", "algorithm.sample_strategy_args={window: 3}")
+    rc, out, err = config(*sets, extra=("--config", cfg))
+    assert rc == 2 and "unknown sample_strategy 'newest_first'" in err, err  # not loaded yet
+    monkeypatch.setenv("TRINITY_PLUGIN_DIRS", str(plugins))
+    rc, out, err = config(*sets, extra=("--config", cfg))
+    assert rc == 0, err
+    loaded = yaml.safe_load(out)["algorithm"]
+    assert loaded["policy_loss_fn"] == "my_loss" and loaded["sample_strategy_args"] == {"window": 3}
+    # a wrong hyperparameter of a plugin part is named like a built-in's
+    rc, out, err = config(*sets, "algorithm.policy_loss_fn_args={scael: 2.0}", extra=("--config", cfg))
+    assert rc == 2 and "'my_loss' has no argument(s) scael" in err, err
+    # by import path, without a plugin folder: the module is importable from sys.path
+    monkeypatch.delenv("TRINITY_PLUGIN_DIRS")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "my_losses.py").write_text("def plain_pg(logprob, old_logprob, advantages, "
+                                                   "action_mask, **_):\n    return 0.0, {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    rc, out, err = config("algorithm.policy_loss_fn=my_losses:plain_pg", extra=("--config", cfg))
+    assert rc == 0, err
+
+
+def test_a_plugin_that_fails_to_import_is_a_config_error_naming_the_file(tmp_path, config, monkeypatch):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "broken.py").write_text("x = 1\nraise RuntimeError('boom')\n")
+    monkeypatch.setenv("TRINITY_PLUGIN_DIRS", str(plugins))
+    cfg = str(_run_config(tmp_path, _data(tmp_path)))
+    rc, out, err = config(extra=("--config", cfg))
+    assert rc == 2 and "broken.py: RuntimeError: boom" in err, err
+    monkeypatch.setenv("TRINITY_PLUGIN_DIRS", str(tmp_path / "nowhere"))
+    rc, out, err = config(extra=("--config", cfg))
+    assert rc == 2 and "is not a folder" in err, err

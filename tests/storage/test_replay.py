@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from schemas.data import Experience, ExperienceGroup
-from storage.replay import PriorityFn, ReplayError, ReplayStore, State, _gauss, staleness_floor
+from ops.sampling import staleness_floor
+from storage.replay import PriorityFn, ReplayError, ReplayStore, State, _gauss
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,21 +2,20 @@
 
 A taskset names its workflow (``default_workflow_type``). The name is one of the built-ins
 below, a ``module.path:ClassName`` / ``module.path.ClassName`` importable from ``sys.path``,
-or a name registered by a module in ``TRINITY_PLUGIN_DIRS`` (colon-separated folders whose
-``*.py`` files are imported at start, each may call :func:`register_workflow`).
+or a name registered by a file in ``TRINITY_PLUGIN_DIRS`` (``roles/plugins.py``: every entry
+point imports them before it checks the config), with :func:`register_workflow`.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 from roles.explorer.workflows.base import Workflow
 from roles.explorer.workflows.math import MathBoxedWorkflow, MathWorkflow
+from roles.plugins import load_plugin_dirs
+
+__all__ = ["WORKFLOWS", "get_workflow", "load_plugin_dirs", "register_workflow"]
 
 WORKFLOWS: dict[str, type[Workflow]] = {
     "math_workflow": MathWorkflow,
@@ -32,29 +31,6 @@ def register_workflow(name: str) -> Callable[[type[Workflow]], type[Workflow]]:
         return cls
 
     return deco
-
-
-def load_plugin_dirs(dirs: str | list[str] | None = None) -> list[str]:
-    """Import every ``*.py`` in the plugin folders (default: ``$TRINITY_PLUGIN_DIRS``)."""
-    if dirs is None:
-        dirs = os.environ.get("TRINITY_PLUGIN_DIRS", "")
-    if isinstance(dirs, str):
-        dirs = [d for d in dirs.split(os.pathsep) if d]
-    loaded = []
-    for d in dirs:
-        folder = Path(d)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"plugin dir {d}: not a folder")
-        for f in sorted(folder.glob("*.py")):
-            name = f"trinity_plugin_{folder.name}_{f.stem}"
-            if name in sys.modules:
-                continue
-            spec = importlib.util.spec_from_file_location(name, f)
-            mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)  # type: ignore[union-attr]
-            loaded.append(str(f))
-    return loaded
 
 
 def get_workflow(name: str) -> type[Workflow]:
