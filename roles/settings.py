@@ -14,8 +14,8 @@ import sys
 import time
 
 from ops.algorithms import CONFIG_FIELDS, AlgorithmSpec, resolve
-from schemas.config import TrinityConfig
 from roles.plugins import PLUGIN_DIRS_ENV, PluginError, load_plugin_dirs
+from schemas.config import TrinityConfig
 from schemas.loader import DEFAULT, DERIVED, ConfigError, LoadedConfig, dotenv_value, load_config
 
 
