@@ -52,6 +52,9 @@ SEQUENCE_ADVANTAGE_FNS: frozenset[str] = frozenset(
     {"reinforce", "remax", "on_policy_distill", "jsd"}
 )
 BATCH_ADVANTAGE_FNS: frozenset[str] = frozenset({"ppo", "reinforceplusplus"})
+# Which need a teacher's log-probs of the sampled tokens (``Experience.teacher_logprobs``: the
+# explorer scores every rollout with ``explorer.auxiliary_models[0]``).
+TEACHER_ADVANTAGE_FNS: frozenset[str] = frozenset({"on_policy_distill", "jsd"})
 
 # The data keywords every advantage function accepts (the rest are hyperparameters).
 ADVANTAGE_DATA: tuple[str, ...] = (

@@ -78,8 +78,8 @@ class AlgorithmSpec:
     min_repeat_times: int  # 2 when the advantage compares rollouts of the same task
     use_critic: bool  # a value model is trained (GAE)
     use_reference: bool  # reference-model log-probs are needed (KL terms, DPO)
+    use_teacher: bool  # the explorer scores rollouts with a teacher (on-policy distillation)
     compute_advantage_in_trainer: bool  # advantages need the whole batch, not one group
-    can_balance_batch: bool  # rows may be reordered across ranks (not DPO's pairs)
     schema: str  # training data: "experience" (rollouts), "sft" or "dpo" (datasets)
 
 
@@ -94,7 +94,6 @@ class _Defaults:
     sample_strategy: str = "default"
     repeat_times: int = 2
     schema: str = "experience"
-    can_balance_batch: bool = True
     advantage_fn_args: dict[str, Any] = field(default_factory=dict)
     policy_loss_fn_args: dict[str, Any] = field(default_factory=dict)
 
@@ -106,7 +105,7 @@ ALGORITHM_DEFAULTS: dict[str, _Defaults] = {
     "ppo": _Defaults("ppo", repeat_times=1),
     "grpo": _Defaults("grpo"),
     "sft": _Defaults(None, policy_loss_fn="sft", repeat_times=1, schema="sft", **_NO_KL),
-    "dpo": _Defaults(None, policy_loss_fn="dpo", schema="dpo", can_balance_batch=False),
+    "dpo": _Defaults(None, policy_loss_fn="dpo", schema="dpo"),
     "mix": _Defaults(
         "grpo", policy_loss_fn="mix", entropy_loss_fn="mix", sample_strategy="mix", repeat_times=8
     ),
@@ -273,6 +272,12 @@ def resolve(algorithm_type: str, **overrides: Any) -> AlgorithmSpec:
     # A KL penalty in the reward needs reference log-probs, which only the trainer has.
     kl_in_reward = resolved["kl_penalty_fn"] != "none"
     in_trainer = adv is not None and (adv not in local or batch_std or kl_in_reward)
+    use_teacher = adv in advantages.TEACHER_ADVANTAGE_FNS
+    if use_teacher and in_trainer:
+        raise ValueError(
+            f"algorithm.kl_penalty_fn: {adv} computes advantages from the teacher's log-probs in "
+            "the buffer; a KL penalty in the reward (computed in the trainer) cannot be combined with it"
+        )
 
     return AlgorithmSpec(
         algorithm_type=algorithm_type,
@@ -288,8 +293,8 @@ def resolve(algorithm_type: str, **overrides: Any) -> AlgorithmSpec:
             or resolved["kl_loss_fn"] != "none"
             or resolved["policy_loss_fn"] == "dpo"
         ),
+        use_teacher=use_teacher,
         compute_advantage_in_trainer=in_trainer,
-        can_balance_batch=base.can_balance_batch,
         schema=base.schema,
     )
 

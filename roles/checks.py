@@ -87,6 +87,9 @@ def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
         rollout = cfg.explorer.rollout_model
         if rollout.engine_type != "external" and rollout.model_path and rollout.model_path != cfg.model.model_path:
             out.append(Input(f"{where}explorer.rollout_model.model_path", rollout.model_path, explorer))
+        for j, aux in enumerate(cfg.explorer.auxiliary_models):
+            if aux.engine_type != "external" and aux.model_path:
+                out.append(Input(f"{where}explorer.auxiliary_models[{j}].model_path", aux.model_path, explorer))
         n = cfg.nats
         for name in ("tls_ca_file", "tls_cert_file", "tls_key_file", "creds_file", "nkey_seed_file"):
             if getattr(n, name):

@@ -41,6 +41,10 @@ def resolve_algorithm(cfg: TrinityConfig, sources: dict[str, str]) -> list[str]:
         if getattr(alg, f) is None or (f == "repeat_times" and value != alg.repeat_times):
             setattr(alg, f, value)
             sources[f"algorithm.{f}"] = DERIVED
+    if spec.use_teacher and not cfg.explorer.auxiliary_models and cfg.mode in ("both", "colocate", "explore", "serve"):
+        return [f"explorer.auxiliary_models: algorithm {alg.algorithm_type!r} (advantage_fn {spec.advantage_fn!r}) "
+                "learns from a teacher's log-probs of the student's samples: list the teacher as "
+                "auxiliary model 0 (model_path, engine_type vllm or transformers)"]
     return serve_problems(cfg, sources, user_repeat)
 
 

@@ -36,7 +36,7 @@ IGNORED_PATHS: dict[str, str] = {
     "cod": "CoD task packing is not implemented",
     "service": "Data-Juicer services are not implemented",
     "data_processor.task_pipeline": "the Data-Juicer task pipeline is not implemented",
-    "actor_rollout_ref": "veRL-only trainer settings; trinity's trainer is DeepSpeed/PyTorch",
+    "actor_rollout_ref": "veRL-only trainer settings; trinity's trainer is DeepSpeed/PyTorch (the ones it has are read: VERL_FIELDS)",
     "critic.strategy": "veRL-only; trinity's critic trains in the trainer process",
     "critic.model": "veRL-only; the critic loads model.critic_model_path",
     "critic.optim.total_training_steps": "set from the trainer's total steps",
@@ -46,10 +46,10 @@ IGNORED_PATHS: dict[str, str] = {
     "critic.ppo_max_token_len_per_gpu": "the critic uses the trainer's micro-batches",
     "critic.forward_max_token_len_per_gpu": "the critic uses the trainer's micro-batches",
     "critic.ulysses_sequence_parallel_size": "sequence parallelism is not implemented",
-    "critic.ppo_epochs": "one update per batch, as the actor",
-    "critic.shuffle": "veRL-only",
+    "critic.ppo_epochs": "the critic makes the actor's updates (trainer.ppo_epochs, ppo_mini_batch_size)",
+    "critic.shuffle": "the critic makes the actor's updates (trainer.ppo_shuffle)",
     "critic.checkpoint": "the critic is saved with the trainer's checkpoint",
-    "trainer.trainer_config": "veRL-only inline trainer config",
+    "trainer.trainer_config": "veRL-only inline trainer config (the settings trinity has are read: VERL_FIELDS)",
     "trainer.trainer_config_path": "veRL-only trainer config file",
     "trainer.trainer_strategy": "veRL's FSDP/Megatron strategies; trinity uses trainer.deepspeed",
     "trainer.megatron": "Megatron-LM is not implemented",
@@ -67,6 +67,63 @@ IGNORED_PATHS: dict[str, str] = {
     "explorer.db_url": "closed episodes go to the buffer over the bus; there is no SQL database",
     "log.group_by_node": "logs are per role; one node per role process",
 }
+
+
+#: veRL settings trinity has, read from ``actor_rollout_ref.actor`` (top level, or inside
+#: ``trainer.trainer_config`` as Trinity-RFT writes them) into trinity's own fields. A value the
+#: config also sets under trinity's name loses to that; the rest of the section is ignored
+#: with the warning of :data:`IGNORED_PATHS`.
+VERL_FIELDS: dict[str, str] = {
+    "actor_rollout_ref.actor.ppo_epochs": "trainer.ppo_epochs",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "trainer.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.shuffle": "trainer.ppo_shuffle",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "trainer.micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.use_dynamic_bsz": "trainer.use_dynamic_bsz",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "trainer.max_token_len_per_gpu",
+    "actor_rollout_ref.actor.grad_clip": "trainer.grad_clip",
+    "actor_rollout_ref.actor.optim.lr": "algorithm.optimizer.lr",
+}
+
+#: Fields trinity accepts (Trinity-RFT configs set them) but that change nothing here, with why.
+#: ``[]`` stands for any list item, ``{}`` for any dict key. A source setting one of them to
+#: something other than its default gets one warning naming the field (``schemas/derive.py``);
+#: ``tests/schemas/test_field_coverage.py`` fails for a field that is neither read by the code
+#: nor listed here.
+UNUSED_FIELDS: dict[str, str] = {
+    "model.trust_remote_code": "trinity loads only architectures transformers ships; it never runs a model folder's own code",
+    "trainer.name": "the trainer's heartbeat and log are named 'trainer'",
+    "trainer.save_strategy": "one process writes each file (rank 0 the model, each rank its optimizer partition); there are no concurrent savers to order",
+    "synchronizer.wait_for_checkpoint": "the explorer loads exactly the version the sync policy requires (sync.offer), never 'the latest' one",
+    "data_processor.experience_pipeline.save_input": "the experience stream keeps every input group (nats stream view)",
+    "data_processor.experience_pipeline.input_save_path": "the experience stream keeps every input group (nats stream view)",
+    "buffer.explorer_input.taskset.storage_type": "tasksets are files",
+    "buffer.explorer_input.eval_tasksets[].storage_type": "tasksets are files",
+    "buffer.explorer_input.taskset.enable_progress_bar": "progress shows on trinity run's status line",
+    "buffer.explorer_input.eval_tasksets[].enable_progress_bar": "progress shows on trinity run's status line",
+    "buffer.trainer_input.experience_buffer.enable_progress_bar": "progress shows on trinity run's status line",
+    "buffer.trainer_input.auxiliary_buffers{}.enable_progress_bar": "progress shows on trinity run's status line",
+    "buffer.trainer_input.auxiliary_buffers{}.storage_type": "an auxiliary buffer is a file dataset (SFT data for mix/CHORD)",
+    "buffer.trainer_input.auxiliary_buffers{}.capacity": "an auxiliary buffer is a file dataset, read in full",
+    "buffer.trainer_input.auxiliary_buffers{}.max_read_timeout": "an auxiliary buffer is a file dataset: it never waits",
+    "buffer.trainer_input.auxiliary_buffers{}.replay_buffer": "an auxiliary buffer is a file dataset, not a replay store",
+    "buffer.trainer_input.auxiliary_buffers{}.format.workflow_key": "datasets are trained on, not run by workflows",
+    "buffer.trainer_input.auxiliary_buffers{}.format.reward_fn_key": "datasets are trained on, not run by workflows",
+    "buffer.trainer_input.experience_buffer.format.workflow_key": "datasets are trained on, not run by workflows",
+    "buffer.trainer_input.experience_buffer.format.reward_fn_key": "datasets are trained on, not run by workflows",
+}
+UNUSED_FIELDS["model.logprobs"] = ("the sampled token's log-prob is always recorded; top-k "
+                                   "alternatives are not stored in experiences")
+for _ts in ("buffer.explorer_input.taskset", "buffer.explorer_input.eval_tasksets[]"):
+    UNUSED_FIELDS[f"{_ts}.rollout_args.logprobs"] = UNUSED_FIELDS["model.logprobs"]
+    for _key in ("chosen_key", "rejected_key", "tools_key", "enable_concatenated_multi_turn"):
+        UNUSED_FIELDS[f"{_ts}.format.{_key}"] = "a DPO/SFT dataset setting; a taskset's rows go to its workflow as they are"
+    UNUSED_FIELDS[f"{_ts}.format.chat_template"] = "rollouts use the engine's template: explorer.rollout_model.chat_template (or model.custom_chat_template)"
+    UNUSED_FIELDS[f"{_ts}.format.enable_thinking"] = "rollouts use the engine's setting: explorer.rollout_model.enable_thinking (or model.enable_thinking)"
+for _fmt in ("buffer.explorer_input.taskset", "buffer.explorer_input.eval_tasksets[]",
+             "buffer.trainer_input.experience_buffer", "buffer.trainer_input.auxiliary_buffers{}"):
+    UNUSED_FIELDS[f"{_fmt}.format.image_key"] = "multi-modal data is not implemented"
+    UNUSED_FIELDS[f"{_fmt}.format.video_key"] = "multi-modal data is not implemented"
+    UNUSED_FIELDS[f"{_fmt}.format.reply_prefix"] = "not implemented: the reply starts where the chat template's generation prompt ends"
 
 
 class Section(BaseModel):
@@ -146,7 +203,7 @@ class OptimizerConfig(Section):
     lr_scheduler_type: Literal["constant", "cosine"] = "constant"
     """Learning-rate schedule after warmup."""
     optimizer_type: Literal["adam", "adamw"] = "adam"
-    """Optimizer; both map to decoupled-weight-decay AdamW, as in Trinity-RFT."""
+    """Optimizer; both are decoupled-weight-decay AdamW (``torch.optim.AdamW``), as in Trinity-RFT."""
     betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
         default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2
     )
@@ -154,7 +211,8 @@ class OptimizerConfig(Section):
     weight_decay: float = Field(0.01, ge=0)
     """Decoupled weight decay."""
     clip_grad: float = Field(1.0, ge=0)
-    """Gradient-norm clip of the optimizer (``trainer.grad_clip`` takes precedence when set)."""
+    """Gradient-norm clip; set here, it is ``trainer.grad_clip`` (``critic.grad_clip`` for the
+    critic's optimizer) unless that is set too, which then wins."""
 
 
 class AlgorithmConfig(Section):
@@ -223,9 +281,10 @@ class ModelConfig(Section):
     critic_model_path: str = ""
     """Critic model path for PPO. Empty: ``model_path``."""
     custom_chat_template: str | None = None
-    """Chat template (jinja) overriding the tokenizer's."""
+    """Chat template (jinja) overriding the tokenizer's: the rollout engine's and the SFT/DPO
+    datasets' (unless they set their own)."""
     chat_template_path: str | None = None
-    """Path of a jinja chat template; overrides ``custom_chat_template``."""
+    """Path of a jinja chat template file; overrides ``custom_chat_template``."""
     temperature: float = Field(1.0, ge=0)
     """Default sampling temperature when a taskset's rollout_args does not set one."""
     top_p: float = Field(1.0, gt=0, le=1)
@@ -233,7 +292,9 @@ class ModelConfig(Section):
     top_k: int = Field(-1, ge=-1)
     """Default top-k; -1 (or 0) disables it."""
     logprobs: int = Field(0, ge=0)
-    """Extra top logprobs per token returned by the engine (0: only the sampled token's)."""
+    """Accepted for compatibility: the engines always record the sampled token's log-prob,
+    which is what training uses; top-k alternatives are not stored in experiences (the OpenAI
+    API returns them per request: ``top_logprobs``)."""
     max_model_len: int | None = Field(None, ge=1)
     """Max tokens in a sequence. None: ``max_prompt_tokens + max_response_tokens``."""
     max_prompt_tokens: int | None = Field(None, ge=1)
@@ -247,11 +308,13 @@ class ModelConfig(Section):
     repetition_penalty: float = Field(1.0, gt=0)
     """Repetition penalty for generation."""
     enable_thinking: bool | None = None
-    """Passed to chat templates that support it (Qwen3)."""
+    """Passed to chat templates that support it (Qwen3): the rollout engine's and the SFT/DPO
+    datasets'."""
     rope_scaling: dict[str, Any] | None = None
-    """RoPE scaling overrides for the model config."""
+    """RoPE scaling override of the model config (e.g. ``{rope_type: yarn, factor: 4.0}``), for
+    the trainer (and its checkpoints) and the rollout engine alike."""
     rope_theta: float | None = Field(None, gt=0)
-    """RoPE theta override."""
+    """RoPE theta override, like ``rope_scaling``."""
     external_model: ExternalModelConfig = Field(default_factory=ExternalModelConfig)
     """External API model settings."""
 
@@ -305,9 +368,10 @@ class FormatConfig(Section):
     enable_concatenated_multi_turn: bool = False
     """SFT on every assistant turn of a conversation (messages only)."""
     chat_template: str | None = None
-    """Chat template for SFT/DPO data; None: ``model.custom_chat_template``."""
+    """Chat template for SFT/DPO data; None: ``model.custom_chat_template``. (Rollouts use the
+    engine's: ``explorer.rollout_model.chat_template``.)"""
     enable_thinking: bool | None = None
-    """Passed to chat templates that support it."""
+    """Passed to the chat template of SFT/DPO data; None: ``model.enable_thinking``."""
 
 
 class GenerationConfig(Section):
@@ -315,10 +379,10 @@ class GenerationConfig(Section):
     """Sampling temperature; None: ``model.temperature``."""
     top_p: float | None = Field(None, gt=0, le=1)
     """Nucleus sampling p; None: ``model.top_p``."""
-    top_k: int = Field(-1, ge=-1)
-    """Top-k; -1 (or 0) disables it."""
+    top_k: int | None = Field(None, ge=-1)
+    """Top-k; -1 (or 0) disables it. None: ``model.top_k``."""
     logprobs: int | None = Field(None, ge=0)
-    """Extra top logprobs per token; None: ``model.logprobs``."""
+    """Accepted for compatibility (see ``model.logprobs``)."""
     max_tokens: int | None = Field(None, ge=1)
     """Max generated tokens; None: ``model.max_response_tokens``."""
     n: int = Field(1, ge=1)
@@ -483,11 +547,17 @@ class InferenceModelConfig(Section):
     repetition_penalty: float | None = Field(None, gt=0)
     """None: ``model.repetition_penalty``."""
     chat_template: str | None = None
-    """Chat template override for this engine."""
+    """Chat template override for this engine. None: the model's ``custom_chat_template`` /
+    ``chat_template_path`` (rollout model), else the tokenizer's."""
     enable_thinking: bool | None = None
-    """Passed to chat templates that support it."""
+    """Passed to chat templates that support it. None: ``model.enable_thinking``."""
+    rope_scaling: dict[str, Any] | None = None
+    """RoPE scaling override of the model config. None: ``model.rope_scaling``."""
+    rope_theta: float | None = Field(None, gt=0)
+    """RoPE theta override. None: ``model.rope_theta``."""
     enable_history: bool = False
-    """Record every call's experiences on the model wrapper."""
+    """Record every call's experiences on the workflow's model wrapper, for
+    ``self.model.extract_experience_from_history()``."""
     enable_openai_api: bool = False
     """Serve the engines through an OpenAI-compatible HTTP API in the explorer
     (``explorer.openai_api``); workflows reach it with ``self.model.get_openai_client()``.
@@ -497,7 +567,8 @@ class InferenceModelConfig(Section):
     extra_engine_args: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the engine constructor."""
     weight_sync_buffer_size: int = Field(1024, ge=1)
-    """Bucket size (MB) for batched weight broadcast."""
+    """Bucket size (MB) of the NCCL weight broadcast (same-dtype tensors sent as one buffer);
+    gloo, on CPU, sends tensor by tensor (measured faster there)."""
 
 
 class OverRolloutConfig(Section):
@@ -627,8 +698,19 @@ class TrainerConfig(Section):
     """Sequence parallelism is not implemented; only 1."""
     critic_warmup: int = Field(0, ge=0)
     """Steps training only the critic (PPO)."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each batch (veRL's ``actor_rollout_ref.actor.ppo_epochs``); the critic
+    makes as many."""
+    ppo_mini_batch_size: int | None = Field(None, ge=1)
+    """Tasks per optimizer step (veRL's ``ppo_mini_batch_size``): each pass splits the batch
+    into mini-batches of ``ppo_mini_batch_size * repeat_times`` experiences, one update each.
+    None: the whole batch, one update per pass."""
+    ppo_shuffle: bool = False
+    """Shuffle the batch's rows before each pass's split into mini-batches (veRL's
+    ``actor.shuffle``); seeded by the step, so a resumed run repeats it exactly."""
     balance_batch: bool = True
-    """Balance tokens across data-parallel ranks."""
+    """Balance tokens across data-parallel trainer ranks (rows largest first to the least
+    loaded rank); false: each rank trains a contiguous block of the batch's rows."""
     param_offload: bool = False
     """Alias of ``deepspeed.offload_param``."""
     optimizer_offload: bool = False
@@ -679,7 +761,8 @@ class MonitorConfig(Section):
     monitor_args: dict[str, Any] | None = None
     """Arguments of the monitor (wandb: base_url, api_key; mlflow: uri, username, password)."""
     detailed_stats: bool = False
-    """Report mean/std/max/min of eval metrics."""
+    """Add the max, min and std of rewards and response lengths to the rollout and eval
+    metrics (their mean is always there)."""
 
 
 class LogConfig(Section):

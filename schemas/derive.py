@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from schemas.config import ExperienceBufferConfig, TrinityConfig, ceil_div
+from schemas.config import UNUSED_FIELDS, ExperienceBufferConfig, TrinityConfig, ceil_div
 
 #: ``sources`` label of a value nobody set.
 DEFAULT = "default"
@@ -99,6 +99,13 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
             )
     if not m.critic_model_path:
         put(m, "critic_model_path", m.model_path, "model.critic_model_path")
+    template = m.custom_chat_template
+    if m.chat_template_path:
+        try:
+            with open(os.path.expanduser(m.chat_template_path), encoding="utf-8") as f:
+                template = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            problems.append(f"model.chat_template_path: {m.chat_template_path}: cannot read: {e}")
 
     # algorithm
     if alg.algorithm_type == "dpo" and alg.repeat_times != 2:
@@ -158,12 +165,15 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
         for attr, value in (
             ("temperature", m.temperature),
             ("top_p", m.top_p),
-            ("logprobs", m.logprobs),
+            ("top_k", m.top_k),
             ("max_tokens", m.max_response_tokens),
         ):
             if getattr(ra, attr) is None and value is not None:
                 put(ra, attr, value, f"{path}.rollout_args.{attr}")
         if ra.n != ts.repeat_times:
+            if ra.n is not None and ra.n != 1:
+                warnings.append(f"{path}.rollout_args.n ({ra.n}) is replaced by the taskset's "
+                                f"repeat_times ({ts.repeat_times}): rollouts per task are repeat_times")
             put(ra, "n", ts.repeat_times, f"{path}.rollout_args.n")
 
     # experience buffer
@@ -228,6 +238,24 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
             put(rm, attr, getattr(m, attr), f"explorer.rollout_model.{attr}")
     if rm.model_path is None and m.model_path:
         put(rm, "model_path", m.model_path, "explorer.rollout_model.model_path")
+    for attr, value in (("chat_template", template), ("enable_thinking", m.enable_thinking),
+                        ("rope_scaling", m.rope_scaling), ("rope_theta", m.rope_theta)):
+        if getattr(rm, attr) is None and value is not None:
+            put(rm, attr, value, f"explorer.rollout_model.{attr}")
+    # the trainer's datasets are rendered with the trained model's template
+    datasets = [(ebp, eb)] + [(f"buffer.trainer_input.auxiliary_buffers.{k}", b)
+                              for k, b in ti.auxiliary_buffers.items()]
+    for path, b in datasets:
+        for attr, value in (("chat_template", template), ("enable_thinking", m.enable_thinking)):
+            if getattr(b.format, attr) is None and value is not None:
+                put(b.format, attr, value, f"{path}.format.{attr}")
+    for j, aux in enumerate(ex.auxiliary_models):  # judges, teachers: same limits by default
+        if not aux.model_path:
+            problems.append(f"explorer.auxiliary_models[{j}].model_path: required")
+        for attr in ("max_model_len", "max_prompt_tokens", "max_response_tokens", "min_response_tokens",
+                     "enable_prompt_truncation"):
+            if getattr(aux, attr) is None and getattr(m, attr) is not None:
+                put(aux, attr, getattr(m, attr), f"explorer.auxiliary_models[{j}].{attr}")
     if m.external_model.enable and rm.engine_type != "external":
         put(rm, "engine_type", "external", "explorer.rollout_model.engine_type")
 
@@ -244,6 +272,11 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
             ceil_div(2 * m.max_model_len, tr.ulysses_sequence_parallel_size),
             "trainer.max_token_len_per_gpu",
         )
+    # the optimizer's clip_grad is Trinity-RFT's other spelling of trainer.grad_clip
+    if user_set("algorithm.optimizer.clip_grad") and not user_set("trainer.grad_clip"):
+        put(tr, "grad_clip", opt.clip_grad, "trainer.grad_clip")
+    if user_set("critic.optim.clip_grad") and not user_set("critic.grad_clip"):
+        put(cfg.critic, "grad_clip", cfg.critic.optim.clip_grad, "critic.grad_clip")
     if tr.param_offload and not tr.deepspeed.offload_param:
         put(tr.deepspeed, "offload_param", True, "trainer.deepspeed.offload_param")
     if tr.optimizer_offload and not tr.deepspeed.offload_optimizer:
@@ -263,4 +296,35 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
     # bus
     if cfg.nats.store_dir is None:
         put(cfg.nats, "store_dir", os.path.join(cfg.checkpoint_root_dir, "nats"), "nats.store_dir")
+
+    warnings += [f"{path} is accepted but has no effect: {why}" for path, why in unused_settings(cfg)]
     return problems
+
+
+def unused_settings(cfg: TrinityConfig) -> list[tuple[str, str]]:
+    """``(path, why)`` of every :data:`UNUSED_FIELDS` field whose value is not its default:
+    the user asked for something trinity does not do. (By value, not by source: a list is one
+    source entry, and a field left at its default asks for nothing.)"""
+    out: list[tuple[str, str]] = []
+    for pattern, why in UNUSED_FIELDS.items():
+        *parents, leaf = pattern.split(".")
+        nodes: list[tuple[str, Any]] = [("", cfg)]
+        for seg in parents:
+            name = seg.rstrip("[]{}")
+            nxt: list[tuple[str, Any]] = []
+            for where, node in nodes:
+                child = getattr(node, name, None)
+                here = f"{where}.{name}" if where else name
+                if seg.endswith("[]"):
+                    nxt += [(f"{here}[{i}]", c) for i, c in enumerate(child or [])]
+                elif seg.endswith("{}"):
+                    nxt += [(f"{here}.{k}", c) for k, c in (child or {}).items()]
+                elif child is not None:
+                    nxt.append((here, child))
+            nodes = nxt
+        for where, node in nodes:
+            field = type(node).model_fields[leaf]
+            default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+            if getattr(node, leaf) != default:
+                out.append((f"{where}.{leaf}", why))
+    return out

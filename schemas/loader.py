@@ -33,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource
 
-from schemas.config import IGNORED_PATHS, TrinityConfig
+from schemas.config import IGNORED_PATHS, VERL_FIELDS, TrinityConfig
 from schemas.derive import DEFAULT, derive
 from schemas.derive import DERIVED as DERIVED  # roles read the provenance labels from here
 from schemas.redact import REDACTED, SECRET_KEY, redact_secrets, redact_url
@@ -418,6 +418,41 @@ def _explain(
 # --------------------------------------------------------------------------------------------
 
 
+def _read_verl(raw: dict[str, Any], sources: dict[str, str]) -> None:
+    """Move the veRL settings trinity has (:data:`VERL_FIELDS`) to trinity's fields, at the
+    top level and inside ``trainer.trainer_config``; trinity's own name wins when both are set."""
+    for root in ((), ("trainer", "trainer_config")):
+        for verl, native in VERL_FIELDS.items():
+            path = [*root, *verl.split(".")]
+            node: Any = raw
+            for part in path[:-1]:
+                node = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or path[-1] not in node:
+                continue
+            value = node.pop(path[-1])
+            dotted = ".".join(path)
+            _prune_empty(raw, path[:-1])
+            target: Any = raw
+            *parents, leaf = native.split(".")
+            for part in parents:
+                target = target.setdefault(part, {})
+            if leaf not in target:
+                target[leaf] = value
+                sources[native] = f"{sources.get(dotted, 'file')} as {dotted}"
+            sources.pop(dotted, None)
+
+
+def _prune_empty(raw: dict[str, Any], path: list[str]) -> None:
+    """Remove the dicts along ``path`` that are now empty, deepest first (a veRL section whose
+    every key was read leaves nothing to warn about)."""
+    for depth in range(len(path), 0, -1):
+        parent: Any = raw
+        for part in path[: depth - 1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and parent.get(path[depth - 1]) == {}:
+            del parent[path[depth - 1]]
+
+
 def _drop_ignored(
     raw: dict[str, Any], sources: dict[str, str], warnings: list[str], prefix: str = ""
 ) -> None:
@@ -448,6 +483,7 @@ def _validate(
     prefix: str = "",
     resolver: Resolver | None = None,
 ) -> TrinityConfig:
+    _read_verl(raw, sources)
     _drop_ignored(raw, sources, warnings, prefix)
     try:
         cfg = TrinityConfig.model_validate(raw)

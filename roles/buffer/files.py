@@ -22,13 +22,15 @@ def _plain_template(messages: list[dict[str, Any]], add_generation_prompt: bool)
 
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
-           tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """Token ids of ``messages`` (and ``tools``) with the tokenizer's chat template (a plain
-    ``role: text`` layout when it has none, e.g. a tiny test tokenizer)."""
-    if getattr(tokenizer, "chat_template", None):
+           tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,
+           **template_vars: Any) -> list[int]:
+    """Token ids of ``messages`` (and ``tools``) with ``chat_template`` or else the tokenizer's
+    (a plain ``role: text`` layout when there is none, e.g. a tiny test tokenizer);
+    ``template_vars`` (``enable_thinking``) go to the template."""
+    if chat_template or getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-            **({"tools": tools} if tools else {}),
+            chat_template=chat_template, **({"tools": tools} if tools else {}), **template_vars,
         )
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]
@@ -68,6 +70,14 @@ class FileBuffer:
         return [self._experience(idx, epoch, self.reader.transform(idx, self.reader.rows[idx], epoch))
                 for idx, epoch in rows]
 
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """:func:`render` with this dataset's ``format.chat_template`` / ``enable_thinking``
+        (the loader fills them from ``model.*``)."""
+        fmt = self.cfg.format
+        extra = {} if fmt.enable_thinking is None else {"enable_thinking": fmt.enable_thinking}
+        return render(self.tokenizer, messages, add_generation_prompt, tools, fmt.chat_template, **extra)
+
     def _cut(self, ids: list[int]) -> list[int]:
         return ids[: self.max_length] if self.max_length else ids
 
@@ -75,9 +85,9 @@ class FileBuffer:
         name = self.cfg.name or "dataset"
         eid = f"{name}/{epoch}/{idx}"
         if self.kind == "dpo":
-            prompt = render(self.tokenizer, row.messages, True)
-            chosen = render(self.tokenizer, row.messages + (row.chosen or []), False)[len(prompt):]
-            rejected = render(self.tokenizer, row.messages + (row.rejected or []), False)[len(prompt):]
+            prompt = self._render(row.messages, True)
+            chosen = self._render(row.messages + (row.chosen or []), False)[len(prompt):]
+            rejected = self._render(row.messages + (row.rejected or []), False)[len(prompt):]
             return Experience(
                 id=eid, task_id=eid, group_id=eid, run_id=name,
                 tokens=np.asarray(prompt, dtype=np.int32), prompt_length=len(prompt),
@@ -88,8 +98,8 @@ class FileBuffer:
         if self.cfg.format.enable_concatenated_multi_turn:
             prompt, full, mask = self._all_turns(row, eid)
         else:  # the last assistant turn is the response
-            prompt = render(self.tokenizer, row.messages[:-1], True, row.tools)
-            full = render(self.tokenizer, row.messages, False, row.tools)
+            prompt = self._render(row.messages[:-1], True, row.tools)
+            full = self._render(row.messages, False, row.tools)
             mask = np.ones(len(full) - len(prompt), dtype=bool)
         cut = self._cut(full)
         p = len(prompt)
@@ -112,12 +122,12 @@ class FileBuffer:
         first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), None)
         if first is None:
             raise ValueError(f"{eid}: enable_concatenated_multi_turn: the conversation has no assistant turn")
-        prompt = render(self.tokenizer, msgs[:first], True, tools)
-        full = render(self.tokenizer, msgs, False, tools)
+        prompt = self._render(msgs[:first], True, tools)
+        full = self._render(msgs, False, tools)
         mask = np.zeros(len(full) - len(prompt), dtype=bool)
         for i in range(first, len(msgs)):
             if msgs[i].get("role") == "assistant":
-                start = len(render(self.tokenizer, msgs[:i], True, tools))
-                end = len(render(self.tokenizer, msgs[: i + 1], False, tools))
+                start = len(self._render(msgs[:i], True, tools))
+                end = len(self._render(msgs[: i + 1], False, tools))
                 mask[start - len(prompt):end - len(prompt)] = True
         return prompt, full, mask

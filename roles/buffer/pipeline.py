@@ -61,6 +61,19 @@ OPERATORS: dict[str, Callable[..., ExperienceGroup | None]] = {
 }
 
 
+def teacher_row(e: Any) -> torch.Tensor:
+    """Experience ``e``'s teacher log-probs, one per response token (on-policy distillation:
+    the explorer scores each rollout with ``explorer.auxiliary_models[0]``)."""
+    if e.teacher_logprobs is None:
+        raise ValueError(f"experience {e.id}: no teacher_logprobs; the explorer scores rollouts with "
+                         "explorer.auxiliary_models[0] for on-policy distillation")
+    lp = torch.as_tensor(np.asarray(e.teacher_logprobs, dtype=np.float32))
+    if lp.ndim != 1:
+        raise ValueError(f"experience {e.id}: teacher_logprobs of shape {tuple(lp.shape)}; "
+                         "distillation needs the sampled token's (one per response token)")
+    return lp
+
+
 def group_advantages(group: ExperienceGroup, spec: AlgorithmSpec) -> ExperienceGroup | None:
     """Fill ``advantages``/``returns`` of every experience with ``spec.advantage_fn`` over the
     group (responses padded to the longest); rows the function does not keep are dropped."""
@@ -71,15 +84,18 @@ def group_advantages(group: ExperienceGroup, spec: AlgorithmSpec) -> ExperienceG
     t = max(max(lengths), 1)
     mask = torch.zeros(len(exps), t, dtype=torch.bool)
     old = torch.zeros(len(exps), t, dtype=torch.float32)
+    teacher = torch.zeros(len(exps), t, dtype=torch.float32) if spec.use_teacher else None
     for i, e in enumerate(exps):
         n = lengths[i]
         mask[i, :n] = torch.from_numpy(np.array(e.action_mask, dtype=bool)) if e.action_mask is not None else True
         if e.logprobs is not None:
             old[i, :n] = torch.from_numpy(np.array(e.logprobs, dtype=np.float32))
+        if teacher is not None:
+            teacher[i, :n] = teacher_row(e)
     rewards = torch.tensor([0.0 if e.reward is None else float(e.reward) for e in exps], dtype=torch.float32)
     fn = ops.get("advantage_fn", spec.advantage_fn)
     res = fn(action_mask=mask, rewards=rewards, group_ids=[group.group_id] * len(exps),
-             old_logprob=old, episode_ids=[e.episode_key for e in exps],
+             old_logprob=old, teacher_logprob=teacher, episode_ids=[e.episode_key for e in exps],
              **spec.advantage_fn_args)
     keep = res.keep.reshape(-1).bool() if res.keep.numel() == len(exps) else torch.ones(len(exps), dtype=torch.bool)
     kept = []

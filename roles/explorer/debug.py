@@ -15,9 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from roles.explorer.engines import create_engines
-from roles.explorer.main import served_model_name, train_reader
-from roles.explorer.runner import RunnerPool
+from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
+from roles.explorer.main import (
+    make_pool,
+    served_model_name,
+    start_auxiliary_apis,
+    stop_auxiliary_apis,
+    train_reader,
+)
 from schemas.config import TrinityConfig
 from schemas.data import Experience
 
@@ -38,21 +43,27 @@ def experience_json(e: Experience) -> dict[str, Any]:
 
 async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict[str, Any]:
     engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model)
-    api = None
+    auxiliary: list[list[RolloutEngine]] = []
+    api = pool = None
     try:
+        auxiliary = await create_auxiliary(cfg.explorer.auxiliary_models, cfg.model.external_model)
         if cfg.explorer.rollout_model.enable_openai_api:  # workflows' get_openai_client()
             from roles.explorer.api import ApiServer
 
             api = ApiServer(cfg.explorer.openai_api, engines, served_model_name(cfg), cfg.run_id,
                             publish=None)
             await api.start()
-        pool = RunnerPool(engines, cfg.explorer, cfg.run_id, api=api)
+        pool = make_pool(cfg, engines, auxiliary, api)
+        if api is not None:
+            await start_auxiliary_apis(cfg, pool)
         tasks = train_reader(cfg).read_batch(n_tasks)
         results = await asyncio.gather(*(pool.run_task(t) for t in tasks))
     finally:
         if api is not None:
             await api.stop()
-        for e in engines:
+            if pool is not None:
+                await stop_auxiliary_apis(pool)
+        for e in engines + [a for engs in auxiliary for a in engs]:
             await e.close()
     return {
         "experiences": [experience_json(x) for r in results if r.group for x in r.group.experiences],

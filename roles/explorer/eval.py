@@ -22,8 +22,10 @@ from storage.tasksets import TaskReader
 log = logging.getLogger("trinity.explorer.eval")
 
 
-def group_metrics(results: list[TaskResult]) -> dict[str, float]:
-    """Aggregate rollout metrics over task results (the rollout and eval metrics share it)."""
+def group_metrics(results: list[TaskResult], detailed: bool = False) -> dict[str, float]:
+    """Aggregate rollout metrics over task results (the rollout and eval metrics share it);
+    ``detailed`` (``monitor.detailed_stats``) adds the max, min and std of rewards and
+    response lengths."""
     exps = [e for r in results if r.group for e in r.group.experiences]
     # rewards and accuracy per episode: a step-wise episode's turns share its reward, and
     # counting turns would weigh long (often lost) episodes more
@@ -45,6 +47,12 @@ def group_metrics(results: list[TaskResult]) -> dict[str, float]:
         out["prompt_truncated"] = float(sum(e.prompt_truncated for e in exps))
         out["response_truncated"] = float(sum(e.response_truncated for e in exps))
         out.update(episode_metrics(exps))
+    if detailed:
+        for name, xs in (("reward", rewards), ("response_length", [float(e.response_length) for e in exps])):
+            if xs:
+                mean = sum(xs) / len(xs)
+                out.update({f"{name}_max": max(xs), f"{name}_min": min(xs),
+                            f"{name}_std": math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))})
     return out
 
 
@@ -97,7 +105,7 @@ async def evaluate(
         while batch := reader.read_batch():
             tasks.extend(batch)
         results = await asyncio.gather(*(pool.run_task(t) for t in tasks))
-        values = group_metrics(list(results))
+        values = group_metrics(list(results), cfg.monitor.detailed_stats)
         values["model_version"] = float(min(e.model_version for e in pool.engines))
         values["final"] = 1.0 if final else 0.0
         m = Metric(role="explorer", step=step, kind="eval", values=values, taskset=reader.name)

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import bus
 from roles import keys
-from roles.explorer.engines import RolloutEngine, create_engines
+from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
 from roles.explorer.eval import evaluate, group_metrics
 from roles.explorer.runner import RunnerPool, TaskResult
 from roles.signals import stop_on_signals
@@ -92,6 +92,35 @@ class ExplorerStats:
     interrupted: bool = False
 
 
+def make_pool(cfg: TrinityConfig, engines: list[RolloutEngine], auxiliary: list[list[RolloutEngine]] | None,
+              api: Any = None) -> RunnerPool:
+    """The runner pool over the rollout engines, handing workflows the auxiliary models, and
+    scoring rollouts with the teacher (auxiliary model 0) when the algorithm distills."""
+    from roles.settings import algorithm_spec
+
+    teacher = cfg.mode != "bench" and algorithm_spec(cfg).use_teacher
+    return RunnerPool(engines, cfg.explorer, cfg.run_id, auxiliary=auxiliary, api=api, teacher=teacher)
+
+
+async def start_auxiliary_apis(cfg: TrinityConfig, pool: RunnerPool) -> None:
+    """An OpenAI API (any free port, nothing recorded) per auxiliary model, for workflows'
+    ``self.auxiliary_models[i].get_openai_client()``; :func:`stop_auxiliary_apis` ends them."""
+    from roles.explorer.api import ApiServer
+
+    api_cfg = cfg.explorer.openai_api.model_copy(update={"port": 0})
+    for aux_cfg, engines in zip(cfg.explorer.auxiliary_models, pool.auxiliary, strict=True):
+        server = ApiServer(api_cfg, engines, aux_cfg.model_path or "auxiliary", cfg.run_id,
+                           publish=None, record=False)
+        await server.start()
+        pool.aux_apis.append(server)
+
+
+async def stop_auxiliary_apis(pool: RunnerPool) -> None:
+    for server in pool.aux_apis:
+        await server.stop()
+    pool.aux_apis = []
+
+
 def served_model_name(cfg: TrinityConfig) -> str:
     """The model name the OpenAI API serves (``GET /v1/models``)."""
     return cfg.explorer.rollout_model.model_path or cfg.model.model_path or "model"
@@ -144,14 +173,15 @@ class Explorer:
     """The explorer role, given its engines and a bus connection."""
 
     def __init__(self, cfg: TrinityConfig, engines: list[RolloutEngine], nc: Any,
-                 sync: SyncClient | None = None, shutdown_grace: float = 5.0) -> None:
+                 sync: SyncClient | None = None, shutdown_grace: float = 5.0,
+                 auxiliary: list[list[RolloutEngine]] | None = None) -> None:
         self.cfg, self.engines, self.nc = cfg, engines, nc
         self.sync = sync
         self.shutdown_grace = shutdown_grace
         self.stop = asyncio.Event()
         self.stats = ExplorerStats()
         self.step = 0
-        self.pool = RunnerPool(engines, cfg.explorer, cfg.run_id)
+        self.pool = make_pool(cfg, engines, auxiliary)
         self.monitor: Any = None
         self._stragglers: set[asyncio.Task[TaskResult]] = set()
         self.api: Any = None
@@ -170,7 +200,9 @@ class Explorer:
                              self.cfg.run_id, publish, gate)
         self.pool.api = self.api
         self.sync_engines = [GatedEngine(e, gate) for e in self.engines]
-        return await self.api.start()
+        url = await self.api.start()
+        await start_auxiliary_apis(self.cfg, self.pool)
+        return url
 
     async def _open_bus(self) -> SyncClient:
         """Streams, publisher, run state and the sync client; announce the API if any."""
@@ -255,7 +287,8 @@ class Explorer:
 
     async def bench(self) -> ExplorerStats:
         """``mode: bench``: evaluate the model, then every checkpoint of this job that has a
-        Hugging Face folder, in step order (Trinity-RFT's benchmark mode)."""
+        Hugging Face folder, in step order (Trinity-RFT's benchmark mode); with
+        ``explorer.bench_on_latest_checkpoint`` only the newest one."""
         cfg = self.cfg
         if not cfg.buffer.explorer_input.eval_tasksets:
             raise ValueError("buffer.explorer_input.eval_tasksets: mode bench needs at least one")
@@ -263,11 +296,12 @@ class Explorer:
         from storage import checkpoints as ckpt
 
         todo = [(0, None)] + [(s, ckpt.hf_dir(cfg.checkpoint_job_dir, s))
-                              for s in ckpt.list_steps(cfg.checkpoint_job_dir)]
+                              for s in ckpt.list_steps(cfg.checkpoint_job_dir)
+                              if ckpt.hf_weights_complete(ckpt.hf_dir(cfg.checkpoint_job_dir, s))]
+        if cfg.explorer.bench_on_latest_checkpoint:  # the newest checkpoint only (the model if none)
+            todo = todo[-1:]
         for i, (step, path) in enumerate(todo):
             if path is not None:
-                if not ckpt.hf_weights_complete(path):
-                    continue
                 await asyncio.gather(*(e.load_checkpoint(str(path), step) for e in self.sync_engines))
             ok, _ = await until_stopped(evaluate(cfg, self.pool, step, self.report,
                                                  final=i == len(todo) - 1), self.stop)
@@ -417,7 +451,7 @@ class Explorer:
         return result
 
     async def _step_metrics(self, results: list[TaskResult], seconds: float) -> None:
-        values = group_metrics(results)
+        values = group_metrics(results, self.cfg.monitor.detailed_stats)
         tokens = sum(e.response_length for r in results if r.group for e in r.group.experiences)
         values.update(step_seconds=seconds, tokens_per_second=tokens / max(seconds, 1e-9),
                       model_version=float(self.engines[0].model_version))
@@ -437,10 +471,12 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) ->
     """Start engines, connect, explore until done or ``stop`` (SIGTERM/SIGINT when no
     ``stop`` is given), clean up. True when the taskset (or the bench) was finished."""
     engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model)
+    auxiliary: list[list[RolloutEngine]] = []
     nc = None
     try:
+        auxiliary = await create_auxiliary(cfg.explorer.auxiliary_models, cfg.model.external_model)
         nc = await bus.connect(cfg.nats, name=cfg.explorer.name)
-        explorer = Explorer(cfg, engines, nc)
+        explorer = Explorer(cfg, engines, nc, auxiliary=auxiliary)
         if cfg.mode == "serve" or cfg.explorer.rollout_model.enable_openai_api:
             await explorer.start_api()
         forward = None
@@ -456,6 +492,7 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) ->
                 forward.cancel()
             if explorer.api is not None:
                 await explorer.api.stop()
+                await stop_auxiliary_apis(explorer.pool)
         log.info("explorer done steps=%d published=%d failed=%d interrupted=%s",
                  stats.steps, stats.published, len(stats.failed), stats.interrupted)
         return not stats.interrupted
@@ -463,7 +500,7 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) ->
         if nc is not None:
             with contextlib.suppress(Exception):
                 await nc.close()
-        for e in engines:
+        for e in engines + [a for engs in auxiliary for a in engs]:
             with contextlib.suppress(Exception):
                 await e.close()
 

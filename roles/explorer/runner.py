@@ -25,12 +25,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import os
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from roles.explorer.engines.base import RolloutEngine
 from roles.explorer.workflows.base import ModelHandle, Workflow
@@ -88,8 +91,9 @@ class RunnerPool:
         engines: list[RolloutEngine],
         cfg: ExplorerConfig,
         run_id: str,
-        auxiliary: list[RolloutEngine] | None = None,
+        auxiliary: list[list[RolloutEngine]] | None = None,
         api: Any = None,
+        teacher: bool = False,
     ) -> None:
         if not engines:
             raise ValueError("RunnerPool: no engines")
@@ -97,7 +101,14 @@ class RunnerPool:
         self.api = api  # the explorer's OpenAI API server (ModelHandle.get_openai_client)
         self.cfg = cfg
         self.run_id = run_id
+        #: each auxiliary model's engines; a workflow gets one handle per model (round robin)
         self.auxiliary = auxiliary or []
+        self.aux_apis: list[Any] = []  # their OpenAI API servers, when the explorer runs one
+        self._aux_turn = itertools.count()
+        #: score every training rollout with auxiliary model 0 (``Experience.teacher_logprobs``)
+        self.teacher = teacher
+        if teacher and not self.auxiliary:
+            raise ValueError("explorer.auxiliary_models: the algorithm needs a teacher (auxiliary model 0)")
         self._slots: asyncio.Queue[RolloutEngine] = asyncio.Queue()
         for _ in range(cfg.runner_per_model):
             for e in engines:
@@ -141,6 +152,20 @@ class RunnerPool:
     def size(self) -> int:
         return self.cfg.runner_per_model * len(self.engines)
 
+    def _aux_engine(self, i: int) -> RolloutEngine:
+        engines = self.auxiliary[i]
+        return engines[next(self._aux_turn) % len(engines)]
+
+    async def score_with_teacher(self, exps: list[Experience]) -> None:
+        """Fill each experience's ``teacher_logprobs``: auxiliary model 0's log-probs of the
+        tokens the policy sampled (on-policy distillation)."""
+
+        async def one(e: Experience) -> None:
+            lp = await self._aux_engine(0).score(np.asarray(e.tokens).tolist(), e.prompt_length)
+            e.teacher_logprobs = np.asarray(lp, dtype=np.float32)
+
+        await asyncio.gather(*(one(e) for e in exps if e.teacher_logprobs is None))
+
     # -- one workflow call -------------------------------------------------------------
 
     async def _call(self, engine: RolloutEngine, task: Task, repeat: int) -> list[Experience]:
@@ -148,8 +173,10 @@ class RunnerPool:
         cls = get_workflow(task.workflow)
 
         def make(r: int) -> Workflow:
-            handle = ModelHandle(engine, loop, task.rollout_args, api=self.api)
-            aux = [ModelHandle(a, loop) for a in self.auxiliary]
+            handle = ModelHandle(engine, loop, task.rollout_args, api=self.api,
+                                 enable_history=self.cfg.rollout_model.enable_history)
+            aux = [ModelHandle(self._aux_engine(i), loop, api=self.aux_apis[i] if self.aux_apis else None)
+                   for i in range(len(self.auxiliary))]
             wf = cls(task=task, model=handle, auxiliary_models=aux)
             wf.repeat_times = r
             return wf
@@ -265,6 +292,13 @@ class RunnerPool:
                         episode=None if e.episode is None else p.offset + e.episode,
                     )
                 )
+        if self.teacher and not task.is_eval:
+            try:
+                await self.score_with_teacher(exps)
+            except Exception as e:  # noqa: BLE001 - an engine may raise anything
+                self.failed += 1
+                log.error("task failed task_id=%s error=teacher: %s", task.task_id, e)
+                return TaskResult(task, error=f"teacher: {type(e).__name__}: {e}", attempts=attempts)
         version = min(e.model_version for e in exps)
         group = ExperienceGroup(
             group_id=gid, task_id=task.task_id, run_id=self.run_id, model_version=version,

@@ -211,7 +211,7 @@ class TrainerSyncClient(_Side):
             if not joined:
                 raise TimeoutError("explorer did not join")
             t0 = time.perf_counter()
-            sent = await asyncio.to_thread(lambda: self.sender.send(trainer.weights(), version))
+            sent = await asyncio.to_thread(lambda: self.sender.send(trainer.weights(), version, self.bucket_bytes()))
             dt = time.perf_counter() - t0
             await self.event("weights_sent", version, version, info={"bytes": sent, "seconds": dt})
             log.info("weights_sent", version=version, mb=round(sent / 2**20, 1), seconds=round(dt, 3))
@@ -219,6 +219,13 @@ class TrainerSyncClient(_Side):
             self.sender = None  # the group is unusable after a failed collective: rebuild next time
             await self.state.clear_rendezvous(p.group_name)
             await self.timed_out(f"broadcast ({e})", version, version, ["explorer"])
+
+    def bucket_bytes(self) -> int:
+        """``explorer.rollout_model.weight_sync_buffer_size`` (MB) for NCCL; gloo sends tensor by
+        tensor (on CPU the copy into a flat bucket measured slower than the broadcasts it saves)."""
+        if self.sender is None or self.sender.rdv.backend != "nccl":
+            return 0
+        return self.cfg.explorer.rollout_model.weight_sync_buffer_size * 2**20
 
     async def _joined(self, version: int) -> bool | str:
         j = await self.state.get(JOIN)

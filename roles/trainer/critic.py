@@ -18,16 +18,17 @@ import torch
 
 from ops.value import value_loss
 from schemas.config import CriticConfig
+from storage.hf_config import override_rope
 
 from .batch import Batch, per_micro_batch
 from .engine import TorchEngine
 
 
-def load_value_model(path: str) -> Any:
+def load_value_model(path: str, overrides: dict[str, Any] | None = None) -> Any:
     from transformers import AutoConfig, AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
 
-    config = AutoConfig.from_pretrained(path)
+    config = override_rope(AutoConfig.from_pretrained(path), **(overrides or {}))
     config.num_labels = 1
     config.classifier_dropout = 0.0
     level = hf_logging.get_verbosity()
@@ -63,9 +64,11 @@ class Critic:
         return per_micro_batch(batch, micro_batches, self.forward) * batch.action_mask
 
     def update(self, batch: Batch, micro_batches: list[list[int]], old_values: torch.Tensor) -> dict[str, float]:
-        """One optimizer step on the clipped value loss towards ``batch.returns`` (a token
-        mean over the batch: micro-batch losses weighted by their share of tokens)."""
-        total = max(int(batch.action_mask.sum()), 1)
+        """One optimizer step on the clipped value loss towards ``batch.returns`` over the rows
+        of ``micro_batches`` (a token mean over those rows: micro-batch losses weighted by
+        their share of tokens)."""
+        rows = torch.as_tensor([r for mb in micro_batches for r in mb])
+        total = max(int(batch.action_mask[rows].sum()), 1)
         sums: dict[str, float] = {}
         for rows in micro_batches:
             mb = batch.select(rows)

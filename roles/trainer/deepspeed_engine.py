@@ -20,7 +20,7 @@ import torch
 
 from schemas.config import OptimizerConfig, TrinityConfig
 
-from .engine import load_model, lr_factor, warmup_steps
+from .engine import config_overrides, load_model, lr_factor, make_optimizer, warmup_steps
 
 
 def launcher_env() -> None:
@@ -76,8 +76,7 @@ class DeepSpeedEngine:
 
         launcher_env()
         self.zero_stage = zero_stage
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opt.lr,
-                                      betas=tuple(opt.betas), weight_decay=opt.weight_decay)
+        optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opt)
         ws = warmup_steps(opt, total_steps)
         sched = opt.warmup_style or opt.lr_scheduler_type
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -95,8 +94,9 @@ class DeepSpeedEngine:
     @classmethod
     def from_config(cls, cfg: TrinityConfig, model_path: str, *, total_steps: int) -> DeepSpeedEngine:
         d = cfg.trainer.deepspeed
-        bf16 = torch.cuda.is_available()
-        model = load_model(model_path, dtype=torch.float32, gradient_checkpointing=d.gradient_checkpointing)
+        bf16 = d.bf16 and torch.cuda.is_available()  # the CPU accelerator trains in float32
+        model = load_model(model_path, dtype=torch.float32, gradient_checkpointing=d.gradient_checkpointing,
+                           overrides=config_overrides(cfg.model))
         return cls(model, cfg.algorithm.optimizer, total_steps=total_steps, grad_clip=cfg.trainer.grad_clip,
                    zero_stage=d.zero_stage, bf16=bf16, offload_optimizer=d.offload_optimizer,
                    offload_param=d.offload_param)

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 import torch
 
-from schemas.config import OptimizerConfig
+from schemas.config import ModelConfig, OptimizerConfig
+from storage.hf_config import override_rope
 
 
 def lr_factor(step: int, *, total_steps: int, warmup_steps: int, scheduler: str, min_lr_ratio: float) -> float:
@@ -51,10 +52,29 @@ class TrainEngine(Protocol):
     def barrier(self) -> None: ...
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False) -> Any:
-    from transformers import AutoModelForCausalLM
+#: ``optimizer_type`` -> optimizer class. Both are decoupled-weight-decay Adam, as in
+#: Trinity-RFT (whose "adam" is veRL's AdamW).
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adam": torch.optim.AdamW, "adamw": torch.optim.AdamW}
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+
+def make_optimizer(params: list[torch.nn.Parameter], opt: OptimizerConfig) -> torch.optim.Optimizer:
+    """The optimizer ``opt`` describes, over ``params`` (the trainable ones)."""
+    return OPTIMIZERS[opt.optimizer_type](params, lr=opt.lr, betas=tuple(opt.betas),
+                                          weight_decay=opt.weight_decay)
+
+
+def config_overrides(m: ModelConfig) -> dict[str, Any]:
+    """``model.rope_scaling`` / ``rope_theta``, for :func:`load_model`: they change the model
+    config, so the checkpoints the trainer writes carry them too."""
+    return {"rope_scaling": m.rope_scaling, "rope_theta": m.rope_theta}
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,
+               overrides: dict[str, Any] | None = None) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = override_rope(AutoConfig.from_pretrained(str(path)), **(overrides or {}))
+    model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
@@ -70,10 +90,7 @@ class TorchEngine:
         self.model = model
         self.model.train()
         self.grad_clip = grad_clip
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=opt.lr, betas=tuple(opt.betas),
-            weight_decay=opt.weight_decay,
-        )
+        self.optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opt)
         ws = warmup_steps(opt, total_steps)
         sched = opt.warmup_style or opt.lr_scheduler_type
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

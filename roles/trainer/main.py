@@ -30,7 +30,7 @@ from schemas.config import TrinityConfig
 from schemas.data import Metric
 from storage import checkpoints as ckpt
 
-from .engine import TorchEngine, load_model
+from .engine import TorchEngine, config_overrides, load_model
 from .ranks import STOP, DataParallel
 from .step import StepRunner, batch_metrics
 
@@ -78,7 +78,8 @@ def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str) -> An
         return DeepSpeedEngine.from_config(cfg, model_path, total_steps=steps)
     if kind != "pytorch":
         raise ValueError(f"trainer.trainer_type: {kind!r} is not available here (pytorch, deepspeed)")
-    model = load_model(model_path, gradient_checkpointing=cfg.trainer.deepspeed.gradient_checkpointing and torch.cuda.is_available())
+    model = load_model(model_path, gradient_checkpointing=cfg.trainer.deepspeed.gradient_checkpointing and torch.cuda.is_available(),
+                       overrides=config_overrides(cfg.model))
     return TorchEngine(model, cfg.algorithm.optimizer, total_steps=steps, grad_clip=cfg.trainer.grad_clip)
 
 
@@ -124,7 +125,7 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
         ref = None
         if self.spec.use_reference:
-            ref = load_model(cfg.model.model_path).eval()
+            ref = load_model(cfg.model.model_path, overrides=config_overrides(cfg.model)).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
         critic = None
@@ -132,13 +133,17 @@ class Trainer:
             from .critic import Critic, load_value_model
 
             path = cfg.model.critic_model_path or cfg.model.model_path
-            critic = Critic(load_value_model(path), cfg.critic, total_steps=total_steps(cfg) or 10**9)
+            critic = Critic(load_value_model(path, config_overrides(cfg.model)), cfg.critic,
+                            total_steps=total_steps(cfg) or 10**9)
         t = cfg.trainer
         self.runner = StepRunner(
             self.engine, self.spec, ref_model=ref, critic=critic, critic_warmup=t.critic_warmup,
             temperature=cfg.model.temperature or 1.0, use_dynamic_bsz=t.use_dynamic_bsz,
             max_token_len=t.max_token_len_per_gpu, micro_batch_size=t.micro_batch_size_per_gpu,
-            pad_token_id=self.tokenizer.pad_token_id or 0,
+            pad_token_id=self.tokenizer.pad_token_id or 0, balance_batch=t.balance_batch,
+            ppo_epochs=t.ppo_epochs, shuffle=t.ppo_shuffle,
+            mini_batch_rows=t.ppo_mini_batch_size and t.ppo_mini_batch_size * cfg.algorithm.repeat_times,
+            bypass_old_logprobs=cfg.algorithm.bypass_old_logprobs,
         )
         if loaded is not None:
             self.engine.load_state_dict(loaded.state_dict)

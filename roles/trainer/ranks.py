@@ -31,13 +31,20 @@ CONTROL_TIMEOUT = timedelta(days=7)
 STOP = "stop"
 
 
-def shard_rows(lengths: Sequence[int], rank: int, world: int, pair: bool = False) -> list[int]:
+def shard_rows(lengths: Sequence[int], rank: int, world: int, pair: bool = False,
+               balance: bool = True) -> list[int]:
     """The rows of a batch this rank trains on, in batch order (pure: every rank computes the
-    same split). Rows go largest first to the rank with the fewest tokens so far, so ranks
-    finish their micro-batches at about the same time; ``pair`` keeps rows 2k and 2k+1 on one
-    rank (DPO's chosen and rejected). A rank gets nothing when there are fewer rows than ranks."""
+    same split). With ``balance`` (``trainer.balance_batch``) rows go largest first to the
+    rank with the fewest tokens so far, so ranks finish their micro-batches at about the same
+    time; without, each rank takes a contiguous block of rows. ``pair`` keeps rows 2k and
+    2k+1 on one rank (DPO's chosen and rejected). A rank gets nothing when there are fewer
+    rows than ranks."""
     unit = 2 if pair else 1
     units = [list(range(i, min(i + unit, len(lengths)))) for i in range(0, len(lengths), unit)]
+    if not balance:
+        per, extra = divmod(len(units), world)
+        start = rank * per + min(rank, extra)
+        return [i for u in units[start:start + per + (rank < extra)] for i in u]
     loads = [0] * world
     mine: list[int] = []
     for u in sorted(units, key=lambda u: -sum(lengths[i] for i in u)):  # stable: ties keep order

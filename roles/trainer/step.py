@@ -46,7 +46,9 @@ class StepRunner:
 
     def __init__(self, engine: Any, spec: AlgorithmSpec, *, ref_model: Any = None, critic: Any = None,
                  critic_warmup: int = 0, temperature: float = 1.0, use_dynamic_bsz: bool = True,
-                 max_token_len: int | None = None, micro_batch_size: int = 4, pad_token_id: int = 0) -> None:
+                 max_token_len: int | None = None, micro_batch_size: int = 4, pad_token_id: int = 0,
+                 balance_batch: bool = True, ppo_epochs: int = 1, mini_batch_rows: int | None = None,
+                 shuffle: bool = False, bypass_old_logprobs: bool = True) -> None:
         if spec.use_critic and critic is None:
             raise ValueError(f"algorithm {spec.algorithm_type!r} (advantage_fn {spec.advantage_fn!r}) needs a critic")
         if spec.use_reference and ref_model is None:
@@ -61,6 +63,11 @@ class StepRunner:
         self.max_token_len = max_token_len
         self.micro_batch_size = micro_batch_size
         self.pad = pad_token_id
+        self.balance_batch = balance_batch
+        self.ppo_epochs = ppo_epochs
+        self.mini_batch_rows = mini_batch_rows  # None: the whole batch
+        self.shuffle = shuffle
+        self.bypass_old_logprobs = bypass_old_logprobs  # the rollout engine's log-probs are "old"
         self.policy_fn = ops.get("policy_loss_fn", spec.policy_loss_fn)
         self.entropy_fn = ops.get("entropy_loss_fn", spec.entropy_loss_fn)
         # entropy is always measured (a per-step metric); it is a loss only with entropy_loss_fn
@@ -117,46 +124,106 @@ class StepRunner:
         metrics.update({f"advantage/{k}": v for k, v in res.metrics.items()})
         return values, metrics
 
+    def _split(self, rows: list[int], lengths: list[int], dp: Any) -> tuple[list[list[int]], int]:
+        """This rank's share of ``rows`` (all of them in one process) as micro-batches, and how
+        many weightless ones it adds so every rank runs as many (ZeRO's collectives run inside
+        each forward/backward)."""
+        pair = self.spec.policy_loss_fn == "dpo"
+        if dp is not None:
+            mine = shard_rows([lengths[r] for r in rows], dp.rank, dp.world, pair, self.balance_batch)
+            rows = [rows[i] for i in mine]
+        local = micro_batches([lengths[r] for r in rows], use_dynamic_bsz=self.use_dynamic_bsz,
+                              max_token_len=self.max_token_len, micro_batch_size=self.micro_batch_size, pair=pair)
+        mbs = [[rows[i] for i in mb] for mb in local]
+        return mbs, (0 if dp is None else dp.max(len(mbs)) - len(mbs))
+
+    def mini_batches(self, n_rows: int, step: int) -> list[list[int]]:
+        """The row sets of this step's optimizer updates, in order: ``ppo_epochs`` passes, each
+        split into mini-batches of ``mini_batch_rows`` rows (whole DPO pairs; the last may be
+        smaller), shuffled per pass with ``shuffle`` (seeded by step and pass: a resumed run
+        makes the same updates). Pure, so it is unit-tested on sizes alone."""
+        unit = 2 if self.spec.policy_loss_fn == "dpo" else 1
+        units = [list(range(i, min(i + unit, n_rows))) for i in range(0, n_rows, unit)]
+        per = max((self.mini_batch_rows or n_rows) // unit, 1)
+        out = []
+        for epoch in range(self.ppo_epochs):
+            order = list(range(len(units)))
+            if self.shuffle:
+                g = torch.Generator().manual_seed(step * 1_000_003 + epoch)
+                order = torch.randperm(len(units), generator=g).tolist()
+            for i in range(0, len(order), per):
+                out.append(sorted(r for u in order[i:i + per] for r in units[u]))
+        return out
+
     def run(self, exps: list[Experience], step: int, dp: Any = None) -> dict[str, float]:
         """Train on ``exps`` as step ``step``; returns the step's metrics.
 
+        The step makes one optimizer update per mini-batch of :meth:`mini_batches` (one for the
+        whole batch by default); with several, the "old" log-probs every update's ratio
+        starts from are fixed before the first (the rollout engine's, else the model's now),
+        and the metrics are the updates' mean.
+
         With several processes (``dp``, a :class:`~roles.trainer.ranks.DataParallel`) every
-        rank calls this with the whole batch and trains on its share of the rows. Each
-        micro-batch is weighted by its share of the whole batch's tokens (or sequences) times
-        the number of ranks, since DeepSpeed averages the ranks' gradients: the update is the
-        one a single process would make on the whole batch, and so are the metrics."""
+        rank calls this with the whole batch and trains on its share of each mini-batch's
+        rows. Each micro-batch is weighted by its share of the mini-batch's tokens (or
+        sequences) times the number of ranks, since DeepSpeed averages the ranks' gradients:
+        the update is the one a single process would make, and so are the metrics."""
         t0 = time.perf_counter()
         batch = collate(exps, self.pad)
         lengths = batch.attention_mask.sum(-1).tolist()
-        pair = self.spec.policy_loss_fn == "dpo"
-        mine = list(range(batch.size)) if dp is None else shard_rows(lengths, dp.rank, dp.world, pair)
-        local = micro_batches([lengths[r] for r in mine], use_dynamic_bsz=self.use_dynamic_bsz,
-                              max_token_len=self.max_token_len, micro_batch_size=self.micro_batch_size, pair=pair)
-        mbs = [[mine[i] for i in mb] for mb in local]
-        # every rank runs as many micro-batches as the one with most: ZeRO's collectives run
-        # inside each forward/backward, so the short ranks add weightless ones
-        n_mb = len(mbs) if dp is None else dp.max(len(mbs))
-        fillers = n_mb - len(mbs)
+        everything = list(range(batch.size))
+        mbs, fillers = self._split(everything, lengths, dp)
         # the reference model's log-probs, once for the step: the KL penalty in the reward and
         # the policy loop (KL loss, DPO) both use them; critic-warmup steps need them only for
         # the penalty
         needs_ref = self.spec.kl_penalty_fn != "none" or step > self.critic_warmup
         ref_all = self._batch_logprobs(self.ref, batch, mbs, dp) if self.ref is not None and needs_ref else None
+        updates = self.mini_batches(batch.size, step)
+        recompute = ~batch.has_old if self.bypass_old_logprobs else torch.ones_like(batch.has_old)
+        if bool(recompute.any()) and (len(updates) > 1 or not self.bypass_old_logprobs):
+            now = self._batch_logprobs(self.engine, batch, mbs, dp, fillers)
+            batch.old_logprob = torch.where(recompute.unsqueeze(-1), now, batch.old_logprob)
+            batch.has_old = torch.ones_like(batch.has_old)
         old_values, extra = self._advantages_in_trainer(batch, mbs, ref_all, dp, fillers)
         if self.critic is not None and old_values is not None:
-            extra.update(self.critic.update(batch, mbs, old_values))
+            parts = [self.critic.update(batch, self._split(rows, lengths, None)[0], old_values) for rows in updates]
+            extra.update(_mean(parts))
         if step <= self.critic_warmup:  # PPO: the critic learns first, the actor waits
             return {**extra, "critic_warmup": 1.0, "step_time_s": time.perf_counter() - t0}
+        done = [self._update(batch, rows, lengths, ref_all, step, dp) for rows in updates]
+        out = _mean([metrics for metrics, _, _ in done])
+        if dp is not None:  # each rank's parts are weighted by its share of each mini-batch
+            total: dict[str, float] = defaultdict(float)
+            for part in dp.gather(out):
+                for k, v in part.items():
+                    total[k] += v
+            out = dict(total)
+        dt = time.perf_counter() - t0
+        out.update(extra)
+        out.update({
+            "grad_norm": sum(g for _, g, _ in done) / len(done), "lr": self.engine.lr,
+            "updates": float(len(updates)), "micro_batches": float(sum(n for _, _, n in done)),
+            "tokens": float(batch.num_tokens), "tokens_per_s": batch.num_tokens / max(dt, 1e-9), "step_time_s": dt,
+        })
+        return out
+
+    def _update(self, batch: Batch, rows: list[int], lengths: list[int], ref_all: torch.Tensor | None,
+                step: int, dp: Any) -> tuple[dict[str, float], float, int]:
+        """One optimizer update on the mini-batch ``rows`` (this rank's share of them):
+        (metrics weighted by this rank's share of the mini-batch, grad norm, micro-batches)."""
+        pair = self.spec.policy_loss_fn == "dpo"
+        mbs, fillers = self._split(rows, lengths, dp)
+        n_mb = len(mbs) + fillers
         seq_mode = self.spec.loss_agg_mode != "token-mean" or pair
-        token_total = max(int(batch.action_mask.sum()), 1)
+        token_total = max(int(batch.action_mask[torch.as_tensor(rows)].sum()), 1)
         world = 1 if dp is None else dp.world
         sums: dict[str, float] = defaultdict(float)
         filler = self._filler(batch, mbs)
         for i in range(n_mb):
-            rows = mbs[i] if i < len(mbs) else filler
-            mb = batch.select(rows)
-            share = 0.0 if i >= len(mbs) else (len(rows) / batch.size if seq_mode else int(mb.action_mask.sum()) / token_total)
-            ref_lp = None if ref_all is None else ref_all[torch.as_tensor(rows)]
+            mb_rows = mbs[i] if i < len(mbs) else filler
+            mb = batch.select(mb_rows)
+            share = 0.0 if i >= len(mbs) else (len(mb_rows) / len(rows) if seq_mode else int(mb.action_mask.sum()) / token_total)
+            ref_lp = None if ref_all is None else ref_all[torch.as_tensor(mb_rows)]
             lp, ent = token_logprobs(self.engine, mb, self.temperature, self.with_entropy)
             old = torch.where(mb.has_old.unsqueeze(-1), mb.old_logprob, lp.detach())
             mask = mb.action_mask
@@ -179,20 +246,13 @@ class StepRunner:
             m["loss"] = float(loss.detach())
             for k, v in m.items():
                 sums[k] += share * float(v)
-        grad_norm = self.engine.step()
-        if dp is not None:  # each rank's parts are weighted by its share of the whole batch
-            total: dict[str, float] = defaultdict(float)
-            for part in dp.gather(dict(sums)):
-                for k, v in part.items():
-                    total[k] += v
-            sums = total
-        dt = time.perf_counter() - t0
-        out = {**sums, **extra}
-        out.update({
-            "grad_norm": grad_norm, "lr": self.engine.lr, "micro_batches": float(n_mb),
-            "tokens": float(batch.num_tokens), "tokens_per_s": batch.num_tokens / max(dt, 1e-9), "step_time_s": dt,
-        })
-        return out
+        return dict(sums), self.engine.step(), n_mb
+
+
+def _mean(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each metric over the updates that report it (one update: itself)."""
+    keys = dict.fromkeys(k for p in parts for k in p)
+    return {k: sum(p[k] for p in parts if k in p) / sum(1 for p in parts if k in p) for k in keys}
 
 
 def batch_metrics(exps: list[Experience], step: int) -> dict[str, float]:

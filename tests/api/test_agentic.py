@@ -51,6 +51,28 @@ def test_sft_trains_every_assistant_turn_of_a_tool_conversation(tool_model, tmp_
     assert last_turn.action_mask.all()
 
 
+def test_sft_data_uses_its_formats_chat_template(tool_model, tmp_path):
+    """``format.chat_template`` (the loader fills it from ``model.custom_chat_template``)
+    renders the dataset, with ``enable_thinking`` as a template variable."""
+    from transformers import AutoTokenizer
+
+    from roles.buffer.files import FileBuffer
+    from schemas.config import ExperienceBufferConfig
+
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    (tmp_path / "train.jsonl").write_text(json.dumps({"messages": msgs}) + "\n")
+    template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+                "{% if add_generation_prompt %}[assistant]{% endif %}"
+                "{% if enable_thinking is defined and not enable_thinking %}{% endif %}")
+    cfg = ExperienceBufferConfig(name="sft", storage_type="file", path=str(tmp_path), split="train",
+                                 format={"prompt_type": "messages", "messages_key": "messages",
+                                         "chat_template": template, "enable_thinking": False})
+    tok = AutoTokenizer.from_pretrained(tool_model)
+    (e,) = FileBuffer(cfg, tok, batch_size=1).batch(1, 1)
+    assert tok.decode(e.tokens[:e.prompt_length]) == "[user]q[assistant]"
+    assert tok.decode(e.tokens[e.prompt_length:]) == "a"
+
+
 @pytest.mark.parametrize("text, names", [
     ('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>',
      ["a", "b"]),  # multiple

@@ -53,6 +53,27 @@ async def test_hf_engine_logprobs_equal_teacher_forcing(hf_engine, hf_model) -> 
         assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4)
 
 
+async def test_hf_engine_scores_given_tokens_as_a_teacher(hf_engine, hf_model) -> None:
+    [s] = await hf_engine.chat([{"role": "user", "content": "2+2=?"}], n=1, temperature=1.0)
+    scored = await hf_engine.score(s.tokens, s.prompt_length)
+    ref = teacher_logprobs(hf_model, s.tokens, s.prompt_length)
+    assert torch.allclose(ref, torch.tensor(scored), atol=1e-5)
+    with pytest.raises(Exception, match="prompt_length"):
+        await hf_engine.score(s.tokens, len(s.tokens))
+
+
+def test_engine_template_settings_come_from_its_config(tiny_model) -> None:
+    """``chat_template`` and ``enable_thinking`` (the loader fills them from ``model.*``)."""
+    from roles.explorer.engines.hf import HFEngine
+
+    template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                "{% if enable_thinking is defined and not enable_thinking %}!{% endif %}")
+    eng = HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers",
+                                        dtype="float32", chat_template=template, enable_thinking=False))
+    ids = eng.apply_chat_template([{"role": "user", "content": "1+1"}])
+    assert eng.tokenizer.decode(ids) == "1+1!"
+
+
 async def test_hf_engine_truncation_flags(hf_engine) -> None:
     long = "1+1=?" * 20  # 100 chars > max_prompt_tokens=40
     [s] = await hf_engine.generate(prompt=long, n=1, max_tokens=3, ignore_eos=True)

@@ -39,6 +39,9 @@ async def _check(vllm_engine, hf_model):
     for s in samples:
         ref = teacher_logprobs(hf_model, s.tokens, s.prompt_length)
         assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4)
+        # as a distillation teacher: the log-probs of given tokens (prompt log-probs)
+        scored = await vllm_engine.score(s.tokens, s.prompt_length)
+        assert torch.allclose(ref, torch.tensor(scored), atol=1e-4)
     # truncation flags
     [s] = await vllm_engine.generate(prompt="1+1=?" * 20, max_tokens=3, ignore_eos=True)
     assert s.prompt_truncated and s.prompt_length == 40 and s.response_truncated

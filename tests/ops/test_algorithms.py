@@ -60,7 +60,7 @@ def test_specific_defaults():
     assert resolve("gspo").policy_loss_fn_args == {"loss_agg_mode": "seq-mean-token-mean"}
     assert resolve("mix_chord").sample_strategy == "mix"
     assert resolve("jsd").advantage_fn_args == {"kl_coef": 1.0, "lambda_coef": 0.5}
-    assert resolve("dpo").schema == "dpo" and not resolve("dpo").can_balance_batch
+    assert resolve("dpo").schema == "dpo"
     assert resolve("sft").schema == "sft"
     assert resolve("ppo").compute_advantage_in_trainer
     assert resolve("reinforceplusplus").compute_advantage_in_trainer

@@ -289,3 +289,52 @@ def test_over_rollout_and_dynamic_timeout_checks(tmp_path):
     assert "explorer.over_rollout.ratio: must be in [0, 1), got 1.5" in msg
     assert "explorer.over_rollout.return_partial_tasks: not implemented" in msg
     assert "explorer.dynamic_timeout.ratio: must be > 0" in msg
+
+
+def test_verl_actor_settings_map_to_trinitys_and_lose_to_them(tmp_path):
+    p = write(tmp_path, """
+        trainer:
+          ppo_epochs: 3
+          trainer_config:
+            actor_rollout_ref:
+              actor: {ppo_epochs: 2, ppo_mini_batch_size: 4, shuffle: true, grad_clip: 0.5,
+                      ppo_micro_batch_size_per_gpu: 2, use_dynamic_bsz: false, optim: {lr: 2.0e-5}}
+    """)
+    loaded = load(p)
+    t = loaded.config.trainer
+    assert (t.ppo_epochs, t.ppo_mini_batch_size, t.ppo_shuffle, t.grad_clip) == (3, 4, True, 0.5)
+    assert (t.micro_batch_size_per_gpu, t.use_dynamic_bsz) == (2, False)
+    assert loaded.config.algorithm.optimizer.lr == 2.0e-5
+    assert loaded.sources["trainer.ppo_mini_batch_size"].endswith(
+        "as trainer.trainer_config.actor_rollout_ref.actor.ppo_mini_batch_size")
+    assert loaded.sources["trainer.ppo_epochs"].startswith("file")  # trinity's own name won
+    assert not [w for w in loaded.warnings if "trainer_config" in w]  # nothing left ignored
+
+
+def test_model_level_settings_reach_the_engines_and_datasets(tmp_path):
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    p = write(tmp_path, f"""
+        model: {{model_path: /m, chat_template_path: {tmp_path / 't.jinja'}, custom_chat_template: ignored,
+                enable_thinking: false, rope_theta: 5000.0, top_k: 5}}
+        algorithm: {{optimizer: {{clip_grad: 0.3}}}}
+        buffer:
+          explorer_input:
+            taskset: {{name: t, path: /d, rollout_args: {{n: 8}}}}
+          trainer_input:
+            experience_buffer: {{name: sft, storage_type: file, path: /d,
+                                format: {{chat_template: own}}}}
+            auxiliary_buffers: {{expert: {{path: /d}}}}
+    """)
+    loaded = load(p)
+    c = loaded.config
+    rm = c.explorer.rollout_model
+    assert rm.chat_template.startswith("{% for m") and rm.enable_thinking is False and rm.rope_theta == 5000.0
+    assert c.buffer.trainer_input.experience_buffer.format.chat_template == "own"  # its own wins
+    aux = c.buffer.trainer_input.auxiliary_buffers["expert"].format
+    assert aux.chat_template.startswith("{% for m") and aux.enable_thinking is False
+    assert c.buffer.explorer_input.taskset.rollout_args.top_k == 5
+    assert c.trainer.grad_clip == 0.3  # the optimizer's spelling of it
+    assert any("rollout_args.n (8) is replaced" in w for w in loaded.warnings)
+    bad = write(tmp_path, "model: {model_path: /m, chat_template_path: /nowhere.jinja}", "bad.yaml")
+    with pytest.raises(ConfigError, match="model.chat_template_path: /nowhere.jinja: cannot read"):
+        load(bad)

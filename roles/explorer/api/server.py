@@ -76,9 +76,13 @@ class ApiServer:
     """The API over ``engines``; ``publish`` sends closed episodes (None: rewards refused)."""
 
     def __init__(self, cfg: OpenAIApiConfig, engines: list[RolloutEngine], model_name: str,
-                 run_id: str, publish: Publish | None, gate: WeightGate | None = None) -> None:
+                 run_id: str, publish: Publish | None, gate: WeightGate | None = None,
+                 record: bool = True) -> None:
         self.cfg, self.engines, self.model_name, self.run_id = cfg, engines, model_name, run_id
         self.publish = publish
+        #: keep each call in its episode (False: an auxiliary model's server; its answers are
+        #: no policy's samples, nothing of them is trained on)
+        self.record = record
         self.gate = gate or WeightGate()
         self.book = EpisodeBook(cfg.episode_timeout, cfg.enable_concatenated_multi_turn)
         self.stats = ApiStats()
@@ -203,9 +207,12 @@ class ApiServer:
         for k, s in enumerate(samples):
             choice, n_calls, malformed = self._choice(k, s, req, engine, bool(tools))
             choices.append(choice)
-            ep.calls.append(Call(list(s.tokens[:s.prompt_length]), list(s.response_tokens),
-                                 list(s.logprobs), s.model_version, s.finish_reason or "stop",
-                                 messages, s.response_text, n_calls, malformed))
+            if self.record:
+                ep.calls.append(Call(list(s.tokens[:s.prompt_length]), list(s.response_tokens),
+                                     list(s.logprobs), s.model_version, s.finish_reason or "stop",
+                                     messages, s.response_text, n_calls, malformed))
+        if not self.record and ep.owner is None:
+            self.book.release(eid)
         headers = {"X-Trinity-Episode": eid,
                    "X-Trinity-Model-Version": str(min(s.model_version for s in samples))}
         prompt_len = samples[0].prompt_length if samples else len(ids)

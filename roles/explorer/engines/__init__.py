@@ -28,4 +28,18 @@ async def create_engines(
     raise EngineError(f"explorer.rollout_model.engine_type: unknown {cfg.engine_type!r}")
 
 
-__all__ = ["EngineError", "Limits", "RolloutEngine", "Sample", "create_engines"]
+async def create_auxiliary(
+    cfgs: list[InferenceModelConfig], external: ExternalModelConfig | None = None
+) -> list[list[RolloutEngine]]:
+    """The engines of each ``explorer.auxiliary_models`` entry (a judge, a distillation
+    teacher): fixed models, never sent new weights."""
+    out = []
+    for i, cfg in enumerate(cfgs):
+        engines = await create_engines(cfg, external)
+        for e in engines:
+            e.name = f"aux{i}-{e.name}"
+        out.append(engines)
+    return out
+
+
+__all__ = ["EngineError", "Limits", "RolloutEngine", "Sample", "create_auxiliary", "create_engines"]

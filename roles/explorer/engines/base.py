@@ -46,6 +46,12 @@ class Sample:
         return self.tokens[self.prompt_length :]
 
 
+def rope_overrides(cfg: InferenceModelConfig) -> dict[str, Any]:
+    """The engine config's ``rope_scaling`` / ``rope_theta`` (the loader fills them from
+    ``model.*``), as :func:`storage.hf_config.override_rope` takes them."""
+    return {"rope_scaling": cfg.rope_scaling, "rope_theta": cfg.rope_theta}
+
+
 @dataclass
 class Limits:
     """Token limits of one engine, resolved from its config (the loader fills them from
@@ -149,15 +155,32 @@ class RolloutEngine(abc.ABC):
         ids = self.apply_chat_template(messages)
         return await self.generate(ids, n=n, **sampling)
 
+    #: Extra variables for the chat template (``enable_thinking``), from the engine's config.
+    template_kwargs: dict[str, Any] = {}
+
+    def use_template_settings(self, cfg: InferenceModelConfig) -> None:
+        """Apply the config's ``chat_template`` and ``enable_thinking`` to this engine's
+        tokenizer and renders (the loader fills both from ``model.*`` when unset)."""
+        if cfg.chat_template:
+            self.tokenizer.chat_template = cfg.chat_template
+        self.template_kwargs = {} if cfg.enable_thinking is None else {"enable_thinking": cfg.enable_thinking}
+
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kw: Any
     ) -> list[int]:
         out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, **kw
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+            **{**self.template_kwargs, **kw},
         )
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]
         return list(out)
+
+    async def score(self, tokens: list[int], prompt_length: int) -> list[float]:
+        """Log-probs (temperature 1) of ``tokens[prompt_length:]``, each given the tokens before
+        it: how likely this model finds another model's sample (a distillation teacher)."""
+        raise EngineError(f"{self.name}: scoring given tokens is not supported by this engine "
+                          "(a teacher needs engine_type vllm or transformers)")
 
     @abc.abstractmethod
     async def update_weights(

@@ -42,6 +42,7 @@ class ExternalEngine(RolloutEngine):
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+            self.use_template_settings(cfg)  # the ids it re-derives follow the server's template
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if self.tokenizer else []

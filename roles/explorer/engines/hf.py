@@ -27,8 +27,10 @@ from roles.explorer.engines.base import (
     RolloutEngine,
     Sample,
     check_sampling,
+    rope_overrides,
 )
 from schemas.config import InferenceModelConfig
+from storage.hf_config import override_rope
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,7 +40,7 @@ class HFEngine(RolloutEngine):
 
     def __init__(self, cfg: InferenceModelConfig, name: str = "hf-0") -> None:
         super().__init__()
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         if not cfg.model_path:
             raise EngineError("explorer.rollout_model.model_path: not set (nor model.model_path)")
@@ -50,16 +52,13 @@ class HFEngine(RolloutEngine):
             dtype = torch.float32  # CPU: fp32 keeps logprobs equal to the trainer's
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(
-                cfg.model_path, trust_remote_code=False
-            )
-            self.model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype).to(
-                self.device
-            ).eval()
+            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+            config = override_rope(AutoConfig.from_pretrained(cfg.model_path), **rope_overrides(cfg))
+            self.model = AutoModelForCausalLM.from_pretrained(
+                cfg.model_path, config=config, dtype=dtype).to(self.device).eval()
         except OSError as e:
             raise EngineError(f"model_path {cfg.model_path!r}: cannot load: {e}") from e
-        if cfg.chat_template:
-            self.tokenizer.chat_template = cfg.chat_template
+        self.use_template_settings(cfg)
         torch.manual_seed(cfg.seed)
         self._locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # generation runs on a thread of its own, never in asyncio's shared default pool:
@@ -146,6 +145,20 @@ class HFEngine(RolloutEngine):
                         for j in range(len(toks))]
             results.append((toks, lp[row, : len(toks)].tolist(), reason, tops))
         return results
+
+    async def score(self, tokens: list[int], prompt_length: int) -> list[float]:
+        if not 0 < prompt_length < len(tokens):
+            raise EngineError(f"{self.name}: score: prompt_length {prompt_length} of {len(tokens)} tokens")
+        async with self._lock:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._thread, self._score, tokens, prompt_length)
+
+    @torch.no_grad()
+    def _score(self, tokens: list[int], prompt_length: int) -> list[float]:
+        inp = torch.tensor([tokens], device=self.device)
+        logits = self.model(input_ids=inp, attention_mask=torch.ones_like(inp)).logits[0, prompt_length - 1:-1]
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        return lp.gather(-1, inp[0, prompt_length:].unsqueeze(-1)).squeeze(-1).tolist()
 
     async def update_weights(
         self, named_tensors: list[tuple[str, torch.Tensor]], version: int

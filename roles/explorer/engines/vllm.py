@@ -14,6 +14,7 @@ the sampled token's raw logprob, equal (in fp32) to a teacher-forced forward pas
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import tempfile
 import uuid
@@ -27,8 +28,10 @@ from roles.explorer.engines.base import (
     RolloutEngine,
     Sample,
     check_sampling,
+    rope_overrides,
 )
 from schemas.config import InferenceModelConfig
+from storage.hf_config import override_rope
 
 #: The vLLM API this module is written against (pinned by the gpu/cpu extras).
 VLLM_VERSION = "0.32.0"
@@ -72,8 +75,7 @@ class VLLMEngine(RolloutEngine):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
-        if cfg.chat_template:
-            self.tokenizer.chat_template = cfg.chat_template
+        self.use_template_settings(cfg)
 
     @classmethod
     async def create(cls, cfg: InferenceModelConfig, index: int = 0) -> VLLMEngine:
@@ -109,6 +111,8 @@ class VLLMEngine(RolloutEngine):
             kw["max_model_len"] = cfg.max_model_len
         if on_gpu:
             kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if cfg.rope_scaling is not None or cfg.rope_theta is not None:  # applied to the HF config
+            kw["hf_overrides"] = functools.partial(override_rope, **rope_overrides(cfg))
         kw.update(cfg.extra_engine_args)
         try:
             llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
@@ -171,6 +175,23 @@ class VLLMEngine(RolloutEngine):
                 )
             )
         return samples
+
+    async def score(self, tokens: list[int], prompt_length: int) -> list[float]:
+        """vLLM's prompt log-probs of the whole sequence (``prompt_logprobs=0``: the actual
+        tokens' only), one token generated and dropped."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if not 0 < prompt_length < len(tokens):
+            raise EngineError(f"{self.name}: score: prompt_length {prompt_length} of {len(tokens)} tokens")
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for out in self.llm.generate({"prompt_token_ids": list(tokens)}, params, uuid.uuid4().hex):
+            final = out
+        if final is None or final.prompt_logprobs is None:
+            raise EngineError(f"{self.name}: score: no prompt log-probs came back")
+        return [final.prompt_logprobs[i][t].logprob for i, t in enumerate(tokens) if i >= prompt_length]
 
     async def _after_load(self, version: int) -> None:
         await self.llm.reset_prefix_cache()

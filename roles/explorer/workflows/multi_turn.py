@@ -20,13 +20,6 @@ from roles.explorer.workflows.base import Workflow
 from schemas.data import Experience
 
 
-def _render(tok: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
-    out = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    return list(out)
-
-
 class MultiTurnWorkflow(Workflow):
     """Base of a concatenated multi-turn workflow (implement ``run``/``run_async``)."""
 
@@ -53,12 +46,12 @@ class MultiTurnWorkflow(Workflow):
         ``response_truncated`` with ``info["truncated"]`` saying from how many tokens; a
         prompt that alone reaches ``max_model_len`` is an error (nothing left to train on).
         """
-        tok = self.model.tokenizer
+        render = self.model.engine.apply_chat_template  # the engine's template and its variables
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
         if first is None:
             raise ValueError(f"task {self.task.task_id}: conversation has no assistant turn")
-        prompt = _render(tok, messages[:first], True)
-        full = _render(tok, messages, False)
+        prompt = render(messages[:first], True)
+        full = render(messages, False)
         if full[: len(prompt)] != prompt:
             raise ValueError(
                 f"task {self.task.task_id}: the chat template does not render the prompt as a "
@@ -72,8 +65,8 @@ class MultiTurnWorkflow(Workflow):
         for i in range(first, len(messages)):
             if messages[i]["role"] != "assistant":
                 continue
-            start = len(_render(tok, messages[:i], True))
-            end = len(_render(tok, messages[: i + 1], False))
+            start = len(render(messages[:i], True))
+            end = len(render(messages[: i + 1], False))
             mask[start - len(prompt) : end - len(prompt)] = True
             if calls:
                 call = calls.pop(0)

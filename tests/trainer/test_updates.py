@@ -1,0 +1,117 @@
+"""Several optimizer updates per batch (``ppo_epochs``, ``ppo_mini_batch_size``, veRL's
+names), old log-probs the updates share, and the other trainer settings that change the
+update (``bypass_old_logprobs``, ``balance_batch``, ``optimizer_type``, rope overrides)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ops.algorithms import resolve
+from roles.trainer.ranks import shard_rows
+from roles.trainer.step import StepRunner
+from tests.explorer.helpers import load
+
+from .helpers import groups, write_config
+
+
+def _runner(**kw) -> StepRunner:
+    return StepRunner(object(), resolve("grpo", kl_loss_fn="none"), **kw)
+
+
+def test_mini_batches_cover_every_row_once_per_epoch():
+    r = _runner(ppo_epochs=2, mini_batch_rows=3)
+    assert r.mini_batches(7, step=1) == [[0, 1, 2], [3, 4, 5], [6]] * 2
+    assert _runner().mini_batches(5, step=1) == [[0, 1, 2, 3, 4]]
+    s = _runner(ppo_epochs=3, mini_batch_rows=4, shuffle=True)
+    ups = s.mini_batches(8, step=5)
+    assert len(ups) == 6 and ups == s.mini_batches(8, step=5)  # seeded: a resume repeats it
+    for e in range(3):
+        assert sorted(ups[2 * e] + ups[2 * e + 1]) == list(range(8))
+    assert ups[:2] != s.mini_batches(8, step=6)[:2] or ups[2:4] != s.mini_batches(8, step=6)[2:4]
+    dpo = StepRunner(object(), resolve("dpo"), ref_model=object(), mini_batch_rows=3)  # whole pairs: rows 2k, 2k+1
+    assert dpo.mini_batches(8, step=1) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_unbalanced_shards_are_contiguous_blocks():
+    lengths = [9, 1, 1, 9, 5, 5, 5]
+    assert [shard_rows(lengths, r, 2, balance=False) for r in (0, 1)] == [[0, 1, 2, 3], [4, 5, 6]]
+    assert [shard_rows(lengths, r, 2, pair=True, balance=False) for r in (0, 1)] == [[0, 1, 2, 3], [4, 5, 6]]
+    balanced = [shard_rows(lengths, r, 2) for r in (0, 1)]
+    assert sorted(balanced[0] + balanced[1]) == list(range(7))
+
+
+def _cfg(tmp_path, tiny_model, trainer=None, algorithm=None, model=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return load(write_config(
+        tmp_path / "c.yaml", project="t", name="u", checkpoint_root_dir=str(tmp_path / "ckpt"),
+        model={"model_path": str(tiny_model), "max_model_len": 64, **(model or {})},
+        algorithm={"algorithm_type": "grpo", "repeat_times": 4, "optimizer": {"lr": 1e-3},
+                   "kl_loss_fn": "none", **(algorithm or {})},
+        trainer={"trainer_type": "pytorch", "save_hf_checkpoint": "never", **(trainer or {})},
+        buffer={"batch_size": 2, "total_steps": 4},
+    ))
+
+
+def _batch(logprobs: bool = True) -> list:
+    """Two GRPO groups with their advantages (as the buffer computes them)."""
+    from roles.buffer.pipeline import group_advantages
+
+    out = []
+    for g in groups("t.u", 0, 2, size=4):
+        for e in g.experiences:
+            e.logprobs = e.logprobs if logprobs else None
+        out += group_advantages(g, resolve("grpo")).experiences
+    return out
+
+
+@pytest.mark.slow
+def test_epochs_and_mini_batches_make_several_updates_from_one_old_policy(tmp_path, tiny_model):
+    from roles.trainer.main import Trainer
+
+    one = Trainer(_cfg(tmp_path / "a", tiny_model))
+    m1 = one.train(_batch(logprobs=False), 1)
+    assert m1["updates"] == 1.0 and one.engine.optimizer.state_dict()["state"][0]["step"] == 1
+    # veRL's names, as a migrated Trinity-RFT config writes them, mean the same
+    cfg = _cfg(tmp_path / "b", tiny_model, trainer={"trainer_config": {"actor_rollout_ref": {"actor": {
+        "ppo_epochs": 2, "ppo_mini_batch_size": 1, "shuffle": True}}}})
+    assert (cfg.trainer.ppo_epochs, cfg.trainer.ppo_mini_batch_size, cfg.trainer.ppo_shuffle) == (2, 1, True)
+    many = Trainer(cfg)
+    assert many.runner.mini_batch_rows == 4  # 1 task x repeat_times 4
+    m = many.train(_batch(logprobs=False), 1)
+    assert m["updates"] == 4.0 and many.engine.optimizer.state_dict()["state"][0]["step"] == 4
+    # the rollouts carry no log-probs here: the updates after the first start from the old
+    # policy fixed before them, so their ratios move and the clip can bite
+    assert m["loss"] != pytest.approx(m1["loss"])
+    assert all(torch.isfinite(torch.tensor(v)) for v in m.values())
+
+
+@pytest.mark.slow
+def test_old_logprobs_come_from_the_trainer_without_bypass(tmp_path, tiny_model):
+    from roles.trainer.main import Trainer
+
+    batch = _batch()
+    for e in batch:  # a rollout engine whose log-probs are far below the trainer's
+        e.logprobs = e.logprobs * 0 - 20.0
+    by = Trainer(_cfg(tmp_path / "a", tiny_model))
+    m_by = by.train(batch, 1)
+    fresh = Trainer(_cfg(tmp_path / "b", tiny_model, algorithm={"bypass_old_logprobs": False}))
+    m_fresh = fresh.train(batch, 1)
+    # with the engine's -5.0 the ratio is far from 1 and PPO clips; recomputed, it is 1
+    assert m_by["pg_clipfrac"] > 0.3, m_by  # the rows with a positive advantage
+    assert m_fresh["pg_clipfrac"] == 0.0, m_fresh
+
+
+@pytest.mark.slow
+def test_rope_overrides_reach_the_trained_model_and_its_checkpoint(tmp_path, tiny_model):
+    from roles.trainer.main import Trainer
+
+    tr = Trainer(_cfg(tmp_path, tiny_model, model={"rope_theta": 5000.0}))
+    assert tr.engine.model.config.rope_parameters["rope_theta"] == 5000.0
+    tr.save(final=True)  # the checkpoint the next stage and the engines load carries it
+    from transformers import AutoConfig
+
+    from storage import checkpoints as ckpt
+
+    saved = AutoConfig.from_pretrained(ckpt.hf_dir(tr.job, tr.step))
+    assert saved.rope_parameters["rope_theta"] == 5000.0
