@@ -180,11 +180,12 @@ async def test_an_agent_whose_conversation_outgrows_the_model_stops_flagged(engi
     stops there, and the example workflows' ``score`` flags every turn of the episode as
     truncated, which ``truncated_episodes_rate`` counts."""
     from react import react
+    from workflows import score
+
     from roles.explorer.api import ApiServer
     from roles.explorer.eval import episode_metrics
     from roles.explorer.workflows.base import ModelHandle
     from schemas.config import OpenAIApiConfig
-    from workflows import score
 
     from .conftest import Published
     from .tool_model import QUESTION

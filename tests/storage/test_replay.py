@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from schemas.data import Experience, ExperienceGroup
 from ops.sampling import staleness_floor
+from schemas.data import Experience, ExperienceGroup
 from storage.replay import PriorityFn, ReplayError, ReplayStore, State, _gauss
 
 ROOT = Path(__file__).resolve().parents[2]
