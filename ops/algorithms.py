@@ -391,14 +391,25 @@ def algorithms_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The generated part of ``docs/algorithms.md`` ends here; ``--write`` keeps what follows (the
+#: measured runs, written by hand).
+HAND_WRITTEN = "<!-- Written by hand below this line; --write keeps it. -->\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Print the algorithm table as markdown.")
     parser.add_argument("--write", metavar="PATH", help="write it to PATH instead of stdout")
     ns = parser.parse_args(argv)
     text = algorithms_markdown()
     if ns.write:
+        try:
+            with open(ns.write, encoding="utf-8") as fh:
+                old = fh.read()
+        except FileNotFoundError:
+            old = ""
+        kept = old.split(HAND_WRITTEN, 1)[1] if HAND_WRITTEN in old else ""
         with open(ns.write, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            fh.write(text + "\n" + HAND_WRITTEN + kept)
     else:
         sys.stdout.write(text)
     return 0

@@ -34,6 +34,7 @@ def experience_json(e: Experience) -> dict[str, Any]:
     return {
         "id": e.id, "task_id": e.task_id, "group_id": e.group_id,
         "prompt_length": e.prompt_length, "tokens": arr(e.tokens), "logprobs": arr(e.logprobs),
+        "teacher_logprobs": arr(e.teacher_logprobs),
         "action_mask": arr(e.action_mask), "reward": e.reward, "model_version": e.model_version,
         "prompt_truncated": e.prompt_truncated, "response_truncated": e.response_truncated,
         "prompt_text": e.prompt_text, "response_text": e.response_text, "messages": e.messages,

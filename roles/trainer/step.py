@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import torch
 
 import ops
@@ -257,9 +258,16 @@ def _mean(parts: list[dict[str, float]]) -> dict[str, float]:
 
 def batch_metrics(exps: list[Experience], step: int) -> dict[str, float]:
     """What a step's metrics say about the batch itself (size, reward, staleness: how many
-    versions behind the trainer the experiences were generated), over the whole batch."""
+    versions behind the trainer the experiences were generated; with a teacher, the
+    sampled-token estimate of the student's KL from it), over the whole batch."""
     out = {"batch_size": float(len(exps)),
            "reward_mean": sum(float(e.reward or 0.0) for e in exps) / max(len(exps), 1)}
+    scored = [e for e in exps if e.teacher_logprobs is not None and e.logprobs is not None
+              and np.ndim(e.teacher_logprobs) == 1]
+    if scored:  # on-policy distillation: how far the student's samples are from the teacher
+        gap = np.concatenate([np.asarray(e.logprobs, np.float64) - np.asarray(e.teacher_logprobs, np.float64)
+                              for e in scored])
+        out["distill/teacher_kl"] = float(gap.mean()) if gap.size else 0.0
     versions = [e.model_version for e in exps if e.chosen is None and not e.info.get("is_expert")]
     if versions:
         out["staleness_mean"] = float(step - 1 - sum(versions) / len(versions))

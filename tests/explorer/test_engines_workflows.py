@@ -234,6 +234,57 @@ def test_debug_workflow_writes_json(tmp_path, tiny_model, arith) -> None:
     assert np.isfinite(e["logprobs"]).all()
 
 
+@register_workflow("asks_the_judge")
+class AsksTheJudge(Workflow):
+    """The policy answers through its OpenAI client, auxiliary model 0 (a judge) through its own."""
+
+    repeatable = False
+
+    def run(self):
+        policy = self.model.get_openai_client()
+        judge = self.auxiliary_models[0].get_openai_client()
+        q = [{"role": "user", "content": self.task.raw["question"]}]
+        answer = policy.chat.completions.create(model=policy.models.list().data[0].id, messages=q, max_tokens=4)
+        verdict = judge.chat.completions.create(model=judge.models.list().data[0].id, messages=q, max_tokens=2)
+        exps = self.model.extract_experience_from_history()
+        assert self.auxiliary_models[0].extract_experience_from_history() == []  # nothing recorded
+        for e in exps:
+            e.reward = float(bool(verdict.choices[0].message.content is not None))
+            e.info["answer"] = answer.choices[0].message.content
+        return exps
+
+
+async def test_auxiliary_models_are_handles_and_openai_clients_and_score_as_a_teacher(
+        tmp_path, tiny_model, arith) -> None:
+    """``explorer.auxiliary_models`` become engines beside the rollout model: workflows get a
+    handle each (chat, and an OpenAI client whose calls are never trained on), and a
+    distilling algorithm's rollouts are scored by auxiliary model 0 (here the policy's own
+    model, so the teacher's log-probs equal the sampled ones)."""
+    from roles.explorer.debug import debug_workflow
+
+    aux = [{"model_path": str(tiny_model), "engine_type": "transformers", "dtype": "float32"}]
+    path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url="nats://127.0.0.1:1",
+                        batch_size=2, repeat_times=2,
+                        extra={"explorer.auxiliary_models": aux,
+                               "explorer.rollout_model.enable_openai_api": True,
+                               "explorer.openai_api.port": 0,
+                               "buffer.explorer_input.default_workflow_type": "asks_the_judge"})
+    out = await debug_workflow(load(path))
+    assert out["failures"] == [] and len(out["experiences"]) == 4
+    assert all(e["teacher_logprobs"] is None for e in out["experiences"])  # grpo: no teacher
+    path = write_config(tmp_path / "d.yaml", model=tiny_model, taskset=arith, nats_url="nats://127.0.0.1:1",
+                        batch_size=2, repeat_times=2,
+                        extra={"explorer.auxiliary_models": aux, "algorithm.algorithm_type": "on_policy_distill"})
+    out = await debug_workflow(load(path))
+    assert out["failures"] == [] and len(out["experiences"]) == 4
+    for e in out["experiences"]:
+        assert np.allclose(e["teacher_logprobs"], e["logprobs"], atol=1e-4)
+    # without a teacher the config is refused, naming the field
+    with pytest.raises(Exception, match="explorer.auxiliary_models: algorithm 'on_policy_distill'"):
+        load(write_config(tmp_path / "e.yaml", model=tiny_model, taskset=arith, nats_url="nats://127.0.0.1:1",
+                          extra={"algorithm.algorithm_type": "on_policy_distill"}))
+
+
 @register_workflow("slow_second_task")
 class SlowSecond(Workflow):
     """Task 1 hangs; the others are the math workflow."""

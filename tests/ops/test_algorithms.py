@@ -200,7 +200,8 @@ def test_spec_is_frozen():
 
 def test_docs_table_is_up_to_date():
     assert DOC.exists(), "run: python -m ops.algorithms --write docs/algorithms.md"
-    assert DOC.read_text(encoding="utf-8") == algorithms_markdown(), (
+    generated = DOC.read_text(encoding="utf-8").split("\n" + algorithms.HAND_WRITTEN, 1)[0]
+    assert generated == algorithms_markdown(), (
         "docs/algorithms.md is out of date; run: python -m ops.algorithms --write docs/algorithms.md"
     )
 
@@ -219,7 +220,11 @@ def test_cli_prints_and_writes(tmp_path, capsys):
     assert capsys.readouterr().out == algorithms_markdown()
     target = tmp_path / "a.md"
     assert algorithms.main(["--write", str(target)]) == 0
-    assert target.read_text(encoding="utf-8") == algorithms_markdown()
+    assert target.read_text(encoding="utf-8") == algorithms_markdown() + "\n" + algorithms.HAND_WRITTEN
+    with open(target, "a", encoding="utf-8") as f:
+        f.write("## Measured\nkept\n")
+    assert algorithms.main(["--write", str(target)]) == 0  # the hand-written part survives
+    assert target.read_text(encoding="utf-8").endswith(algorithms.HAND_WRITTEN + "## Measured\nkept\n")
 
 
 def test_ops_imports_nothing_from_the_rest_of_the_project():
