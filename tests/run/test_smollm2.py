@@ -42,11 +42,11 @@ def trained_model(smollm2: Path):
 
 
 def _trainer_logprobs(model, tokens: list[int], prompt_length: int) -> torch.Tensor:
+    import numpy as np
+
     from roles.trainer.batch import collate
     from roles.trainer.step import token_logprobs
     from schemas.data import Experience
-
-    import numpy as np
 
     e = Experience(id="e", task_id="t", group_id="g", run_id="r", tokens=np.asarray(tokens, np.int32),
                    prompt_length=prompt_length)
