@@ -35,6 +35,9 @@ RUN_ELSEWHERE = {
     ".venv/bin/python examples/agent_guess/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
     ".venv/bin/trinity run --config examples/agent_guess/guess.yaml":
         "tests/api/test_examples.py (short settings; the full run is minutes)",
+    ".venv/bin/python examples/algorithms/prepare.py && .venv/bin/trinity run --config "
+    "examples/algorithms/on_policy_distill.yaml":
+        "tests/run/test_algorithms_e2e.py (prepare.py, and every example config for 3 steps)",
     "trinity debug --config FILE --module workflow --output-file exps.json "
     "--set explorer.rollout_model.engine_type=transformers": "tests/explorer/test_engines_workflows.py",
 }
