@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "debug":
             p.add_argument("--module", default="workflow", choices=["workflow"])
             p.add_argument("--output-file", default=None)
-            p.add_argument("--plugin-dir", default=None, help="folder(s) of workflow plugins (os.pathsep-separated)")
+            p.add_argument("--plugin-dir", default=None, help="plugin folder(s), as TRINITY_PLUGIN_DIRS (os.pathsep-separated)")
     return parser
 
 
@@ -322,7 +322,7 @@ def cmd_debug(args: argparse.Namespace) -> int:
     preflight([cfg], "debug")  # before the workflow's engines start (an HF error otherwise)
     from roles.explorer.debug import main as debug_main
 
-    return debug_main(cfg, args.output_file, args.plugin_dir)
+    return debug_main(cfg, args.output_file)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

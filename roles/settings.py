@@ -95,8 +95,10 @@ def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
     after importing the plugin folders (``roles/plugins.py``): the names it checks include
     theirs."""
     dotenv = getattr(args, "dotenv", ".env")
+    dirs = [os.environ.get(PLUGIN_DIRS_ENV) or dotenv_value(dotenv, PLUGIN_DIRS_ENV) or "",
+            getattr(args, "plugin_dir", None) or ""]  # trinity debug --plugin-dir
     try:
-        load_plugin_dirs(os.environ.get(PLUGIN_DIRS_ENV) or dotenv_value(dotenv, PLUGIN_DIRS_ENV) or "")
+        load_plugin_dirs(os.pathsep.join(d for d in dirs if d))
     except PluginError as e:
         raise ConfigError([str(e)]) from e
     loaded = load_config(

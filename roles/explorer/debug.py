@@ -72,10 +72,9 @@ async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict
     }
 
 
-def main(cfg: TrinityConfig, output_file: str | None, plugin_dir: str | None = None) -> int:
-    from roles.explorer.workflows.registry import load_plugin_dirs
-
-    load_plugin_dirs(plugin_dir)
+def main(cfg: TrinityConfig, output_file: str | None) -> int:
+    """``cfg`` was loaded by :func:`roles.settings.load`, which imported the plugin folders
+    (``TRINITY_PLUGIN_DIRS`` and ``--plugin-dir``)."""
     out = asyncio.run(debug_workflow(cfg))
     text = json.dumps(out, indent=1, default=str)
     if output_file:
