@@ -53,6 +53,30 @@ async def test_hf_engine_logprobs_equal_teacher_forcing(hf_engine, hf_model) -> 
         assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4)
 
 
+async def test_hf_engine_batches_concurrent_requests_exactly(hf_engine, hf_model, monkeypatch) -> None:
+    """Requests that wait together run as one left-padded ``generate``: each keeps its own
+    prompt, ``n`` and ``max_tokens``, and its log-probs still equal a teacher-forced pass."""
+    calls = []
+    real = hf_engine._generate
+
+    def counting(prompts, *a, **kw):
+        calls.append(len(prompts))
+        return real(prompts, *a, **kw)
+
+    monkeypatch.setattr(hf_engine, "_generate", counting)
+    prompts = ["1+1=?", "12+34=?", "7+8=?"]
+    outs = await asyncio.gather(*(hf_engine.generate(prompt=p, n=k + 1, max_tokens=3 + k, temperature=1.0,
+                                                     ignore_eos=True) for k, p in enumerate(prompts)))
+    assert calls[-1] == 1 + 2 + 3 or sum(calls[-2:]) == 1 + 2 + 3  # one batch (or the first alone)
+    for k, (p, samples) in enumerate(zip(prompts, outs, strict=True)):
+        assert len(samples) == k + 1
+        for smp in samples:
+            assert smp.prompt_length == len(hf_engine.tokenizer.encode(p, add_special_tokens=False))
+            assert len(smp.response_tokens) == 3 + k and smp.finish_reason == "length"
+            ref = teacher_logprobs(hf_model, smp.tokens, smp.prompt_length)
+            assert torch.allclose(ref, torch.tensor(smp.logprobs), atol=1e-4)
+
+
 async def test_hf_engine_scores_given_tokens_as_a_teacher(hf_engine, hf_model) -> None:
     [s] = await hf_engine.chat([{"role": "user", "content": "2+2=?"}], n=1, temperature=1.0)
     scored = await hf_engine.score(s.tokens, s.prompt_length)

@@ -6,8 +6,12 @@ machines without vLLM. Logprobs are ``log_softmax`` of the *raw* logits (``outpu
 not of ``out.scores`` (those are temperature/top-k processed), so they equal a teacher-forced
 forward pass, as vLLM's default ``raw_logprobs`` do.
 
-Generation calls are serialized (one ``model.generate`` at a time, in a worker thread so the
-event loop keeps serving the bus); the ``n`` samples of one call run as one batch.
+Generation runs one ``model.generate`` at a time, in a worker thread so the event loop keeps
+serving the bus. Requests that arrive while one runs wait, and then run *together*: every
+waiting request with the same sampling settings joins one left-padded batch (the ``n``
+samples of each are rows of it), up to :data:`MAX_BATCH_ROWS` rows. A GRPO step's 16 tasks x 8
+samples are then one call instead of 16 (measured on the quickstart: 217 -> 40 ms a step).
+A request with a ``seed`` runs alone: the seed is the global torch RNG's.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import concurrent.futures
 import glob
 import os
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +38,26 @@ from schemas.config import InferenceModelConfig
 from storage.hf_config import override_rope
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The most rows (requests x their ``n``) one ``generate`` call batches.
+MAX_BATCH_ROWS = 256
+#: One row's result: response tokens, their log-probs, finish reason, top log-probs or None.
+Row = tuple[list[int], list[float], str, list[dict[int, float]] | None]
+
+
+@dataclass
+class _Request:
+    ids: list[int]
+    n: int
+    max_new: int
+    sampling: dict[str, Any]
+    done: asyncio.Future[tuple[list[Row], int]]
+
+    def key(self) -> Any:
+        """Requests with the same key can share one ``generate`` call."""
+        if self.sampling.get("seed") is not None:
+            return id(self)
+        s = {k: v for k, v in self.sampling.items() if k != "max_tokens"}
+        return repr(sorted((k, str(v)) for k, v in s.items()))
 
 
 class HFEngine(RolloutEngine):
@@ -61,6 +86,9 @@ class HFEngine(RolloutEngine):
         self.use_template_settings(cfg)
         torch.manual_seed(cfg.seed)
         self._locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        #: per event loop (see _lock): the requests waiting for a batch, and the task running them
+        self._waiting: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._batchers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # generation runs on a thread of its own, never in asyncio's shared default pool:
         # workflow threads waiting for this engine's answers may fill that one
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
@@ -82,10 +110,12 @@ class HFEngine(RolloutEngine):
             prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         ids, truncated = self.limits.fit_prompt(list(prompt_ids)) if truncate else (list(prompt_ids), False)
         max_new = self.limits.max_new_tokens(len(ids), sampling.get("max_tokens"))
-        version = self._version
-        async with self._lock:
-            out = await asyncio.get_running_loop().run_in_executor(
-                self._thread, self._generate, ids, n, max_new, sampling)
+        loop = asyncio.get_running_loop()
+        req = _Request(ids, n, max_new, sampling, loop.create_future())
+        self._waiting.setdefault(loop, []).append(req)
+        if loop not in self._batchers or self._batchers[loop].done():
+            self._batchers[loop] = loop.create_task(self._run_batches(loop))
+        out, version = await req.done
         return [
             Sample(
                 tokens=ids + resp, prompt_length=len(ids), logprobs=lps,
@@ -96,10 +126,52 @@ class HFEngine(RolloutEngine):
             for resp, lps, reason, tops in out
         ]
 
+    async def _run_batches(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the waiting requests, those of one sampling key at a time, until none wait."""
+        waiting = self._waiting[loop]
+        while waiting:
+            key, rows, batch = waiting[0].key(), 0, []
+            for r in list(waiting):
+                if r.key() == key and (not batch or rows + r.n <= MAX_BATCH_ROWS):
+                    batch.append(r)
+                    rows += r.n
+                    waiting.remove(r)
+            batch = [r for r in batch if not r.done.cancelled()]
+            if not batch:
+                continue
+            try:
+                async with self._lock:
+                    version = self._version
+                    out = await loop.run_in_executor(self._thread, self._generate_batch, batch)
+            except Exception as e:  # noqa: BLE001 - the requests get the engine's error
+                for r in batch:
+                    if not r.done.done():
+                        r.done.set_exception(e)
+                continue
+            for r, rows_out in zip(batch, out, strict=True):
+                if not r.done.done():
+                    r.done.set_result((rows_out, version))
+
+    def _generate_batch(self, batch: list[_Request]) -> list[list[Row]]:
+        """One ``generate`` over every row of ``batch`` (left-padded); each request's rows,
+        cut at its own ``max_tokens``."""
+        if len(batch) == 1:
+            r = batch[0]
+            return [self._generate([r.ids] * r.n, r.max_new, r.sampling, [r.max_new] * r.n)]
+        prompts = [r.ids for r in batch for _ in range(r.n)]
+        limits = [r.max_new for r in batch for _ in range(r.n)]
+        rows = self._generate(prompts, max(limits), batch[0].sampling, limits)
+        out, i = [], 0
+        for r in batch:
+            out.append(rows[i:i + r.n])
+            i += r.n
+        return out
+
     @torch.no_grad()
-    def _generate(
-        self, ids: list[int], n: int, max_new: int, s: dict[str, Any]
-    ) -> list[tuple[list[int], list[float], str, list[dict[int, float]] | None]]:
+    def _generate(self, prompts: list[list[int]], max_new: int, s: dict[str, Any],
+                  limits: list[int]) -> list[Row]:
+        """Sample one completion per prompt (left-padded into one batch); row ``j`` keeps at
+        most ``limits[j]`` tokens."""
         temperature = float(s.get("temperature", 1.0))
         top_k = int(s.get("top_k", -1) or -1)
         eos = self.tokenizer.eos_token_id
@@ -121,17 +193,22 @@ class HFEngine(RolloutEngine):
             kw.update(stop_strings=[stops] if isinstance(stops, str) else list(stops), tokenizer=self.tokenizer)
         if s.get("seed") is not None:
             torch.manual_seed(int(s["seed"]))
-        inp = torch.tensor([ids] * n, device=self.device)
-        out = self.model.generate(inp, attention_mask=torch.ones_like(inp), **kw)
-        gen = out.sequences[:, len(ids):]
+        width = max(len(p) for p in prompts)
+        inp = torch.full((len(prompts), width), kw["pad_token_id"], dtype=torch.long)
+        mask = torch.zeros_like(inp)
+        for j, p in enumerate(prompts):
+            inp[j, width - len(p):] = torch.tensor(p)
+            mask[j, width - len(p):] = 1
+        out = self.model.generate(inp.to(self.device), attention_mask=mask.to(self.device), **kw)
+        gen = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1).float()  # (n, steps, vocab), raw
         all_lp = torch.log_softmax(logits, dim=-1)
         lp = all_lp.gather(-1, gen.unsqueeze(-1)).squeeze(-1)
         k = int(s.get("top_logprobs") or 0)
         top = all_lp.topk(k, dim=-1) if k > 0 else None
         results = []
-        for row in range(n):
-            toks = gen[row].tolist()
+        for row in range(len(prompts)):
+            toks = gen[row].tolist()[: limits[row]]
             reason = "length"
             if kw["eos_token_id"] is not None and eos in toks:
                 toks = toks[: toks.index(eos) + 1]
