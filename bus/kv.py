@@ -4,6 +4,12 @@ Why KV and not a stream: these are *current values* (the explorer's model versio
 did the trainer last beat), read by key, not a history to consume. Values are JSON so
 ``nats kv get trinity_<run> version.trainer`` is readable. Keys: ``version.<role>``,
 ``heartbeat.<role>``, ``rendezvous.<name>``.
+
+Waiting for a value: a role reads the key until the value it waits for is there, and between
+reads sleeps until *any* key of the bucket changes (:meth:`RunState.changed`: a KV watch sets
+an event) or at most its pause has passed. The read is the truth; the watch only cuts the
+wait from the pause (up to 250 ms) to the change's arrival (a millisecond), and a watch lost
+to a reconnect costs no more than the pause did before.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 import orjson
 import structlog
+from nats.errors import ConnectionClosedError
 from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
@@ -66,6 +73,57 @@ class RunState:
 
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
+        self._changed: asyncio.Event | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    def changed(self) -> asyncio.Event:
+        """An event set whenever a key of the bucket is put or deleted (a KV watch, started on
+        first use, for this process's lifetime). Clear it *before* reading what you wait for,
+        then wait on it: a change between the read and the wait still wakes you."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+            self._watch = asyncio.get_running_loop().create_task(self._watch_changes())
+        return self._changed
+
+    async def _watch_changes(self) -> None:
+        """Set :attr:`_changed` on every update of the bucket, for as long as the connection
+        lives (a server restart included: the watch is made again)."""
+        assert self._changed is not None
+        while True:
+            try:
+                watcher = await self.kv.watchall(include_history=False)
+                while True:
+                    try:
+                        if await watcher.updates(timeout=60.0) is not None:
+                            self._changed.set()
+                    except asyncio.TimeoutError:  # nats-py's TimeoutError is one
+                        continue
+            except asyncio.CancelledError:
+                raise
+            except ConnectionClosedError:
+                return  # the process closed its connection: nothing left to watch
+            except Exception as e:  # noqa: BLE001 - a server away; the readers' pauses cover it
+                log.info("kv_watch_restart", error=f"{type(e).__name__}: {e}",
+                         description=getattr(e, "description", None))
+                await asyncio.sleep(1.0)
+
+    async def wait(self, fn: Any, timeout: float, pause: float = 0.25) -> Any:
+        """Await ``fn()`` until it returns something truthy (returned); None after ``timeout``
+        seconds. Reads again whenever the bucket changes, or every ``pause`` seconds."""
+        changed = self.changed()
+        deadline = time.monotonic() + timeout
+        while True:
+            changed.clear()
+            v = await fn()
+            if v:
+                return v
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(changed.wait(), min(pause, left))
+            except asyncio.TimeoutError:
+                pass
 
     @classmethod
     async def open(cls, js: JetStreamContext, run_id: str) -> RunState:
@@ -162,22 +220,14 @@ class RunState:
     async def wait_rendezvous(
         self, name: str, timeout: float, newer_than: float = 0.0
     ) -> dict[str, Any]:
-        """Wait until rendezvous ``name`` is set (with ``ts > newer_than``) and return it.
-
-        Polls rather than watches: a poll survives reconnects without re-subscribing, and a
-        rendezvous happens a few times per run, not thousands.
-        """
+        """Wait until rendezvous ``name`` is set (with ``ts > newer_than``) and return it."""
         key = _key("rendezvous", name)
-        deadline = time.monotonic() + timeout
-        pause = 0.02
-        while True:
+
+        async def ready() -> Any:
             v = await self.get(key)
-            if isinstance(v, dict) and float(v.get("ts", 0)) > newer_than:
-                return v
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RequestTimeout(
-                    f"rendezvous {name!r} not set within {timeout}s (KV key {key})"
-                )
-            await asyncio.sleep(min(pause, left))
-            pause = min(pause * 2, 0.25)
+            return v if isinstance(v, dict) and float(v.get("ts", 0)) > newer_than else None
+
+        v = await self.wait(ready, timeout)
+        if v is None:
+            raise RequestTimeout(f"rendezvous {name!r} not set within {timeout}s (KV key {key})")
+        return v

@@ -21,6 +21,7 @@ and then returns what there is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import struct
@@ -102,6 +103,10 @@ class BufferService:
         #: Set by the process loop once the explorer finished and every group on the stream
         #: is ingested: nothing more will come, so a batch request stops waiting.
         self.source_done = False
+        #: set when an ingest stored experience (a batch request waiting for it wakes at once);
+        #: ``loop`` is the event loop the batch requests wait on (the ingest runs in a thread)
+        self.arrived = asyncio.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
         if self.plan(2, 0).expert and not self.aux:
             raise ValueError(
                 f"algorithm.sample_strategy {sample_strategy!r} takes expert data, which needs "
@@ -141,11 +146,27 @@ class BufferService:
                         bad[i] = e
         self.stored += added
         self.quarantined += len(bad)
+        if added:
+            self.arrived_threadsafe()
         for i, e in bad.items():
             g = groups[i]
             error = f"{type(e).__name__}: {e}"
             log.warning("quarantined", group_id=g.group_id, task_id=g.task_id, error=error)
         return added, bad
+
+    def arrived_threadsafe(self) -> None:
+        """Set :attr:`arrived` from the ingest's thread (or the loop itself)."""
+        loop = self.loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self.arrived.set()
+        else:
+            loop.call_soon_threadsafe(self.arrived.set)
 
     # -- batches ------------------------------------------------------------------------------
 
@@ -155,6 +176,7 @@ class BufferService:
 
     async def batch(self, req: BatchRequest) -> BatchReply:
         """Answer one batch request (see the module doc)."""
+        self.loop = asyncio.get_running_loop()
         if self.main_file is not None:
             exps = await asyncio.to_thread(self.main_file.batch, req.step, req.n)
             return BatchReply(req.step, [codec.encode(e) for e in exps], [1] * len(exps), req.n,
@@ -167,11 +189,11 @@ class BufferService:
         if not taken and usual > 0:
             timeout = self.max_read_timeout if req.timeout is None else min(req.timeout, self.max_read_timeout)
             deadline = time.monotonic() + timeout
-            pause = 0.01
             while (self.store.count_available(floor) < usual and time.monotonic() < deadline
                    and not self.source_done):
-                await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
-                pause = min(pause * 2, 0.2)
+                self.arrived.clear()  # set by the ingest once groups are stored
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.arrived.wait(), min(0.2, max(deadline - time.monotonic(), 0.0)))
             taken = await asyncio.to_thread(
                 self.store.take_batch_encoded, key, usual, min_model_version=floor
             )

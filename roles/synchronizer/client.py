@@ -23,10 +23,11 @@ the old weights (``on_timeout: continue``) or :class:`SyncTimeout` is raised (``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -56,20 +57,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
-
-
-async def poll(fn: Callable[[], Awaitable[Any]], timeout: float, pause: float = 0.02) -> Any:
-    """Await ``fn()`` until it returns something truthy; None after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = await fn()
-        if v:
-            return v
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        await asyncio.sleep(min(pause, left))
-        pause = min(pause * 2, 0.25)
 
 
 class _Side:
@@ -202,7 +189,7 @@ class TrainerSyncClient(_Side):
                 await asyncio.wait_for(asyncio.to_thread(self.sender.connect), p.timeout + 5)
                 rdv = self.sender.rdv
                 await self.state.put(FORMED, {"group": f"{rdv.host}:{rdv.port}", "at": time.time()})
-            joined = await poll(lambda: self._joined(version), p.timeout)
+            joined = await self.state.wait(lambda: self._joined(version), p.timeout)
             if joined == "hello":  # the explorer restarted: this group lost its member
                 self.sender = None
                 await self.state.clear_rendezvous(p.group_name)
@@ -273,13 +260,13 @@ class ExplorerSyncClient(_Side):
                 return self.version
             asked = time.time()
             await self.state.put(WANT, {"step": step, "ts": asked})
-            offer = await poll(lambda: self._offer_after(asked), p.timeout)
+            offer = await self.state.wait(lambda: self._offer_after(asked), p.timeout)
         else:
             need = required_version(step, p.explorer_interval, p.offset)
             deadline = time.monotonic() + p.timeout
             while self.version < need:
                 left = deadline - time.monotonic()
-                offer = await poll(lambda: self._offer_for(need), left) if left > 0 else None
+                offer = await self.state.wait(lambda: self._offer_for(need), left) if left > 0 else None
                 if offer is GO_ON:
                     break
                 if offer is None:
@@ -304,7 +291,9 @@ class ExplorerSyncClient(_Side):
         """After the last explorer step: load every newer offer until the trainer says it is
         finished, so the final evaluation sees the trained weights. Waits as long as the
         trainer is working (the caller bounds it with its stop event)."""
+        changed = self.state.changed()
         while True:
+            changed.clear()
             done = await self.state.get(TRAINER_FINISHED)
             offer = await self._offer()
             if offer and int(offer["version"]) > self.version:
@@ -317,7 +306,8 @@ class ExplorerSyncClient(_Side):
             if done and not (offer and int(offer["version"]) >= int(done["version"])):
                 log.warning("final_weights_missing", trainer_version=int(done["version"]), have=self.version)
                 return self.version
-            await asyncio.sleep(0.2)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), 0.25)
 
     async def _offer(self) -> dict | None:
         """The current offer, unless it is one whose load already failed (its trainer died
