@@ -23,11 +23,17 @@ def _upcast(x: Tensor) -> Tensor:
 CHUNK_BYTES = 256 << 20
 
 
-def _blocks(z: Tensor, step: int) -> list[tuple[int, slice]]:
-    """(batch row, token slice) of every block of at most ``step`` rows of ``z`` (B x T x V):
-    each ``z[b, sl]`` is a plain block of rows, even when ``z`` is a view such as
-    ``logits[:, :-1]`` that no reshape could flatten without a copy."""
-    return [(b, slice(a, a + step)) for b in range(z.shape[0]) for a in range(0, z.shape[1], step)]
+def _blocks(z: Tensor, step: int) -> list[tuple[slice, slice]]:
+    """(batch slice, token slice) of every block of at most ``step`` rows of ``z`` (B x T x V):
+    whole sequences, several at a time, when a sequence fits in a block (one block for a
+    small batch or vocabulary: a Python loop per sequence cost more than the math there),
+    else one sequence's tokens in chunks. Each ``z[bs, ts]`` is a plain block, even when ``z``
+    is a view such as ``logits[:, :-1]`` that no reshape could flatten without a copy."""
+    n_batch, n_tok = z.shape[0], z.shape[1]
+    if n_tok <= step:
+        per = max(step // max(n_tok, 1), 1)
+        return [(slice(b, b + per), slice(None)) for b in range(0, n_batch, per)]
+    return [(slice(b, b + 1), slice(a, a + step)) for b in range(n_batch) for a in range(0, n_tok, step)]
 
 
 def _rows_per_block(z: Tensor) -> int:
@@ -39,7 +45,7 @@ def _per_row(z: Tensor) -> Tensor:
     return torch.empty(z.shape[:2], dtype=_upcast(z[:0, :0]).dtype, device=z.device)
 
 
-def _scaled_blocks(z: Tensor, temperature: float, lse: Tensor) -> Iterator[tuple[int, slice, Tensor]]:
+def _scaled_blocks(z: Tensor, temperature: float, lse: Tensor) -> Iterator[tuple[slice, slice, Tensor]]:
     """Each block of rows of ``z / temperature`` in the working dtype, its log-sum-exp
     written to ``lse`` before the block is yielded."""
     for b, sl in _blocks(z, _rows_per_block(z)):
@@ -48,7 +54,7 @@ def _scaled_blocks(z: Tensor, temperature: float, lse: Tensor) -> Iterator[tuple
         yield b, sl, zc
 
 
-def _logp_blocks(z: Tensor, temperature: float, lse: Tensor) -> Iterator[tuple[int, slice, Tensor]]:
+def _logp_blocks(z: Tensor, temperature: float, lse: Tensor) -> Iterator[tuple[slice, slice, Tensor]]:
     """Each block of rows of ``log_softmax(z / temperature)`` in the working dtype, from the
     log-sum-exp a forward pass saved: what both backward passes recompute the softmax from."""
     for b, sl in _blocks(z, _rows_per_block(z)):

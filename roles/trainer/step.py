@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 import ops
-from ops.algorithms import AlgorithmSpec
+from ops.algorithms import AlgorithmSpec, hyperparameters
+from ops.entropy import ENTROPY_DATA
 from ops.kl import kl_loss, kl_penalty
 from ops.logits import entropy_from_logits, logprobs_from_logits
 from schemas.data import Experience
@@ -24,8 +25,10 @@ from .batch import Batch, collate, micro_batches, per_micro_batch
 from .ranks import shard_rows
 
 
-def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) of each response token of ``mb`` (B x T)."""
+def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_entropy: bool,
+                   entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of each response token of ``mb`` (B x T); the entropy without
+    a gradient unless ``entropy_grad`` (it is then only a metric)."""
     if hasattr(engine_or_model, "forward_logits"):
         logits = engine_or_model.forward_logits(mb.input_ids, mb.attention_mask)
     else:
@@ -37,7 +40,7 @@ def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_ent
     lp = lp_full.gather(1, idx).float().cpu() if logits.device.type != "cpu" else lp_full.gather(1, idx).float()
     ent = None
     if with_entropy:
-        ent = entropy_from_logits(logits, temperature).gather(1, idx).float()
+        ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature).gather(1, idx).float()
         ent = ent.to(lp.device)
     return lp, ent
 
@@ -71,8 +74,12 @@ class StepRunner:
         self.bypass_old_logprobs = bypass_old_logprobs  # the rollout engine's log-probs are "old"
         self.policy_fn = ops.get("policy_loss_fn", spec.policy_loss_fn)
         self.entropy_fn = ops.get("entropy_loss_fn", spec.entropy_loss_fn)
-        # entropy is always measured (a per-step metric); it is a loss only with entropy_loss_fn
+        # entropy is always measured (a per-step metric); it is a loss term only with an
+        # entropy_loss_fn whose coefficient is not 0 (GRPO's default is 0: then backward does
+        # not go through it, a third of a tiny model's step)
         self.with_entropy = True
+        entropy_args = {**hyperparameters(self.entropy_fn, ENTROPY_DATA), **spec.entropy_loss_fn_args}
+        self.entropy_grad = spec.entropy_loss_fn != "none" and entropy_args.get("entropy_coef", 1.0) != 0
         # The KL-in-reward coefficient changes step to step when adaptive; checkpoints keep it.
         self.kl_coef = float(spec.kl_penalty_fn_args.get("kl_coef", 0.001))
 
@@ -225,7 +232,7 @@ class StepRunner:
             mb = batch.select(mb_rows)
             share = 0.0 if i >= len(mbs) else (len(mb_rows) / len(rows) if seq_mode else int(mb.action_mask.sum()) / token_total)
             ref_lp = None if ref_all is None else ref_all[torch.as_tensor(mb_rows)]
-            lp, ent = token_logprobs(self.engine, mb, self.temperature, self.with_entropy)
+            lp, ent = token_logprobs(self.engine, mb, self.temperature, self.with_entropy, self.entropy_grad)
             old = torch.where(mb.has_old.unsqueeze(-1), mb.old_logprob, lp.detach())
             mask = mb.action_mask
             loss, m = self.policy_fn(lp, old, mb.advantages, mask, ref_logprob=ref_lp,

@@ -121,14 +121,16 @@ def test_logits_helpers_upcast_half_precision():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("what", ["logprob", "entropy"])
-def test_blockwise_logprob_and_entropy_match_the_plain_forms(monkeypatch, dtype, temperature, what):
+@pytest.mark.parametrize("rows", [2, 14])
+def test_blockwise_logprob_and_entropy_match_the_plain_forms(monkeypatch, dtype, temperature, what, rows):
     """The block-wise log-prob and entropy (float32 inside, softmax recomputed in backward)
     against their plain forms in float64 on the same logits: values and the gradient that
-    reaches the logits, with blocks of 2 rows so that rows cross block edges; gradcheck in
-    float64; and a view such as the trainer's ``logits[:, :-1]`` gives the same numbers."""
+    reaches the logits, with blocks of 2 rows (sequences of 7 cross block edges) or 14 (two
+    whole sequences a block, the last block one); gradcheck in float64; and a view such as
+    the trainer's ``logits[:, :-1]`` gives the same numbers."""
     import ops.logits
 
-    monkeypatch.setattr(ops.logits, "CHUNK_BYTES", 2 * 4 * 50)
+    monkeypatch.setattr(ops.logits, "CHUNK_BYTES", rows * 4 * 50)
     torch.manual_seed(0)
     z = (torch.randn(3, 7, 50) * 4).to(dtype).requires_grad_()
     ids = torch.randint(0, 50, (3, 7))
