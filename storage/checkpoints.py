@@ -641,18 +641,34 @@ def prune_checkpoints(job: str | Path, keep: int, protect: Iterable[int] = ()) -
         latest = read_latest(job, kind)  # type: ignore[arg-type]
         if latest is not None:
             keep_set.add(latest)
-    deleted = []
-    for s in steps[: max(0, len(steps) - keep)]:
-        if s in keep_set:
-            continue
-        src = step_dir(job, s)
+    return _delete_steps(job, [s for s in steps[: max(0, len(steps) - keep)] if s not in keep_set])
+
+
+def _delete_steps(job: Path, steps: list[int]) -> list[int]:
+    """Delete ``global_step_N`` folders through a hidden trash name (see prune_checkpoints)."""
+    for s in steps:
         trash = job / f".trash-global_step_{s}-{os.getpid()}"
-        os.replace(src, trash)
+        os.replace(step_dir(job, s), trash)
         shutil.rmtree(trash, ignore_errors=True)
-        deleted.append(s)
-    if deleted:
+    if steps:
         _fsync_dir(job)
-    return deleted
+    return steps
+
+
+#: Weight-only folders a checkpoint sync keeps: the newest, and the one before it, which an
+#: explorer that began loading it before the newest was offered may still be reading.
+STATE_DICTS_KEPT = 2
+
+
+def prune_state_dicts(job: str | Path, keep: int = STATE_DICTS_KEPT) -> list[int]:
+    """Delete the weight-only folders (a checkpoint sync's hand-offs: no trainer state) but
+    the newest ``keep``; full checkpoints are :func:`prune_checkpoints`' business. Without
+    this, checkpoint sync wrote one full model per sync for the whole run."""
+    job = Path(job)
+    protect = {read_latest(job, "checkpoint")}
+    weight_only = [s for s in list_steps(job)
+                   if s not in protect and not saved_trainer_states(actor_dir(job, s))]
+    return _delete_steps(job, weight_only[: max(0, len(weight_only) - keep)])
 
 
 def commit_checkpoint(job: str | Path, step: int, max_checkpoints_to_keep: int = 0) -> list[int]:
@@ -734,6 +750,7 @@ def save_state_dict_checkpoint(
     prev = read_latest(job, "state_dict")
     if prev is None or prev < step:
         write_latest(job, step, "state_dict")
+    prune_state_dicts(job)
     return out
 
 

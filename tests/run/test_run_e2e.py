@@ -84,3 +84,25 @@ def test_config_errors_fail_before_any_process(tmp_path, tiny_model, arith):
     assert p.returncode == 2, out
     assert "buffer.explorer_input.taskset.path" in out and str(tmp_path / "nowhere") in out
     assert not (tmp_path / "ckpt").exists(), "a process started before the config was checked"
+
+
+def test_train_mode_saves_every_save_interval_and_prunes(tmp_path, tiny_model, arith):
+    # mode train: no explorer, so no weight sync writes a folder per step; the checkpoints are
+    # the save_interval ones (3, 6) and the last (7), pruned to max_checkpoints_to_keep
+    fmt = {"prompt_type": "plaintext", "prompt_key": "question", "response_key": "answer", "system_prompt": ""}
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(), stages=False, extra={
+        "mode": "train", "algorithm.algorithm_type": "sft", "synchronizer.sync_method": "checkpoint",
+        "trainer.save_interval": 3, "trainer.max_checkpoints_to_keep": 2,
+        "buffer.train_batch_size": 4, "buffer.total_steps": 7, "buffer.total_epochs": 10,
+        "buffer.trainer_input.experience_buffer": {"name": "sft", "storage_type": "file", "path": str(arith),
+                                                   "split": "train", "format": fmt}})
+    log = tmp_path / "run.log"
+    p = trinity("run", "--config", str(cfg), log=log)
+    p.wait(timeout=600)
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    job = tmp_path / "ckpt/t/r"
+    assert [e["step"] for e in steps_log(job)][-1] == 7
+    assert sorted(int(d.name.rsplit("_", 1)[1]) for d in job.glob("global_step_*")) == [6, 7]
+    assert (job / "latest_checkpointed_iteration.txt").read_text().strip() == "7"
+    assert "weights_ready" not in text and "explorer" not in {line.split(":")[0] for line in text.splitlines()}

@@ -214,3 +214,17 @@ def test_convert_finds_deepspeed_checkpoint(tiny, tmp_path: Path) -> None:
                                 allowed_globals=checkpoint_safe_globals())
     assert res.source == "deepspeed checkpoint deepspeed"
     assert torch.equal(_logits(res.hf_dir, ids), logits)
+
+
+def test_checkpoint_sync_keeps_only_the_weights_a_reader_may_need(tiny, tmp_path: Path) -> None:
+    # one weight-only folder per sync would be one full model per step for the whole run
+    model, *_ = tiny
+    job, sd = tmp_path / "job", model.state_dict()
+    ck.save_checkpoint(job, 2, state_dict=sd, save_hf=False, trainer_state={"step": 2})
+    for step in range(3, 8):
+        ck.save_state_dict_checkpoint(job, step, state_dict=sd, config=model.config)
+    # the full checkpoint stays (prune_checkpoints decides about it); of the weight-only
+    # folders, the newest and the one before it (an explorer may still be loading it)
+    assert ck.list_steps(job) == [2, 6, 7]
+    assert ck.read_latest(job, "state_dict") == 7 and ck.read_latest(job, "checkpoint") == 2
+    assert not list(job.glob(".trash*"))
