@@ -180,6 +180,7 @@ class Explorer:
         self.shutdown_grace = shutdown_grace
         self.stop = asyncio.Event()
         self.stats = ExplorerStats()
+        self._counted = [0, 0]  # engines' token_counts at the last step report
         self.step = 0
         self.pool = make_pool(cfg, engines, auxiliary)
         self.monitor: Any = None
@@ -455,6 +456,11 @@ class Explorer:
         tokens = sum(e.response_length for r in results if r.group for e in r.group.experiences)
         values.update(step_seconds=seconds, tokens_per_second=tokens / max(seconds, 1e-9),
                       model_version=float(self.engines[0].model_version))
+        counts = [sum(e.token_counts[i] for e in self.engines) for i in (0, 1)]
+        computed, real = counts[0] - self._counted[0], counts[1] - self._counted[1]
+        self._counted = counts
+        if computed:  # the share of what the engines computed this step that was padding
+            values["generation_padding_fraction"] = 1.0 - real / computed
         log.info("step=%d %s", self.step, " ".join(f"{k}={v:.4g}" for k, v in values.items()))
         await self.report(Metric(role="explorer", step=self.step, kind="rollout", values=values))
 

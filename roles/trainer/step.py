@@ -21,7 +21,7 @@ from ops.kl import kl_loss, kl_penalty
 from ops.logits import entropy_from_logits, logprobs_from_logits
 from schemas.data import Experience
 
-from .batch import Batch, collate, micro_batches, per_micro_batch
+from .batch import Batch, collate, micro_batches, padding_fraction, per_micro_batch
 from .ranks import shard_rows
 
 
@@ -212,6 +212,8 @@ class StepRunner:
             "grad_norm": sum(g for _, g, _ in done) / len(done), "lr": self.engine.lr,
             "updates": float(len(updates)), "micro_batches": float(sum(n for _, _, n in done)),
             "tokens": float(batch.num_tokens), "tokens_per_s": batch.num_tokens / max(dt, 1e-9), "step_time_s": dt,
+            # of the tokens this rank's micro-batches compute, the share that is padding
+            "padding_fraction": padding_fraction(lengths, mbs),
         })
         return out
 

@@ -134,6 +134,9 @@ class RolloutEngine(abc.ABC):
 
     def __init__(self) -> None:
         self._version = 0
+        #: tokens the engine computed and, of those, real ones (not padding), since it started;
+        #: counted by engines that pad (transformers), left [0, 0] by those that do not (vLLM)
+        self.token_counts = [0, 0]
 
     @property
     def model_version(self) -> int:

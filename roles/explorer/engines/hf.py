@@ -221,6 +221,10 @@ class HFEngine(RolloutEngine):
                 tops = [dict(zip(top.indices[row, j].tolist(), top.values[row, j].tolist(), strict=True))
                         for j in range(len(toks))]
             results.append((toks, lp[row, : len(toks)].tolist(), reason, tops))
+        # the batch computes width + steps positions per row; the rest of a row is padding
+        # (left of a short prompt, after an early end)
+        self.token_counts[0] += len(prompts) * (width + gen.shape[1])
+        self.token_counts[1] += sum(len(p) for p in prompts) + sum(len(r[0]) for r in results)
         return results
 
     async def score(self, tokens: list[int], prompt_length: int) -> list[float]:
