@@ -46,18 +46,17 @@ def test_synchronizer_overdue_and_missing():
 
 def test_micro_batches_by_tokens_rows_and_pairs():
     lengths = [10, 10, 30, 5, 5, 5]
-    # longest first, so rows of like length share a micro-batch
-    by_tokens = micro_batches(lengths, use_dynamic_bsz=True, max_token_len=40, micro_batch_size=1)
-    assert by_tokens == [[2], [0, 1, 3, 4], [5]]
-    by_rows = micro_batches(lengths, use_dynamic_bsz=False, max_token_len=None, micro_batch_size=4)
-    assert by_rows == [[2, 0, 1, 3], [4, 5]]
-    mixed = [30, 5, 30, 5]  # in input order, half of what the micro-batches compute is padding
+    assert micro_batches(lengths, use_dynamic_bsz=True, max_token_len=40, micro_batch_size=1) == [[0, 1], [2], [3, 4, 5]]
+    assert micro_batches(lengths, use_dynamic_bsz=False, max_token_len=None, micro_batch_size=4) == [[0, 1, 2, 3], [4, 5]]
+    assert micro_batches([50, 50], use_dynamic_bsz=True, max_token_len=10, micro_batch_size=1) == [[0], [1]]
+    assert micro_batches(lengths, use_dynamic_bsz=False, max_token_len=None, micro_batch_size=3, pair=True) == [[0, 1], [2, 3], [4, 5]]
+    # in batch order, more than half of what these micro-batches compute would be padding:
+    # rows of like length go together instead
+    mixed = [30, 5, 30, 5]
     assert padding_fraction(mixed, [[0, 1], [2, 3]]) == pytest.approx(1 - 70 / 120)
     assert micro_batches(mixed, use_dynamic_bsz=False, max_token_len=None, micro_batch_size=2) == [[0, 2], [1, 3]]
+    assert micro_batches(mixed, use_dynamic_bsz=True, max_token_len=60, micro_batch_size=1) == [[0, 2], [1, 3]]
     assert padding_fraction(mixed, [[0, 2], [1, 3]]) == 0.0
-    assert micro_batches([50, 50], use_dynamic_bsz=True, max_token_len=10, micro_batch_size=1) == [[0], [1]]
-    pairs = micro_batches(lengths, use_dynamic_bsz=False, max_token_len=None, micro_batch_size=3, pair=True)
-    assert pairs == [[2, 3], [0, 1], [4, 5]]
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
