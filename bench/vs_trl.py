@@ -97,8 +97,14 @@ def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str) -> di
     cfg = trinity_config(data, sft, steps, engine, name)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
     launched = time.time()
-    subprocess.run([sys.executable, "-m", "roles.cli", "run", "--config", str(cfg)], check=True, cwd=ROOT,
-                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen([sys.executable, "-m", "roles.cli", "run", "--config", str(cfg)], cwd=ROOT,
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    samples = []  # (time, {process: CPU seconds so far}), twice a second
+    while p.poll() is None:
+        samples.append((time.time(), cpu_by_process(p.pid)))
+        time.sleep(0.5)
+    if p.returncode:
+        raise subprocess.CalledProcessError(p.returncode, p.args)
     recs = [json.loads(x) for x in (WORK / "ckpt" / "quickstart" / name / "monitor" / "metrics.jsonl").read_text().splitlines()]
     train = sorted((r for r in recs if r["role"] == "trainer" and r["kind"] == "train"), key=lambda r: r["step"])
     rollout = sorted((r for r in recs if r["role"] == "explorer" and r["kind"] == "rollout"), key=lambda r: r["step"])
@@ -107,10 +113,52 @@ def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str) -> di
     gen = statistics.median(r["values"]["step_seconds"] for r in rollout[1:])
     learn = statistics.median(r["values"]["step_time_s"] for r in train[1:])
     step = statistics.median(b - a for a, b in zip(ts[:-1], ts[1:], strict=True))
+    # CPU per step of each process during the GRPO phase (samples nearest its ends)
+    first = min(samples, key=lambda x: abs(x[0] - ts[0]))
+    last = min(samples, key=lambda x: abs(x[0] - ts[-1]))
+    n = max(steps * (last[0] - first[0]) / max(ts[-1] - ts[0], 1e-9), 1e-9)
+    cpu = {f"cpu_ms/{k}": 1000 * (v - first[1].get(k, 0.0)) / n for k, v in last[1].items()}
     return {"phase": (ts[-1] - ts[0]) * steps / (steps - 1), "startup": ts[0] - launched,
             "first_rollout": rollout[0]["ts"] - launched, "before": evals[0]["values"]["accuracy"],
             "after": evals[-1]["values"]["accuracy"], "overhead": step - max(gen, learn),
-            "step": step, "generation": gen, "training": learn}
+            "step": step, "generation": gen, "training": learn, **cpu}
+
+
+def cpu_by_process(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of ``root``'s descendants, by role (the last word of
+    ``trinity <role>``), ``nats-server`` and ``vllm`` (its engine processes), from /proc."""
+    parent, name, cpu = {}, {}, {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        pid = int(d.name)
+        parent[pid] = int(stat[1])
+        cpu[pid] = (int(stat[11]) + int(stat[12])) / tick
+        words = [w.decode(errors="replace") for w in argv if w]
+        name[pid] = ("nats-server" if any("nats-server" in w for w in words[:1]) else
+                     next((w for w in words if w in ("explorer", "buffer", "trainer", "synchronizer", "server")),
+                          "vllm" if any("vllm" in w.lower() or "VLLM" in w for w in words) else "other"))
+    out: dict[str, float] = {}
+    for pid, c in cpu.items():
+        a, role = pid, None
+        while a in parent and a != root:
+            a = parent[a]
+        if a != root:
+            continue
+        role = name[pid]
+        if role == "other":  # a child of a role (vLLM's engine core, a compile helper)
+            b = parent.get(pid)
+            while b is not None and b != root and name.get(b) == "other":
+                b = parent.get(b)
+            role = f"{name.get(b, 'run')}:child" if b != root else "run"
+        out[role] = out.get(role, 0.0) + c
+    return out
 
 
 def main() -> None:
@@ -149,6 +197,9 @@ def main() -> None:
               f"{med(s, 'startup') / med('TRL', 'startup'):.2f}x; first rollout {med(s, 'first_rollout'):.1f} s after "
               f"launch; per-step overhead {1000 * med(s, 'overhead'):.0f} ms (step {1000 * med(s, 'step'):.0f} ms - "
               f"max(generation {1000 * med(s, 'generation'):.0f}, training {1000 * med(s, 'training'):.0f}))")
+        cpu = sorted((k.split("/", 1)[1], med(s, k)) for k in results[s][0] if k.startswith("cpu_ms/"))
+        print(f"  CPU per step during the phase (ms; the cores give {1000 * med(s, 'step') * (os.cpu_count() or 1):.0f} "
+              f"per step at {os.cpu_count()} cores): " + ", ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 1))
 
 
 if __name__ == "__main__":

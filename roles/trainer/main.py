@@ -248,7 +248,7 @@ async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, tim
 
 
 async def _fetch_serving_hellos(
-    fetch: Any, sync: Any, trainer: Any, state: Any, nc: Any
+    fetch: Any, sync: Any, trainer: Any, state: Any, nc: Any, reconnects: int
 ) -> BatchReply:
     """Await the batch request ``fetch``; meanwhile answer a restarted explorer that asks for
     weights (the batch may be waiting for that explorer's experience, see
@@ -256,10 +256,10 @@ async def _fetch_serving_hellos(
     the request when it may be lost: the buffer that had it restarted (its heartbeat's pid
     changed) or the connection went through a reconnect (a request or its reply sent while
     the server was away is gone). Waiting for the reply would cost the request's whole
-    timeout; asking again is safe: the buffer hands out the same batch for a step."""
+    timeout; asking again is safe: the buffer hands out the same batch for a step.
+    ``reconnects``: the connection's count when the request was sent."""
     task = asyncio.ensure_future(fetch)
     buffer_pid = None
-    reconnects = nc.stats["reconnects"]
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=1.0)
@@ -320,15 +320,18 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
     done = last is not None and trainer.step >= last
     # mode train has no explorer: offering weights there only wrote a checkpoint per step
     explorer_takes_weights = cfg.mode in ("both", "colocate", "serve")
+    # the next step's batch request, sent before the weight sync of this one: the sync waits
+    # for the explorer and the broadcast, the request for the buffer, and neither needs the other
+    prefetch: tuple[asyncio.Future, int] | None = None  # (request, reconnects when sent)
     try:
         while not stop.is_set() and not done:
             step = trainer.step + 1
             await state.heartbeat("trainer", step=trainer.step)
+            fetch, sent_at = prefetch or (fetch_batch(nc, cfg.run_id, step, n, trainer.step, read_timeout),
+                                          nc.stats["reconnects"])
+            prefetch = None
             try:
-                reply = await _fetch_serving_hellos(
-                    fetch_batch(nc, cfg.run_id, step, n, trainer.step, read_timeout), sync, trainer,
-                    state, nc,
-                )
+                reply = await _fetch_serving_hellos(fetch, sync, trainer, state, nc, sent_at)
             except (bus.NoResponders, bus.RequestTimeout) as e:
                 log.warning("no_batch", step=step, error=str(e))
                 await asyncio.sleep(1.0)
@@ -351,6 +354,8 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
                 await save(trainer, nc, cfg.run_id, final=done)
                 saved = step
             if not done and explorer_takes_weights:
+                prefetch = (asyncio.ensure_future(fetch_batch(nc, cfg.run_id, step + 1, n, trainer.step, read_timeout)),
+                            nc.stats["reconnects"])
                 await sync.after_step(step, trainer)
         if done:
             if saved != trainer.step or not trainer.has_hf_checkpoint():
@@ -360,6 +365,8 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
             await state.put(keys.TRAINER_FINISHED, {"version": trainer.step, "ts": time.time()})
             log.info("trainer_finished", step=trainer.step, consumed=trainer.consumed)
     finally:
+        if prefetch is not None:
+            prefetch[0].cancel()
         monitor.close()
         await sync.close()
         await bus.disconnect(nc)
