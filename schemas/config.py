@@ -57,7 +57,6 @@ IGNORED_PATHS: dict[str, str] = {
     "trainer.enable_preview": "wandb rollout preview is not implemented",
     "cluster.ray_address": "trinity does not use Ray",
     "model.tinker": "the Tinker backend is not implemented",
-    "model.lora_configs": "LoRA training is not implemented yet",
     "monitor.enable_ray_timeline": "trinity does not use Ray",
     "explorer.runner_num": "deprecated in Trinity-RFT; use explorer.runner_per_model",
     "explorer.proxy_port": "the explorer serves the API itself: set explorer.openai_api.port",
@@ -111,6 +110,8 @@ UNUSED_FIELDS: dict[str, str] = {
     "buffer.trainer_input.experience_buffer.format.workflow_key": "datasets are trained on, not run by workflows",
     "buffer.trainer_input.experience_buffer.format.reward_fn_key": "datasets are trained on, not run by workflows",
 }
+UNUSED_FIELDS["model.lora_configs[].base_model_name"] = (
+    "the adapter's base is always model.model_path; an adapter of another model fails to load, naming its path")
 UNUSED_FIELDS["model.logprobs"] = ("the sampled token's log-prob is always recorded; top-k "
                                    "alternatives are not stored in experiences")
 for _ts in ("buffer.explorer_input.taskset", "buffer.explorer_input.eval_tasksets[]"):
@@ -273,6 +274,28 @@ class ExternalModelConfig(Section):
     """Model name sent to the API."""
 
 
+class LoraConfig(Section):
+    """One LoRA adapter trained instead of the full weights (Trinity-RFT's ``lora_configs``)."""
+
+    name: str | None = None
+    """The adapter's name (logs, the PEFT folder's adapter name); None: ``default``."""
+    path: str | None = None
+    """A PEFT adapter folder to start from (``adapter_config.json`` + weights), trained on
+    ``model.model_path``'s model; None: a fresh adapter (B = 0, so training starts at the base)."""
+    base_model_name: str | None = None
+    """The base model the adapter belongs to, for the record (the trainer's base is always
+    ``model.model_path``; an adapter of another shape fails to load, naming ``path``)."""
+    lora_rank: int = Field(32, ge=1)
+    """Rank r of the A (r x in) and B (out x r) matrices."""
+    lora_alpha: float = Field(32, gt=0)
+    """Scale numerator: the update is ``alpha / r * B @ A``."""
+    lora_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = "auto"
+    """The adapter's parameter dtype; auto: peft's (the base layer's, float32 for low-precision bases)."""
+    target_modules: str | list[str] = "all-linear"
+    """Linear layers to adapt, by leaf name (``q_proj``) or full name, or ``all-linear`` (every
+    linear layer but the output head)."""
+
+
 class ModelConfig(Section):
     model_path: str = ""
     """Path of the model being trained (a Hugging Face folder)."""
@@ -317,6 +340,10 @@ class ModelConfig(Section):
     """RoPE theta override, like ``rope_scaling``."""
     external_model: ExternalModelConfig = Field(default_factory=ExternalModelConfig)
     """External API model settings."""
+    lora_configs: list[LoraConfig] | None = Field(None, max_length=1)
+    """Train a LoRA adapter instead of every weight (one adapter: Trinity-RFT's limit too).
+    Checkpoints hold the adapter in PEFT layout under ``actor/`` and the merged model in
+    ``actor/huggingface/``; weight syncs send the merged weights (see README, LoRA)."""
 
 
 # --------------------------------------------------------------------------------------------

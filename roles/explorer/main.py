@@ -476,7 +476,9 @@ class Explorer:
 async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
     """Start engines, connect, explore until done or ``stop`` (SIGTERM/SIGINT when no
     ``stop`` is given), clean up. True when the taskset (or the bench) was finished."""
-    engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model)
+    from storage.lora import adapter_sync
+
+    engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model, adapter_sync(cfg))
     auxiliary: list[list[RolloutEngine]] = []
     nc = None
     try:

@@ -198,7 +198,7 @@ class TrainerSyncClient(_Side):
             if not joined:
                 raise TimeoutError("explorer did not join")
             t0 = time.perf_counter()
-            sent = await asyncio.to_thread(lambda: self.sender.send(trainer.weights(), version, self.bucket_bytes()))
+            sent = await asyncio.to_thread(lambda: self.sender.send(trainer.sync_tensors(), version, self.bucket_bytes()))
             dt = time.perf_counter() - t0
             await self.event("weights_sent", version, version, info={"bytes": sent, "seconds": dt})
             log.info("weights_sent", version=version, mb=round(sent / 2**20, 1), seconds=round(dt, 3))

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from schemas.config import OptimizerConfig, TrinityConfig
+from storage import lora
 
 from .engine import config_overrides, load_model, lr_factor, make_optimizer, warmup_steps
 
@@ -97,6 +98,8 @@ class DeepSpeedEngine:
         bf16 = d.bf16 and torch.cuda.is_available()  # the CPU accelerator trains in float32
         model = load_model(model_path, dtype=torch.float32, gradient_checkpointing=d.gradient_checkpointing,
                            overrides=config_overrides(cfg.model))
+        if cfg.model.lora_configs:  # ZeRO 0-2 (config check): merged weights need whole tensors
+            model = lora.wrap(model, cfg.model.lora_configs[0])
         return cls(model, cfg.algorithm.optimizer, total_steps=total_steps, grad_clip=cfg.trainer.grad_clip,
                    zero_stage=d.zero_stage, bf16=bf16, offload_optimizer=d.offload_optimizer,
                    offload_param=d.offload_param)
@@ -123,6 +126,8 @@ class DeepSpeedEngine:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _full_state(self) -> dict[str, torch.Tensor]:
+        if lora.is_lora(self.model):
+            return dict(lora.merged_tensors(self.model))
         if self.zero_stage == 3:
             import deepspeed
 

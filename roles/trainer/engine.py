@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from schemas.config import ModelConfig, OptimizerConfig
+from storage import lora
 from storage.hf_config import override_rope
 
 
@@ -123,7 +124,10 @@ class TorchEngine:
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What a weight sync sends: every parameter and buffer of the state dict (tied
-        weights once), as stored."""
+        weights once), as stored; a LoRA model's merged weights (roles/trainer/lora.py)."""
+        if lora.is_lora(self.model):
+            yield from lora.merged_tensors(self.model)
+            return
         seen: set[int] = set()
         for name, t in self.model.state_dict().items():
             if t.data_ptr() in seen:
@@ -132,7 +136,8 @@ class TorchEngine:
             yield name, t
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.model.state_dict()
+        """The weights a checkpoint's Hugging Face folder holds (a LoRA model's merged)."""
+        return dict(lora.merged_tensors(self.model)) if lora.is_lora(self.model) else self.model.state_dict()
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state, strict=False)

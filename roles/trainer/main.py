@@ -29,6 +29,7 @@ from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from storage import checkpoints as ckpt
+from storage import lora
 
 from .engine import TorchEngine, config_overrides, load_model
 from .ranks import STOP, DataParallel
@@ -80,6 +81,8 @@ def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str) -> An
         raise ValueError(f"trainer.trainer_type: {kind!r} is not available here (pytorch, deepspeed)")
     model = load_model(model_path, gradient_checkpointing=cfg.trainer.deepspeed.gradient_checkpointing and torch.cuda.is_available(),
                        overrides=config_overrides(cfg.model))
+    if cfg.model.lora_configs:
+        model = lora.wrap(model, cfg.model.lora_configs[0])
     return TorchEngine(model, cfg.algorithm.optimizer, total_steps=steps, grad_clip=cfg.trainer.grad_clip)
 
 
@@ -124,7 +127,9 @@ class Trainer:
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
         ref = None
-        if self.spec.use_reference:
+        if self.spec.use_reference and lora.is_lora(self.engine.model):
+            ref = lora.AdapterOff(self.engine.model)  # the base model: no second copy
+        elif self.spec.use_reference:
             ref = load_model(cfg.model.model_path, overrides=config_overrides(cfg.model)).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
@@ -145,8 +150,19 @@ class Trainer:
             mini_batch_rows=t.ppo_mini_batch_size and t.ppo_mini_batch_size * cfg.algorithm.repeat_times,
             bypass_old_logprobs=cfg.algorithm.bypass_old_logprobs,
         )
+        if lora.is_lora(self.engine.model):
+            trainable, total = lora.trainable_share(self.engine.model)
+            log.info("lora", trainable=trainable, total=total, share=round(trainable / total, 5))
+            if lora.adapter_sync(cfg) is None and cfg.mode in ("both", "colocate", "serve"):
+                log.warning("lora_merged_sync", engine_type=cfg.explorer.rollout_model.engine_type,
+                            sync_method=cfg.synchronizer.sync_method,
+                            why="weight syncs send the merged model: only a broadcast into the transformers "
+                                "engine takes the adapter alone (vLLM LoRA serving is not implemented)")
         if loaded is not None:
-            self.engine.load_state_dict(loaded.state_dict)
+            if lora.is_lora(self.engine.model):
+                lora.load_adapter(self.engine.model, loaded.actor_dir)  # onto the base of model_path
+            else:
+                self.engine.load_state_dict(loaded.state_dict)
             ts = loaded.trainer_state or {}
             if critic is not None and "critic" in ts:
                 critic.load_state(ts["critic"])
@@ -196,6 +212,13 @@ class Trainer:
                                     "world": self.engine.world_size}) + "\n")
         return metrics
 
+    def sync_tensors(self) -> list[tuple[str, Any]]:
+        """What a broadcast weight sync sends: the LoRA adapter alone where the engine takes
+        it (storage.lora.adapter_sync), else :meth:`weights`."""
+        if lora.adapter_sync(self.cfg) is not None:
+            return lora.adapter_tensors(self.engine.model)
+        return self.weights()
+
     def weights(self) -> list[tuple[str, Any]]:
         """The full weights (name, tensor) for a weight sync; ZeRO-3 gathers them from every rank."""
         if getattr(self.engine, "zero_stage", 0) == 3:
@@ -228,6 +251,9 @@ class Trainer:
         if rank != 0:
             ckpt.save_trainer_state(actor, state, rank, world)
         self.engine.barrier()  # every partition is on disk before rank 0 commits the step
+        if rank == 0 and lora.is_lora(self.engine.model):
+            actor.mkdir(parents=True, exist_ok=True)
+            lora.save_adapter(self.engine.model, actor)  # before the commit makes the step latest
         if rank == 0:
             ckpt.save_checkpoint(
                 self.job, self.step, state_dict=weights, config=self.engine.model.config,

@@ -3,11 +3,13 @@ tiny model (HF engine, to keep CI short; the quickstart runs the same path on vL
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from bus.server import free_port
@@ -106,3 +108,36 @@ def test_train_mode_saves_every_save_interval_and_prunes(tmp_path, tiny_model, a
     assert sorted(int(d.name.rsplit("_", 1)[1]) for d in job.glob("global_step_*")) == [6, 7]
     assert (job / "latest_checkpointed_iteration.txt").read_text().strip() == "7"
     assert "weights_ready" not in text and "explorer" not in {line.split(":")[0] for line in text.splitlines()}
+
+
+@pytest.mark.parametrize("sync_method", ["nccl", "checkpoint"])
+def test_lora_run_syncs_only_the_adapter_and_saves_both_layouts(tmp_path, tiny_model, arith, sync_method):
+    # a broadcast into the transformers engine moves the adapter alone; a checkpoint sync
+    # (as any engine that cannot take the adapter) gets the merged model, with one warning
+    lora = {"lora_rank": 8, "lora_alpha": 16, "target_modules": "all-linear"}
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(), stages=False,
+                          extra={"model.lora_configs": [lora], "algorithm.optimizer.lr": 3e-3,
+                                 "buffer.total_steps": 3, "trainer.save_interval": 0,
+                                 "synchronizer.sync_method": sync_method})
+    log = tmp_path / "run.log"
+    p = trinity("run", "--config", str(cfg), log=log)
+    p.wait(timeout=600)
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    job = tmp_path / "ckpt/t/r"
+    actor = job / "global_step_3/actor"
+    assert (actor / "adapter_config.json").is_file() and (actor / "adapter_model.safetensors").is_file()
+    AutoModelForCausalLM.from_pretrained(actor / "huggingface")  # the merged model
+    events = [json.loads(x) for x in (job / "monitor/sync_events.jsonl").read_text().splitlines()]
+    if sync_method == "checkpoint":
+        assert "lora_merged_sync" in text
+        assert [e["model_version"] for e in events if e["kind"] == "loaded"] == [1, 2, 3]
+        return
+    sent = [e["info"]["bytes"] for e in events if e["kind"] == "weights_sent"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    full = sum(t.numel() * 4 for t in model.state_dict().values())
+    # rank 8 on every linear layer of a 2-layer, 128-wide model: A (8 x in) and B (out x 8)
+    adapter = sum(8 * (m.in_features + m.out_features) * 4 for n, m in model.named_modules()
+                  if isinstance(m, torch.nn.Linear) and n != "lm_head")
+    assert sent and all(b == adapter for b in sent), (sent, adapter, full)
+    assert "lora_merged_sync" not in text

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 
 from roles.explorer.engines.base import EngineError, Limits, RolloutEngine, Sample
-from schemas.config import ExternalModelConfig, InferenceModelConfig
+from schemas.config import ExternalModelConfig, InferenceModelConfig, LoraConfig
 
 
 async def create_engines(
-    cfg: InferenceModelConfig, external: ExternalModelConfig | None = None
+    cfg: InferenceModelConfig, external: ExternalModelConfig | None = None, lora: LoraConfig | None = None
 ) -> list[RolloutEngine]:
-    """Start ``cfg.engine_num`` engines of ``cfg.engine_type`` (vLLM engines in parallel)."""
+    """Start ``cfg.engine_num`` engines of ``cfg.engine_type`` (vLLM engines in parallel).
+    ``lora``: the transformers engine wraps its model in this adapter (weight syncs then move
+    the adapter alone, storage.lora.adapter_sync)."""
     if cfg.engine_type == "vllm":
         from roles.explorer.engines.vllm import VLLMEngine
 
@@ -19,7 +21,7 @@ async def create_engines(
     if cfg.engine_type == "transformers":
         from roles.explorer.engines.hf import HFEngine
 
-        return [await asyncio.to_thread(HFEngine, cfg, f"hf-{i}") for i in range(cfg.engine_num)]
+        return [await asyncio.to_thread(HFEngine, cfg, f"hf-{i}", lora) for i in range(cfg.engine_num)]
     if cfg.engine_type == "external":
         from roles.explorer.engines.external import ExternalEngine
 

@@ -34,7 +34,7 @@ from roles.explorer.engines.base import (
     check_sampling,
     rope_overrides,
 )
-from schemas.config import InferenceModelConfig
+from schemas.config import InferenceModelConfig, LoraConfig
 from storage.hf_config import override_rope
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -63,7 +63,7 @@ class _Request:
 class HFEngine(RolloutEngine):
     """A transformers ``AutoModelForCausalLM`` behind the rollout engine interface."""
 
-    def __init__(self, cfg: InferenceModelConfig, name: str = "hf-0") -> None:
+    def __init__(self, cfg: InferenceModelConfig, name: str = "hf-0", lora: LoraConfig | None = None) -> None:
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -83,6 +83,10 @@ class HFEngine(RolloutEngine):
                 cfg.model_path, config=config, dtype=dtype).to(self.device).eval()
         except OSError as e:
             raise EngineError(f"model_path {cfg.model_path!r}: cannot load: {e}") from e
+        if lora is not None:  # the trainer's adapter, so that a sync moves only its tensors
+            from storage.lora import wrap
+
+            self.model = wrap(self.model, lora).eval()
         self.use_template_settings(cfg)
         torch.manual_seed(cfg.seed)
         self._locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -1,0 +1,178 @@
+"""LoRA in the trainer: wrap the model in a peft adapter, and read it back as the rest of
+trinity sees a model.
+
+Why merged weights outward: a LoRA run's checkpoints (``actor/huggingface/``), weight syncs and
+stage hand-offs carry the *merged* model (base + scale * B @ A, computed per tensor; the
+base weights are never modified in place, so no rounding accumulates), so every engine, reader
+and ``trinity convert`` works unchanged. The adapter itself is saved beside it in PEFT layout
+(``actor/adapter_config.json`` + ``adapter_model.safetensors``): that is what a resumed
+trainer loads, onto the base model of ``model.model_path``.
+
+The reference model of a KL term is the same module with the adapter disabled
+(:class:`AdapterOff`): no second copy of the base weights.
+
+A weight sync into the transformers engine moves only the adapter (:func:`adapter_sync`): the
+engine wraps its model in the same adapter (:func:`wrap`), so the names match and a sync
+moves a few percent of the bytes. vLLM and external engines get the merged weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from schemas.config import LoraConfig, TrinityConfig
+
+ADAPTER_CONFIG = "adapter_config.json"
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+class LoraError(ValueError):
+    """A ``model.lora_configs`` setting that cannot work with this model (names the field)."""
+
+
+def target_modules(lc: LoraConfig) -> str | list[str]:
+    t = lc.target_modules
+    return t if isinstance(t, str) else list(t)
+
+
+def check_targets(model: Any, lc: LoraConfig) -> None:
+    """Fail, naming the field, when ``target_modules`` matches none of the model's linear
+    layers (peft's own error names neither the field nor what there is)."""
+    t = target_modules(lc)
+    if t == "all-linear":
+        return
+    wanted = [t] if isinstance(t, str) else t
+    names = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    leaves = {n.rsplit(".", 1)[-1] for n in names}
+    if not any(w in leaves or w in names for w in wanted):
+        raise LoraError(f"model.lora_configs[0].target_modules: {wanted} match no linear layer of the model "
+                        f"(its linear layers: {', '.join(sorted(leaves))}; or 'all-linear')")
+
+
+def wrap(model: Any, lc: LoraConfig) -> Any:
+    """``model`` as a peft model with one trainable adapter: a fresh one, or the one at
+    ``lc.path`` (resumed training). Only the adapter's parameters require grad."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel, get_peft_model
+
+    check_targets(model, lc)
+    if lc.path:
+        cfg_file = Path(lc.path) / ADAPTER_CONFIG
+        if not cfg_file.is_file():
+            raise LoraError(f"model.lora_configs[0].path: {lc.path} has no {ADAPTER_CONFIG} (a PEFT adapter folder)")
+        try:
+            peft_model = PeftModel.from_pretrained(model, lc.path, is_trainable=True)
+        except (RuntimeError, ValueError, KeyError) as e:  # shapes of another base model
+            raise LoraError(f"model.lora_configs[0].path: the adapter at {lc.path} does not fit "
+                            f"model.model_path's model: {str(e).splitlines()[0][:300]}") from e
+    else:
+        pc = PeftLoraConfig(r=lc.lora_rank, lora_alpha=lc.lora_alpha, target_modules=target_modules(lc),
+                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        peft_model = get_peft_model(model, pc)
+    dtype = _DTYPES.get(lc.lora_dtype)
+    if dtype is not None:
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.data = p.data.to(dtype)
+    return peft_model
+
+
+def adapter_sync(cfg: TrinityConfig) -> LoraConfig | None:
+    """The LoRA config when weight syncs move only the adapter: a broadcast sync into the
+    transformers engine, which wraps its model in the same adapter. Otherwise (vLLM, an
+    external engine, checkpoint sync) a LoRA run syncs the merged weights."""
+    lcs = cfg.model.lora_configs
+    if not lcs or cfg.synchronizer.sync_method == "checkpoint":
+        return None
+    return lcs[0] if cfg.explorer.rollout_model.engine_type == "transformers" else None
+
+
+def adapter_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """The adapter's parameters under the peft model's own names (an engine that wrapped its
+    model in the same adapter has the same names)."""
+    return [(n, p.detach()) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def is_lora(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def merged_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The merged model's weights under the base model's names (tied weights once): each
+    adapted layer's ``base + delta``, computed into a new tensor."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    adapter = model.active_adapter
+    seen: set[int] = set()
+    lora_layers = {n: m for n, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for name, t in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        owner = name.rsplit(".", 2)[0] if ".base_layer." in name else None
+        out_name = name.replace(".base_layer.", ".")
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        if owner in lora_layers and name.endswith("base_layer.weight"):
+            with torch.no_grad():
+                layer = lora_layers[owner]
+                t = t + layer.get_delta_weight(adapter).to(t.dtype)
+        yield out_name, t
+
+
+def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The adapter's tensors in PEFT's names (what ``adapter_model.safetensors`` holds)."""
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def save_adapter(model: Any, folder: str | Path) -> None:
+    """``adapter_config.json`` + ``adapter_model.safetensors`` into ``folder``."""
+    model.save_pretrained(str(folder))
+
+
+def load_adapter(model: Any, folder: str | Path) -> None:
+    """Load the adapter saved in ``folder`` (by :func:`save_adapter`) into ``model``'s."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    f = Path(folder) / "adapter_model.safetensors"
+    if not f.is_file():
+        raise LoraError(f"{folder}: no adapter_model.safetensors (a LoRA checkpoint saves one)")
+    result = set_peft_model_state_dict(model, load_file(str(f)))
+    missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+    if missing:
+        raise LoraError(f"{f}: adapter tensors that the model has no place for: {missing[:5]}")
+
+
+class AdapterOff(torch.nn.Module):
+    """The base model of a peft model, as a module of its own: its forward runs with the
+    adapter disabled (the reference model of a KL term, without a second copy)."""
+
+    def __init__(self, peft_model: Any) -> None:
+        super().__init__()
+        self._peft = [peft_model]  # a list: not registered as a submodule (no parameters twice)
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]:  # type: ignore[override]
+        return self._peft[0].parameters(recurse)
+
+    def forward(self, **kwargs: Any) -> Any:
+        model = self._peft[0]
+        with torch.no_grad(), model.disable_adapter():
+            return model(**kwargs)
+
+    def eval(self) -> AdapterOff:  # the trainer's model stays in train mode
+        return self
+
+
+def trainable_share(model: Any) -> tuple[int, int]:
+    """(trainable parameters, all parameters)."""
+    total = sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), total
