@@ -25,12 +25,14 @@ def _steps(log: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_sigkill_trainer_resumes_without_repeating_or_skipping(tmp_path, nats_cfg, run_id, tiny_model):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_sigkill_trainer_resumes_without_repeating_or_skipping(tmp_path, nats_cfg, run_id, tiny_model, lora):
     project, name = run_id.split(".", 1)
+    adapter = {"lora_configs": [{"lora_rank": 4, "target_modules": ["q_proj", "v_proj"]}]} if lora else {}
     cfg = write_config(
         tmp_path / "cfg.yaml",
         project=project, name=name, mode="train", checkpoint_root_dir=str(tmp_path / "ckpt"),
-        model={"model_path": str(tiny_model)},
+        model={"model_path": str(tiny_model), **adapter},
         algorithm={"algorithm_type": "grpo", "repeat_times": GROUP,
                    "optimizer": {"lr": 1e-3, "lr_scheduler_type": "cosine", "lr_warmup_steps": 1}},
         buffer={"batch_size": BATCH // GROUP, "train_batch_size": BATCH, "total_steps": STEPS,
@@ -76,3 +78,6 @@ def test_sigkill_trainer_resumes_without_repeating_or_skipping(tmp_path, nats_cf
     assert sorted(trained) == sorted(published), "an experience was skipped"
     assert read_latest(job) == STEPS
     assert (job / f"global_step_{STEPS}" / "actor" / "huggingface" / "model.safetensors").exists()
+    if lora:  # the restarted trainer loaded the adapter of step 3 (not a fresh one)
+        assert (job / "global_step_3" / "actor" / "adapter_model.safetensors").exists()
+        assert "resumed" in (tmp_path / "trainer2.log").read_text()
