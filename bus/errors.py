@@ -46,3 +46,12 @@ class NoResponders(BusError):
 
 class RemoteError(BusError):
     """The responder failed; the message carries its error text."""
+
+
+def replicas_hint(replicas: int, e: Exception) -> str:
+    """What to change when the server refused a stream's or bucket's replica count."""
+    text = str(getattr(e, "description", "") or e).lower()
+    if replicas > 1 and ("replica" in text or "insufficient resources" in text or "cluster" in text):
+        return (f" (nats.replicas is {replicas}: the server, or its cluster, has fewer JetStream nodes; "
+                "set nats.replicas to at most the number of nodes, 1 on a single server)")
+    return ""

@@ -28,7 +28,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
-from .errors import BusError, RequestTimeout
+from .errors import BusError, RequestTimeout, replicas_hint
 from .retry import TRANSIENT, ride_out
 from .subjects import names
 
@@ -44,8 +44,9 @@ def _key(prefix: str, name: str) -> str:
     return f"{prefix}.{name}"
 
 
-async def open_bucket(js: JetStreamContext, run_id: str) -> KeyValue:
-    """The run's KV bucket, created on first use (file storage, a little history)."""
+async def open_bucket(js: JetStreamContext, run_id: str, replicas: int = 1) -> KeyValue:
+    """The run's KV bucket, created on first use (file storage, a little history,
+    ``replicas`` copies on a cluster: ``nats.replicas``)."""
     bucket = names(run_id).kv_bucket
     try:
         return await js.key_value(bucket)
@@ -58,13 +59,14 @@ async def open_bucket(js: JetStreamContext, run_id: str) -> KeyValue:
                 description=f"trinity run {run_id}: versions, heartbeats, rendezvous",
                 history=HISTORY,
                 storage=api.StorageType.FILE,
+                replicas=replicas,
             )
         )
     except Exception as e:  # lost a creation race: the bucket is there now
         try:
             return await js.key_value(bucket)
         except Exception:
-            raise BusError(f"cannot create KV bucket {bucket}: {e}") from e
+            raise BusError(f"cannot create KV bucket {bucket}: {e}{replicas_hint(replicas, e)}") from e
 
 
 class RunState:
@@ -126,8 +128,9 @@ class RunState:
                 pass
 
     @classmethod
-    async def open(cls, js: JetStreamContext, run_id: str) -> RunState:
-        return cls(await open_bucket(js, run_id))
+    async def open(cls, js: JetStreamContext, run_id: str, replicas: int = 1) -> RunState:
+        """The run's state over its KV bucket (created with ``replicas`` copies if new)."""
+        return cls(await open_bucket(js, run_id, replicas))
 
     # -- raw JSON values -------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -234,6 +235,8 @@ def render_config(
     tls_key_file: str | None = None,
     tls_ca_file: str | None = None,
     server_name: str = "trinity",
+    cluster_port: int | None = None,
+    routes: list[str] | None = None,
 ) -> str:
     """Text of a nats-server config file with JetStream on file storage.
 
@@ -243,6 +246,11 @@ def render_config(
 
     Auth: at most one of ``token``, ``user``/``password`` or ``nkey`` (a public user nkey,
     ``U...``); none leaves the server open to anyone who reaches the port.
+
+    Cluster: with ``cluster_port`` the server is a node of cluster ``trinity`` listening for
+    routes there and dialing ``routes`` (``nats-route://host:port`` of the other nodes; every
+    node lists the others). Each node needs its own ``server_name`` (JetStream's identity of
+    the node) and its own store.
     """
     if not 0 < max_payload <= MAX_PAYLOAD_CEILING:
         raise ValueError(f"max_payload {max_payload} must be in (0, {MAX_PAYLOAD_CEILING}]")
@@ -269,6 +277,11 @@ def render_config(
         "  max_memory_store: 1073741824",
         "}",
     ]
+    if cluster_port:
+        lines += ["cluster {", '  name: "trinity"', f"  listen: {_q(f'{host}:{int(cluster_port)}')}"]
+        if routes:
+            lines.append("  routes: [" + ", ".join(_q(r) for r in routes) + "]")
+        lines += ["}"]
     if token:
         lines += ["authorization {", f"  token: {_q(token)}", "}"]
     elif user:
@@ -325,6 +338,9 @@ class EmbeddedServer:
         tls_ca_file: str | None = None,
         log_file: str | os.PathLike[str] | None = None,
         binary: str | None = None,
+        cluster_port: int | None = None,
+        routes: list[str] | None = None,
+        server_name: str | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
@@ -345,6 +361,10 @@ class EmbeddedServer:
             tls_cert_file=tls_cert_file,
             tls_key_file=tls_key_file,
             tls_ca_file=tls_ca_file,
+            cluster_port=cluster_port,
+            routes=routes,
+            # a cluster's nodes need names of their own
+            server_name=server_name or (f"trinity-{port}" if cluster_port else "trinity"),
         )
         self.binary = binary or find_binary()
         self.config_path = self.store_dir / "nats-server.conf"
@@ -365,7 +385,7 @@ class EmbeddedServer:
         (:func:`embedded_auth`). Raises :class:`EmbeddedServerRefused` naming every setting
         it cannot apply (creds file, TLS), before anything starts."""
         auth = embedded_auth(cfg)
-        _, url_host, url_port = parse_url(cfg.url)
+        _, url_host, url_port = parse_url(cfg.url.split(",")[0].strip())  # a cluster's: the first
         return cls(
             store_dir,
             host=host or (url_host if url_host not in ("localhost", "") else "127.0.0.1"),
@@ -556,6 +576,7 @@ def serve_forever(
     *,
     until: Callable[[], Awaitable[None]] | None = None,
     linger: float = LINGER,
+    **cluster: Any,
 ) -> int:
     """Run an embedded server in the foreground until SIGINT/SIGTERM; return its exit code.
 
@@ -566,9 +587,10 @@ def serve_forever(
     thread of its own, as a client of this server), the server stops by itself ``linger``
     seconds later, after its clients have left, and a SIGTERM in that time is ignored:
     honcho sends one as soon as the first role exits, and the server must stop last.
+    ``cluster``: ``cluster_port``, ``routes``, ``server_name`` of a cluster node (render_config).
     """
     server = EmbeddedServer.from_config(
-        cfg, store_dir, host=host, port=port, monitor_port=monitor_port
+        cfg, store_dir, host=host, port=port, monitor_port=monitor_port, **cluster
     )
     stop_requested: list[int] = []
     finishing = threading.Event()

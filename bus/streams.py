@@ -14,7 +14,7 @@ from nats.js.errors import BadRequestError
 
 from schemas.config import NatsConfig
 
-from .errors import BusError, StreamConflict
+from .errors import BusError, StreamConflict, replicas_hint
 from .subjects import KINDS, names
 
 log = structlog.get_logger(__name__)
@@ -50,7 +50,7 @@ def stream_config(cfg: NatsConfig, run_id: str, kind: str) -> api.StreamConfig:
         max_consumers=-1,
         max_msg_size=-1,
         duplicate_window=dup,
-        num_replicas=1,
+        num_replicas=int(cfg.replicas),
     )
 
 
@@ -64,7 +64,7 @@ async def ensure_stream(
     except BadRequestError as e:
         # 10058: "stream name already in use with a different configuration".
         if e.err_code != 10058:
-            raise BusError(f"cannot create stream {want.name}: {e.description}") from e
+            raise BusError(f"cannot create stream {want.name}: {e.description}{replicas_hint(cfg.replicas, e)}") from e
     info = await js.stream_info(want.name)
     have = list(info.config.subjects or [])
     if have != want.subjects:

@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--host", default=None, help="bind address (default: the host of nats.url)")
             p.add_argument("--port", type=int, default=None, help="client port (default: the port of nats.url)")
             p.add_argument("--monitor-port", type=int, default=None, help="HTTP monitor port (/jsz, /connz)")
+            p.add_argument("--cluster-port", type=int, default=None,
+                           help="make this server a node of a cluster, listening for routes on this port")
+            p.add_argument("--routes", default=None, metavar="URLS",
+                           help="the other nodes, comma-separated nats-route://host:port (with --cluster-port)")
+            p.add_argument("--name", default=None,
+                           help="this node's server name (unique in the cluster; default trinity-<port>)")
             p.add_argument("--until-done", action="store_true",
                            help="stop (exit 0) once the config's run is done and every role has left (the Procfile's nats line)")
         if name == "run":
@@ -116,8 +122,13 @@ def cmd_server(args: argparse.Namespace) -> int:
     preflight([cfg], "server")
     until = functools.partial(until_finished, loaded.stages or [cfg], time.time()) if args.until_done else None
     try:
+        routes = [r.strip() for r in (args.routes or "").split(",") if r.strip()]
+        if routes and not args.cluster_port:
+            print("trinity server: --routes needs --cluster-port (this node's own route port)", file=sys.stderr)
+            return 2
         return serve_forever(cfg.nats, cfg.nats.store_dir, args.host, args.port, args.monitor_port,
-                             until=until)
+                             until=until, cluster_port=args.cluster_port, routes=routes or None,
+                             server_name=args.name)
     except BusError as e:  # the port is taken, the binary is missing: say so, no traceback
         print(f"trinity server: {e}", file=sys.stderr)
         return 1

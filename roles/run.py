@@ -97,7 +97,7 @@ class Progress:
         js = bus.jetstream(nc, self.stages[0].nats)
         for i, s in enumerate(self.stages):
             if i not in self.done:
-                state = await bus.RunState.open(js, s.run_id)
+                state = await bus.RunState.open(js, s.run_id, s.nats.replicas)
                 if not await state.get(keys.RUN_DONE):
                     return
                 self.done.add(i)

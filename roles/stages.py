@@ -123,7 +123,7 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
         try:
             js = bus.jetstream(nc, cfg.nats)
             await bus.ensure_streams(js, cfg.nats, cfg.run_id)
-            state = await bus.RunState.open(js, cfg.run_id)
+            state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
             if await state.get(keys.RUN_DONE):
                 log.info("stage_already_done", stage=cfg.name)
                 continue
@@ -167,7 +167,7 @@ async def _say_exit(cfg: TrinityConfig, name: str, state: str) -> None:
 
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")
     try:
-        kv = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id)
+        kv = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
         await kv.put(keys.EXIT_PREFIX + name, {"state": state, "ts": time.time(), "pid": os.getpid()})
     finally:
         await bus.disconnect(nc)
@@ -194,7 +194,7 @@ async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate
 
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")
     try:
-        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id)
+        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
         await state.put(keys.EXIT_PREFIX + name, {"state": "done", "ts": time.time(), "pid": os.getpid()})
         deadline = time.monotonic() + FINISH_WAIT
         while not terminate.is_set():
@@ -218,7 +218,7 @@ async def until_finished(stages: list[TrinityConfig], since: float) -> None:
     cfg = stages[-1]
     nc = await bus.connect(cfg.nats, name="server-until-done")
     try:
-        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id)
+        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
         while await unfinished(state, since) != []:
             await asyncio.sleep(0.2)
     finally:

@@ -864,6 +864,9 @@ class NatsConfig(Section):
     """Seconds messages are kept; 0 forever."""
     duplicate_window: float = Field(120.0, gt=0)
     """Seconds JetStream remembers message ids for de-duplication."""
+    replicas: int = Field(1, ge=1, le=5)
+    """Copies JetStream keeps of every stream and of the KV bucket of a run: 1 on one server, 3
+    on a cluster of three (a run then survives losing one node). At most the cluster's size."""
     ack_wait: float = Field(15.0, gt=0)
     """Seconds before an unacked message is redelivered. It is also how long messages held by
     a consumer that died (a killed buffer) wait before its successor gets them, so keep it

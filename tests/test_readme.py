@@ -25,6 +25,9 @@ RUN_ELSEWHERE = {
         ".ci/run (scripts/install.sh), tests/run/test_honcho.py (prepare.py, the quickstart's roles), "
         "tests/run/test_run_e2e.py (trinity run)",
     "bash scripts/install.sh && .venv/bin/python -m pytest": ".ci/run",
+    # hosts a, b, c are the reader's machines; the same command starts three local nodes there
+    "trinity server --port 4222 --cluster-port 6222 --name a --routes nats-route://b:6222,nats-route://c:6222":
+        "tests/run/test_cluster.py",
     "trinity run --config FILE [--set key=value ...] [--max-restarts 2]": "tests/run/test_run_e2e.py",
     "cp .env.example .env": "tests/run/test_honcho.py",
     "source .venv/bin/activate": "tests/run/test_honcho.py",

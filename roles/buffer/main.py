@@ -97,7 +97,7 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
     await bus.ensure_streams(js, cfg.nats, cfg.run_id)
     names = bus.names(cfg.run_id)
     pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
-    state = await bus.RunState.open(js, cfg.run_id)
+    state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
 
     async def on_batch(m: Message) -> bytes:
         req = BatchRequest.unpack(m.data)

@@ -211,7 +211,7 @@ class Explorer:
         js = bus.jetstream(self.nc, cfg.nats)
         await bus.ensure_streams(js, cfg.nats, cfg.run_id)
         self.pub = bus.Publisher(self.nc, cfg.nats, cfg.run_id)
-        self.state = await bus.RunState.open(js, cfg.run_id)
+        self.state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
         if self.api is not None:
             await self.state.put(API_KEY, {"url": self.api.url, "model": self.api.model_name})
         return self.sync or await make_sync(cfg, self.nc, self.state, self.pub)

@@ -60,7 +60,7 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None
     nc = await bus.connect(cfg.nats, name="synchronizer")
     js = bus.jetstream(nc, cfg.nats)
     await bus.ensure_streams(js, cfg.nats, cfg.run_id)
-    state = await bus.RunState.open(js, cfg.run_id)
+    state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
     pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
     await state.put("sync.plan", dataclasses.asdict(plan))
     mon = Path(cfg.checkpoint_job_dir) / "monitor"

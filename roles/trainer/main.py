@@ -328,7 +328,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
     js = bus.jetstream(nc, cfg.nats)
     await bus.ensure_streams(js, cfg.nats, cfg.run_id)
     pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
-    state = await bus.RunState.open(js, cfg.run_id)
+    state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
     sync = TrainerSyncClient(cfg, nc, state, pub)
     await sync.start()
     if own_stop:
