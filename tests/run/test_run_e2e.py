@@ -110,15 +110,20 @@ def test_train_mode_saves_every_save_interval_and_prunes(tmp_path, tiny_model, a
     assert "weights_ready" not in text and "explorer" not in {line.split(":")[0] for line in text.splitlines()}
 
 
-@pytest.mark.parametrize("sync_method", ["nccl", "checkpoint"])
-def test_lora_run_syncs_only_the_adapter_and_saves_both_layouts(tmp_path, tiny_model, arith, sync_method):
-    # a broadcast into the transformers engine moves the adapter alone; a checkpoint sync
-    # (as any engine that cannot take the adapter) gets the merged model, with one warning
+@pytest.mark.parametrize("engine,sync_method", [("transformers", "nccl"), ("vllm", "nccl"),
+                                                 ("transformers", "checkpoint")])
+def test_lora_run_syncs_only_the_adapter_and_saves_both_layouts(tmp_path, tiny_model, arith, engine, sync_method):
+    # a broadcast moves the adapter alone (the transformers engine wraps its model in it,
+    # vLLM serves it as a LoRA request); a checkpoint sync (as an external engine) gets the
+    # merged model, with one warning
+    if engine == "vllm":
+        pytest.importorskip("vllm")
     lora = {"lora_rank": 8, "lora_alpha": 16, "target_modules": "all-linear"}
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(), stages=False,
                           extra={"model.lora_configs": [lora], "algorithm.optimizer.lr": 3e-3,
                                  "buffer.total_steps": 3, "trainer.save_interval": 0,
-                                 "synchronizer.sync_method": sync_method})
+                                 "synchronizer.sync_method": sync_method,
+                                 "explorer.rollout_model.engine_type": engine})
     log = tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log)
     p.wait(timeout=600)

@@ -12,12 +12,13 @@ async def create_engines(
     cfg: InferenceModelConfig, external: ExternalModelConfig | None = None, lora: LoraConfig | None = None
 ) -> list[RolloutEngine]:
     """Start ``cfg.engine_num`` engines of ``cfg.engine_type`` (vLLM engines in parallel).
-    ``lora``: the transformers engine wraps its model in this adapter (weight syncs then move
-    the adapter alone, storage.lora.adapter_sync)."""
+    ``lora``: the trainer's adapter (weight syncs then move the adapter alone,
+    storage.lora.adapter_sync): the transformers engine wraps its model in it, vLLM serves it
+    as a LoRA request."""
     if cfg.engine_type == "vllm":
         from roles.explorer.engines.vllm import VLLMEngine
 
-        return list(await asyncio.gather(*(VLLMEngine.create(cfg, i) for i in range(cfg.engine_num))))
+        return list(await asyncio.gather(*(VLLMEngine.create(cfg, i, lora) for i in range(cfg.engine_num))))
     if cfg.engine_type == "transformers":
         from roles.explorer.engines.hf import HFEngine
 

@@ -14,8 +14,11 @@ the sampled token's raw logprob, equal (in fp32) to a teacher-forced forward pas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import itertools
 import os
+import shutil
 import tempfile
 import uuid
 from typing import Any
@@ -30,7 +33,7 @@ from roles.explorer.engines.base import (
     check_sampling,
     rope_overrides,
 )
-from schemas.config import InferenceModelConfig
+from schemas.config import InferenceModelConfig, LoraConfig
 from storage.hf_config import override_rope
 
 #: The vLLM API this module is written against (pinned by the gpu/cpu extras).
@@ -65,11 +68,21 @@ def _vllm_classes() -> tuple[Any, Any]:
 class VLLMEngine(RolloutEngine):
     """One ``vllm.AsyncLLM`` behind the rollout engine interface. Build with :meth:`create`."""
 
-    def __init__(self, cfg: InferenceModelConfig, llm: Any, name: str) -> None:
+    def __init__(self, cfg: InferenceModelConfig, llm: Any, name: str, lora: LoraConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.llm = llm
         self.name = name
+        #: the trainer's LoRA adapter, served as a LoRA request (None: the base weights alone);
+        #: each version's adapter is a folder of its own under ``_adapters``
+        self.lora = lora
+        self.lora_request: Any = None
+        self._adapters = tempfile.mkdtemp(prefix=f"trinity-lora-{name}-") if lora else None
+        self._lora_ids = itertools.count(2)  # vLLM caches an adapter by id: a new one per load
+        if lora is not None and lora.path:  # training starts from this adapter: so do rollouts
+            from vllm.lora.request import LoRARequest
+
+            self.lora_request = LoRARequest("trinity-v0", 1, lora.path)
         self.limits = Limits.from_config(cfg)
         self.tensor_parallel_size = cfg.tensor_parallel_size
         from transformers import AutoTokenizer
@@ -78,8 +91,9 @@ class VLLMEngine(RolloutEngine):
         self.use_template_settings(cfg)
 
     @classmethod
-    async def create(cls, cfg: InferenceModelConfig, index: int = 0) -> VLLMEngine:
-        """Start engine ``index`` (30 s to minutes on a shared CPU)."""
+    async def create(cls, cfg: InferenceModelConfig, index: int = 0, lora: LoraConfig | None = None) -> VLLMEngine:
+        """Start engine ``index`` (30 s to minutes on a shared CPU); with ``lora``, with vLLM's
+        LoRA support on (one adapter at a time: the trainer's newest)."""
         if not cfg.model_path:
             raise EngineError("explorer.rollout_model.model_path: not set (nor model.model_path)")
         _cpu_env()
@@ -113,12 +127,16 @@ class VLLMEngine(RolloutEngine):
             kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         if cfg.rope_scaling is not None or cfg.rope_theta is not None:  # applied to the HF config
             kw["hf_overrides"] = functools.partial(override_rope, **rope_overrides(cfg))
+        if lora is not None:
+            from storage.lora import vllm_max_rank
+
+            kw.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_max_rank(lora.lora_rank))
         kw.update(cfg.extra_engine_args)
         try:
             llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
         except Exception as e:  # vLLM raises many kinds; say which engine and model
             raise EngineError(f"vllm engine {index} ({cfg.model_path}): failed to start: {e}") from e
-        return cls(cfg, llm, name=f"vllm-{index}")
+        return cls(cfg, llm, name=f"vllm-{index}", lora=lora)
 
     def sampling_params(self, n: int, max_tokens: int, s: dict[str, Any]) -> Any:
         from vllm import SamplingParams
@@ -153,7 +171,8 @@ class VLLMEngine(RolloutEngine):
         params = self.sampling_params(n, self.limits.max_new_tokens(len(ids), sampling.get("max_tokens")), sampling)
         version = self._version
         final = None
-        async for out in self.llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+        async for out in self.llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex,
+                                           lora_request=self.lora_request):
             final = out
         if final is None:
             raise EngineError(f"{self.name}: request produced no output")
@@ -187,7 +206,8 @@ class VLLMEngine(RolloutEngine):
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
-        async for out in self.llm.generate({"prompt_token_ids": list(tokens)}, params, uuid.uuid4().hex):
+        async for out in self.llm.generate({"prompt_token_ids": list(tokens)}, params, uuid.uuid4().hex,
+                                           lora_request=self.lora_request):
             final = out
         if final is None or final.prompt_logprobs is None:
             raise EngineError(f"{self.name}: score: no prompt log-probs came back")
@@ -201,8 +221,18 @@ class VLLMEngine(RolloutEngine):
         self, named_tensors: list[tuple[str, torch.Tensor]], version: int
     ) -> None:
         """Load named tensors from this process: written to a temporary safetensors folder
-        that the workers read (tensors cannot cross ``collective_rpc``)."""
+        that the workers read (tensors cannot cross ``collective_rpc``); the LoRA adapter's
+        tensors (peft names) become the adapter served from now on."""
         from safetensors.torch import save_file
+
+        if self.lora is not None and named_tensors and all(".lora_" in k for k, _ in named_tensors):
+            from storage.lora import peft_file_name
+
+            folder = self._adapter_folder(version)
+            save_file({peft_file_name(k): t.detach().contiguous().cpu() for k, t in named_tensors},
+                      os.path.join(folder, "adapter_model.safetensors"))
+            await self._serve_adapter(folder, version)
+            return
 
         with tempfile.TemporaryDirectory(prefix="trinity-weights-") as d:
             save_file(
@@ -226,10 +256,44 @@ class VLLMEngine(RolloutEngine):
         )
 
     async def receive_weights(self) -> int:
+        if self.lora is not None:  # the adapter alone (storage.lora.adapter_sync)
+            folder = self._adapter_folder(None)
+            version = int((await self.llm.collective_rpc("trinity_receive_adapter", args=(folder,)))[0])
+            final = self._adapter_folder(version, create=False)
+            os.replace(folder, final)
+            await self._serve_adapter(final, version)
+            return version
         versions = await self.llm.collective_rpc("trinity_receive_weights")
         version = int(versions[0])
         await self._after_load(version)
         return version
+
+    def _adapter_folder(self, version: int | None, create: bool = True) -> str:
+        """The folder of version ``version``'s adapter (None: one to receive into), with the
+        adapter's ``adapter_config.json``."""
+        from storage.lora import write_adapter_config
+
+        assert self._adapters is not None and self.lora is not None
+        folder = os.path.join(self._adapters, "incoming" if version is None else f"v{version}")
+        if create:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.makedirs(folder)
+            write_adapter_config(folder, str(self.cfg.model_path), self.lora)
+        return folder
+
+    async def _serve_adapter(self, folder: str, version: int) -> None:
+        """Serve the adapter in ``folder`` from now on, and drop the one before it (vLLM holds
+        one adapter; a new id per load, so no request mixes two loads' weights)."""
+        from vllm.lora.request import LoRARequest
+
+        old = self.lora_request
+        self.lora_request = LoRARequest(f"trinity-v{version}", next(self._lora_ids), folder)
+        await self._after_load(version)
+        if old is not None and old.lora_int_id != self.lora_request.lora_int_id:
+            with contextlib.suppress(Exception):  # not loaded yet: nothing to drop
+                await self.llm.remove_lora(old.lora_int_id)
+            if old.lora_path.startswith(self._adapters or "\0"):
+                shutil.rmtree(old.lora_path, ignore_errors=True)
 
     async def close(self) -> None:
         """Stop the engine quietly: its output handler first (shut down under it, it logs the
@@ -237,6 +301,8 @@ class VLLMEngine(RolloutEngine):
         nothing holds the ``AsyncLLM`` (see :func:`_vllm_classes`), so its ``__del__`` runs now,
         with vLLM intact, instead of at interpreter exit."""
         llm, self.llm = self.llm, None
+        if self._adapters:
+            shutil.rmtree(self._adapters, ignore_errors=True)
         if llm is None:
             return
         handler = llm.output_handler

@@ -75,3 +75,22 @@ class TrinityWorkerExtension:
             raise FileNotFoundError(f"no *.safetensors in {path}")
         self.reload_weights(weights_iterator=with_tied_head(self, named), is_checkpoint_format=True)
         return len(named)
+
+    def trinity_receive_adapter(self, folder: str) -> int:
+        """Receive one broadcast of LoRA adapter tensors and write them to
+        ``folder/adapter_model.safetensors`` in PEFT's names (the first rank writes; vLLM then
+        loads the folder as a LoRA request). Returns the version the trainer sent."""
+        import os
+
+        from safetensors.torch import save_file
+
+        from storage.lora import peft_file_name
+
+        rx = getattr(self, "_trinity_rx", None)
+        if rx is None:
+            raise RuntimeError("trinity_receive_adapter called before trinity_init_weight_group")
+        version, named = rx.receive()
+        if int(getattr(self, "rank", 0)) == 0:
+            save_file({peft_file_name(n): t.detach().contiguous().cpu() for n, t in named},
+                      os.path.join(folder, "adapter_model.safetensors"))
+        return int(version)
