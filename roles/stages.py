@@ -22,6 +22,7 @@ The explorer also prints the run's eval summary there, as ``trinity run`` does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -134,7 +135,11 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
                 try:
                     completed = await runner(cfg, stop)
                 finally:
+                    # ended before the connection it reads closes (below): a watcher left
+                    # mid-read would fail on the closed connection with nobody to hear it
                     watcher.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await watcher
                 if terminate.is_set():
                     return 0
                 if completed and role == FINISHER[cfg.mode]:

@@ -99,3 +99,23 @@ def test_an_adapter_of_another_model_fails_naming_the_path(tmp_path, tiny_model)
 
     with pytest.raises(LoraError, match=r"lora_configs\[0\].path"):
         _trainer(tmp_path / "x", tiny_model, model={"lora_configs": [{**LORA["lora_configs"][0], "path": str(tmp_path / "adapter")}]})
+
+
+@pytest.mark.slow
+def test_ppo_with_lora_and_convert_of_a_lora_checkpoint(tmp_path, tiny_model):
+    # PPO: the actor trains an adapter, the critic (a value model of its own) stays whole
+    tr = _trainer(tmp_path, tiny_model, algorithm={"algorithm_type": "ppo", "kl_loss_fn": "none"},
+                  trainer={"critic_warmup": 0})
+    m = tr.train(_batch(), 1)
+    assert torch.isfinite(torch.tensor(m["loss"])) and any(k.startswith("critic") or k.startswith("vf") for k in m)
+    assert all(p.requires_grad for p in tr.runner.critic.engine.model.parameters())
+    # a LoRA checkpoint without a Hugging Face folder: trinity convert writes the merged model
+    tr.save(final=False)
+    from storage.convert import convert_checkpoints
+
+    (r,) = convert_checkpoints(tr.job)
+    merged = AutoModelForCausalLM.from_pretrained(r.hf_dir)
+    want = dict(tr.engine.named_tensors())
+    for name, t in merged.state_dict().items():
+        if name in want:
+            torch.testing.assert_close(t, want[name])
