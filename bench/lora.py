@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'LoRA' if lora else 'full':6} {trainable:12,d} | {nbytes / 2**20:9.1f} {seconds:8.3f} | "
               f"{base / 2**30:21.2f} {peak / 2**30:18.2f}")
     share = rows[True][0] / rows[False][0]
+    # what a LoRA sync can move at the least is the adapter itself: its share of the weights
+    print(f"the adapter is {rows[True][3] / rows[False][3]:.2%} of the model's parameters "
+          f"(rank x (in + out) per adapted in x out layer)")
     print(f"adapter sync: {share:.2%} of the full sync's bytes ({'PASS' if share <= 0.05 else 'FAIL'} <= 5%), "
           f"{rows[True][1] / rows[False][1]:.1%} of its time; training's memory above the model "
           f"{rows[True][2] / rows[False][2]:.2f}x full fine-tuning's")
