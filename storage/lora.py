@@ -1,8 +1,8 @@
-"""LoRA in the trainer: wrap the model in a peft adapter, and read it back as the rest of
-trinity sees a model.
+"""LoRA: wrap a model in a peft adapter (the trainer's, and a transformers engine's copy), and
+read it back as the rest of trinity sees a model.
 
-Why merged weights outward: a LoRA run's checkpoints (``actor/huggingface/``), weight syncs and
-stage hand-offs carry the *merged* model (base + scale * B @ A, computed per tensor; the
+Why merged weights outward: a LoRA run's checkpoints (``actor/huggingface/``), stage hand-offs
+and the weight syncs that cannot take an adapter carry the *merged* model (base + scale * B @ A, computed per tensor; the
 base weights are never modified in place, so no rounding accumulates), so every engine, reader
 and ``trinity convert`` works unchanged. The adapter itself is saved beside it in PEFT layout
 (``actor/adapter_config.json`` + ``adapter_model.safetensors``): that is what a resumed
@@ -36,19 +36,28 @@ class LoraError(ValueError):
     """A ``model.lora_configs`` setting that cannot work with this model (names the field)."""
 
 
-def target_modules(lc: LoraConfig) -> str | list[str]:
-    t = lc.target_modules
-    return t if isinstance(t, str) else list(t)
+def _linear_layers(model: Any) -> dict[str, torch.nn.Module]:
+    """The model's linear layers by full name."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def _peft_config(lc: LoraConfig, target_modules: str | list[str], **extra: Any) -> Any:
+    """peft's config of the adapter ``lc`` describes (no dropout, no bias: what trains is
+    exactly A and B)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(r=lc.lora_rank, lora_alpha=lc.lora_alpha, target_modules=target_modules,
+                          lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", **extra)
 
 
 def check_targets(model: Any, lc: LoraConfig) -> None:
     """Fail, naming the field, when ``target_modules`` matches none of the model's linear
     layers (peft's own error names neither the field nor what there is)."""
-    t = target_modules(lc)
+    t = lc.target_modules
     if t == "all-linear":
         return
     wanted = [t] if isinstance(t, str) else t
-    names = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    names = set(_linear_layers(model))
     leaves = {n.rsplit(".", 1)[-1] for n in names}
     if not any(w in leaves or w in names for w in wanted):
         raise LoraError(f"model.lora_configs[0].target_modules: {wanted} match no linear layer of the model "
@@ -58,7 +67,6 @@ def check_targets(model: Any, lc: LoraConfig) -> None:
 def wrap(model: Any, lc: LoraConfig) -> Any:
     """``model`` as a peft model with one trainable adapter: a fresh one, or the one at
     ``lc.path`` (resumed training). Only the adapter's parameters require grad."""
-    from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
     check_targets(model, lc)
@@ -72,9 +80,7 @@ def wrap(model: Any, lc: LoraConfig) -> Any:
             raise LoraError(f"model.lora_configs[0].path: the adapter at {lc.path} does not fit "
                             f"model.model_path's model: {str(e).splitlines()[0][:300]}") from e
     else:
-        pc = PeftLoraConfig(r=lc.lora_rank, lora_alpha=lc.lora_alpha, target_modules=target_modules(lc),
-                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
-        peft_model = get_peft_model(model, pc)
+        peft_model = get_peft_model(model, _peft_config(lc, lc.target_modules))
     dtype = _DTYPES.get(lc.lora_dtype)
     if dtype is not None:
         for name, p in peft_model.named_parameters():
@@ -84,9 +90,10 @@ def wrap(model: Any, lc: LoraConfig) -> Any:
 
 
 def adapter_sync(cfg: TrinityConfig) -> LoraConfig | None:
-    """The LoRA config when weight syncs move only the adapter: a broadcast sync into the
-    transformers engine, which wraps its model in the same adapter. Otherwise (vLLM, an
-    external engine, checkpoint sync) a LoRA run syncs the merged weights."""
+    """The LoRA config when weight syncs move only the adapter: a broadcast into a
+    transformers engine (which wraps its model in the same adapter) or a vLLM engine (which
+    serves it as a LoRA request). Otherwise (an external engine, checkpoint sync) a LoRA run
+    syncs the merged weights."""
     lcs = cfg.model.lora_configs
     if not lcs or cfg.synchronizer.sync_method == "checkpoint":
         return None
@@ -109,25 +116,21 @@ def resolved_targets(model: Any, lc: LoraConfig) -> list[str]:
     """``target_modules`` as the leaf names of the linear layers they adapt (``all-linear``:
     every linear layer but the output head, as peft resolves it), for an adapter config that
     another program (vLLM) reads."""
-    t = target_modules(lc)
+    t = lc.target_modules
     if t != "all-linear":
         return [t] if isinstance(t, str) else list(t)
     out = model.get_output_embeddings()
-    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and m is not out})
+    return sorted({n.rsplit(".", 1)[-1] for n, m in _linear_layers(model).items() if m is not out})
 
 
 def write_adapter_config(folder: str | Path, model_path: str, lc: LoraConfig) -> None:
     """``adapter_config.json`` of the adapter the trainer trains (PEFT's own writer), for an
     engine that loads adapter folders; the weights are written beside it per version."""
-    from peft import LoraConfig as PeftLoraConfig
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    PeftLoraConfig(r=lc.lora_rank, lora_alpha=lc.lora_alpha, target_modules=resolved_targets(model, lc),
-                   lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
-                   base_model_name_or_path=model_path).save_pretrained(str(folder))
+    _peft_config(lc, resolved_targets(model, lc), base_model_name_or_path=model_path).save_pretrained(str(folder))
 
 
 def peft_file_name(name: str) -> str:
@@ -170,13 +173,6 @@ def merged_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
         yield out_name, t
 
 
-def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """The adapter's tensors in PEFT's names (what ``adapter_model.safetensors`` holds)."""
-    from peft import get_peft_model_state_dict
-
-    return get_peft_model_state_dict(model)
-
-
 def save_adapter(model: Any, folder: str | Path) -> None:
     """``adapter_config.json`` + ``adapter_model.safetensors`` into ``folder``."""
     model.save_pretrained(str(folder))
@@ -191,9 +187,9 @@ def load_adapter(model: Any, folder: str | Path) -> None:
     if not f.is_file():
         raise LoraError(f"{folder}: no adapter_model.safetensors (a LoRA checkpoint saves one)")
     result = set_peft_model_state_dict(model, load_file(str(f)))
-    missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-    if missing:
-        raise LoraError(f"{f}: adapter tensors that the model has no place for: {missing[:5]}")
+    unplaced = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+    if unplaced:
+        raise LoraError(f"{f}: adapter tensors that the model has no place for: {unplaced[:5]}")
 
 
 class AdapterOff(torch.nn.Module):

@@ -124,7 +124,7 @@ class TorchEngine:
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What a weight sync sends: every parameter and buffer of the state dict (tied
-        weights once), as stored; a LoRA model's merged weights (roles/trainer/lora.py)."""
+        weights once), as stored; a LoRA model's merged weights (storage/lora.py)."""
         if lora.is_lora(self.model):
             yield from lora.merged_tensors(self.model)
             return
