@@ -79,6 +79,11 @@ class VLLMEngine(RolloutEngine):
         self.lora_request: Any = None
         self._adapters = tempfile.mkdtemp(prefix=f"trinity-lora-{name}-") if lora else None
         self._lora_ids = itertools.count(2)  # vLLM caches an adapter by id: a new one per load
+        if lora is not None:  # the same for every version: written once, copied into each
+            from storage.lora import ADAPTER_CONFIG, write_adapter_config
+
+            write_adapter_config(self._adapters, str(cfg.model_path), lora)
+            self._adapter_config = os.path.join(self._adapters, ADAPTER_CONFIG)
         if lora is not None and lora.path:  # training starts from this adapter: so do rollouts
             from vllm.lora.request import LoRARequest
 
@@ -271,14 +276,12 @@ class VLLMEngine(RolloutEngine):
     def _adapter_folder(self, version: int | None, create: bool = True) -> str:
         """The folder of version ``version``'s adapter (None: one to receive into), with the
         adapter's ``adapter_config.json``."""
-        from storage.lora import write_adapter_config
-
-        assert self._adapters is not None and self.lora is not None
+        assert self._adapters is not None
         folder = os.path.join(self._adapters, "incoming" if version is None else f"v{version}")
         if create:
             shutil.rmtree(folder, ignore_errors=True)
             os.makedirs(folder)
-            write_adapter_config(folder, str(self.cfg.model_path), self.lora)
+            shutil.copy(self._adapter_config, folder)
         return folder
 
     async def _serve_adapter(self, folder: str, version: int) -> None:
