@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -371,3 +372,14 @@ def check_first_row(
             return
     shown = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
     raise TasksetError(f"{shown}: no rows (the dataset is empty)")
+
+
+def write_jsonl(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """Write ``rows`` to ``path`` as JSON lines (what :func:`load_rows` reads back), making
+    its folder; the example ``prepare.py`` scripts and the tiny tasksets write their data so."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return path

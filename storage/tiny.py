@@ -13,10 +13,11 @@ with "Unsupported CPU attention configuration"), so the default is hidden 128 / 
 
 from __future__ import annotations
 
-import json
 import random
 import string
 from pathlib import Path
+
+from storage.datafiles import write_jsonl
 
 #: Special tokens, in id order: padding, begin and end of sequence, unknown character.
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -156,7 +157,5 @@ def build_arithmetic_taskset(out_dir: str | Path, n_train: int, n_eval: int, see
     out.mkdir(parents=True, exist_ok=True)
     rows = arithmetic_rows(n_train + n_eval, seed)
     for name, part in (("train", rows[:n_train]), ("test", rows[n_train:])):
-        with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
-            for r in part:
-                f.write(json.dumps(r) + "\n")
+        write_jsonl(out / f"{name}.jsonl", part)
     return out

@@ -23,7 +23,6 @@ samples are often right; the 0/1 reward tells them apart and RL fixes the copy.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -77,6 +76,7 @@ def weak_teacher(rows: list[dict]) -> list[dict]:
 
 
 def prepare(out: Path, force: bool = False) -> Path:
+    from storage.datafiles import write_jsonl
     from storage.tiny import TOOL_CHAT_TEMPLATE, build_tiny_model
 
     done = out / ".complete"
@@ -86,10 +86,7 @@ def prepare(out: Path, force: bool = False) -> Path:
     build_tiny_model(out / "model", seed=SEED, max_position_embeddings=384, chat_template=TOOL_CHAT_TEMPLATE)
     train, test = sums()
     for path, rows in (("data/train", train), ("data/test", test), ("sft/train", weak_teacher(train))):
-        (out / path).parent.mkdir(parents=True, exist_ok=True)
-        with open(out / f"{path}.jsonl", "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        write_jsonl(out / f"{path}.jsonl", rows)
     done.write_text("ok\n")
     print(f"calculator assets written to {out}")
     return out

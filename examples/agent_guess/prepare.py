@@ -30,7 +30,6 @@ them, the quarter 69%).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -62,6 +61,7 @@ def teacher_game(secret: int, rng: random.Random) -> dict:
 
 
 def prepare(out: Path, force: bool = False) -> Path:
+    from storage.datafiles import write_jsonl
     from storage.tiny import TOOL_CHAT_TEMPLATE, build_tiny_model
 
     done = out / ".complete"
@@ -74,10 +74,7 @@ def prepare(out: Path, force: bool = False) -> Path:
     test = [{"question": QUESTION, "secret": s} for s in range(1, HIGH + 1)]
     demos = [teacher_game(rng.randint(1, HIGH), rng) for _ in range(DEMOS)]
     for path, rows in (("data/train", train), ("data/test", test), ("sft/train", demos)):
-        (out / path).parent.mkdir(parents=True, exist_ok=True)
-        with open(out / f"{path}.jsonl", "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        write_jsonl(out / f"{path}.jsonl", rows)
     done.write_text("ok\n")
     print(f"guessing-game assets written to {out}")
     return out

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import random
 import shutil
 import sys
@@ -95,16 +94,15 @@ def prepare(out: Path, force: bool = False) -> Path:
     if done.exists() and not force:
         print(f"algorithm example assets already in {out}")
         return out
+    from storage.datafiles import write_jsonl
+
     qs = quickstart()
     qs.prepare(out, force=force)
     train, _ = qs.addition_rows()
     expert = [r for r in train for _ in range(5)]
     random.Random(1).shuffle(expert)
     for path, rows in (("expert/train", expert), ("dpo/train", dpo_pairs(train))):
-        (out / path).parent.mkdir(parents=True, exist_ok=True)
-        with open(out / f"{path}.jsonl", "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        write_jsonl(out / f"{path}.jsonl", rows)
     sft(out / "model", out / "sft", STUDENT_STEPS, 3.0e-3, out / "student")
     sft(out / "model", out / "expert", TEACHER_STEPS, 3.0e-3, out / "teacher")
     done.write_text("ok\n")

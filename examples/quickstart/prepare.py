@@ -24,7 +24,6 @@ and where it ends depends on the seed (measured, see NOTES.md).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -58,6 +57,7 @@ def weak_teacher(rows: list[dict]) -> list[dict]:
 
 
 def prepare(out: Path, force: bool = False) -> Path:
+    from storage.datafiles import write_jsonl
     from storage.tiny import build_tiny_model
 
     done = out / ".complete"
@@ -68,12 +68,8 @@ def prepare(out: Path, force: bool = False) -> Path:
                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
                      max_position_embeddings=64)
     train, test = addition_rows()
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    (out / "sft").mkdir(parents=True, exist_ok=True)
     for path, rows in (("data/train", train), ("data/test", test), ("sft/train", weak_teacher(train))):
-        with open(out / f"{path}.jsonl", "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        write_jsonl(out / f"{path}.jsonl", rows)
     done.write_text("ok\n")
     print(f"quickstart assets written to {out}")
     return out
