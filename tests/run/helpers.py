@@ -73,6 +73,18 @@ def trinity(*args: str, log: Path | None = None, env_extra: dict[str, str] | Non
                             stdout=out, stderr=subprocess.STDOUT, **popen)
 
 
+def run_to_end(cfg: Path, log: Path, timeout: float = 900) -> tuple[int, str]:
+    """``trinity run`` of ``cfg`` until it exits (killed after ``timeout`` s): its exit code
+    and output."""
+    p = trinity("run", "--config", str(cfg), log=log)
+    try:
+        p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return p.returncode, log.read_text(errors="replace")
+
+
 def steps_log(job: Path) -> list[dict[str, Any]]:
     f = job / "trainer_steps.jsonl"
     return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []

@@ -26,7 +26,7 @@ import yaml
 
 from bus.server import free_port
 
-from .helpers import ROOT, trinity
+from .helpers import ROOT, run_to_end
 
 pytestmark = pytest.mark.slow
 
@@ -72,15 +72,8 @@ def algorithm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     subprocess.run([sys.executable, str(EXAMPLES / "prepare.py"), "--out", str(build)], check=True,
                    cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
     cfg = staged_config(tmp / "all.yaml", build, free_port())
-    log = tmp / "run.log"
-    p = trinity("run", "--config", str(cfg), log=log)
-    try:
-        p.wait(timeout=1500)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    return {"rc": p.returncode, "log": log.read_text(errors="replace"), "jobs": tmp / "ckpt" / "algorithms" / "all",
-            "build": build}
+    rc, text = run_to_end(cfg, tmp / "run.log", timeout=1500)
+    return {"rc": rc, "log": text, "jobs": tmp / "ckpt" / "algorithms" / "all", "build": build}
 
 
 def _train_metrics(job: Path) -> list[dict[str, float]]:

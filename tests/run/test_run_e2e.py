@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from bus.server import free_port
 
-from .helpers import steps_log, tiny_run_config, trained_exactly_once, trinity, wait_for
+from .helpers import run_to_end, steps_log, tiny_run_config, trained_exactly_once, trinity, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -88,16 +88,6 @@ def test_config_errors_fail_before_any_process(tmp_path, tiny_model, arith):
     assert not (tmp_path / "ckpt").exists(), "a process started before the config was checked"
 
 
-def _run_to_the_end(cfg: Path, tmp_path: Path) -> str:
-    """``trinity run`` of ``cfg``, which must exit 0; its output."""
-    log = tmp_path / "run.log"
-    p = trinity("run", "--config", str(cfg), log=log)
-    p.wait(timeout=600)
-    text = log.read_text()
-    assert p.returncode == 0, text[-4000:]
-    return text
-
-
 def test_train_mode_saves_every_save_interval_and_prunes(tmp_path, tiny_model, arith):
     # mode train: no explorer, so no weight sync writes a folder per step; the checkpoints are
     # the save_interval ones (3, 6) and the last (7), pruned to max_checkpoints_to_keep
@@ -108,7 +98,8 @@ def test_train_mode_saves_every_save_interval_and_prunes(tmp_path, tiny_model, a
         "buffer.train_batch_size": 4, "buffer.total_steps": 7, "buffer.total_epochs": 10,
         "buffer.trainer_input.experience_buffer": {"name": "sft", "storage_type": "file", "path": str(arith),
                                                    "split": "train", "format": fmt}})
-    text = _run_to_the_end(cfg, tmp_path)
+    rc, text = run_to_end(cfg, tmp_path / "run.log", timeout=600)
+    assert rc == 0, text[-4000:]
     job = tmp_path / "ckpt/t/r"
     assert [e["step"] for e in steps_log(job)][-1] == 7
     assert sorted(int(d.name.rsplit("_", 1)[1]) for d in job.glob("global_step_*")) == [6, 7]
@@ -130,7 +121,8 @@ def test_lora_run_syncs_only_the_adapter_and_saves_both_layouts(tmp_path, tiny_m
                                  "buffer.total_steps": 3, "trainer.save_interval": 0,
                                  "synchronizer.sync_method": sync_method,
                                  "explorer.rollout_model.engine_type": engine})
-    text = _run_to_the_end(cfg, tmp_path)
+    rc, text = run_to_end(cfg, tmp_path / "run.log", timeout=600)
+    assert rc == 0, text[-4000:]
     job = tmp_path / "ckpt/t/r"
     actor = job / "global_step_3/actor"
     assert (actor / "adapter_config.json").is_file() and (actor / "adapter_model.safetensors").is_file()

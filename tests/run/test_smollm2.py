@@ -19,7 +19,7 @@ import yaml
 
 from bus.server import free_port
 
-from .helpers import steps_log, trinity
+from .helpers import run_to_end, steps_log
 
 pytestmark = pytest.mark.slow
 
@@ -71,15 +71,8 @@ async def test_transformers_engine_and_trainer_agree_on_logprobs(smollm2, traine
     from roles.explorer.engines.hf import HFEngine
     from schemas.config import InferenceModelConfig
 
-    eng = HFEngine(InferenceModelConfig(model_path=str(smollm2), engine_type="transformers",
-                                        dtype="float32", max_model_len=128, seed=0))
-    try:
-        samples = await eng.chat(MESSAGES, n=2, temperature=1.0, max_tokens=8)
-        for s in samples:
-            ref = _trainer_logprobs(trained_model, s.tokens, s.prompt_length)
-            assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4), (ref, s.logprobs)
-    finally:
-        await eng.close()
+    await _agrees_with_trainer(HFEngine(InferenceModelConfig(
+        model_path=str(smollm2), engine_type="transformers", dtype="float32", max_model_len=128, seed=0)), trained_model)
 
 
 async def test_vllm_engine_and_trainer_agree_on_logprobs(smollm2, trained_model):
@@ -90,8 +83,12 @@ async def test_vllm_engine_and_trainer_agree_on_logprobs(smollm2, trained_model)
     from schemas.config import InferenceModelConfig
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    eng = await VLLMEngine.create(InferenceModelConfig(model_path=str(smollm2), dtype="float32",
-                                                       max_model_len=128, seed=0))
+    await _agrees_with_trainer(await VLLMEngine.create(InferenceModelConfig(
+        model_path=str(smollm2), dtype="float32", max_model_len=128, seed=0)), trained_model)
+
+
+async def _agrees_with_trainer(eng, trained_model) -> None:
+    """The engine's sampled log-probs equal the trainer's teacher-forced ones (1e-4); closes it."""
     try:
         samples = await eng.chat(MESSAGES, n=2, temperature=1.0, max_tokens=8)
         for s in samples:
@@ -131,15 +128,8 @@ def test_sft_then_grpo_steps_through_the_real_processes(smollm2, tmp_path):
     }
     path = tmp_path / "smol.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    log = tmp_path / "run.log"
-    p = trinity("run", "--config", str(path), log=log)
-    try:
-        p.wait(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    text = log.read_text(errors="replace")
-    assert p.returncode == 0, text[-4000:]
+    rc, text = run_to_end(path, tmp_path / "run.log")
+    assert rc == 0, text[-4000:]
     jobs = tmp_path / "ckpt" / "t" / "smol"
     for stage in ("sft", "grpo"):
         steps = steps_log(jobs / stage)
