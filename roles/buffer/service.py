@@ -155,18 +155,10 @@ class BufferService:
         return added, bad
 
     def arrived_threadsafe(self) -> None:
-        """Set :attr:`arrived` from the ingest's thread (or the loop itself)."""
-        loop = self.loop
-        if loop is None:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self.arrived.set()
-        else:
-            loop.call_soon_threadsafe(self.arrived.set)
+        """Set :attr:`arrived` on its loop, from the ingest's thread or the loop itself (none
+        yet: no batch request has ever waited, so there is nobody to wake)."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.arrived.set)
 
     # -- batches ------------------------------------------------------------------------------
 
