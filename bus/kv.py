@@ -76,7 +76,7 @@ class RunState:
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
         self._changed: asyncio.Event | None = None
-        self._watch: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None  # held: the loop keeps only a weak reference
 
     def changed(self) -> asyncio.Event:
         """An event set whenever a key of the bucket is put or deleted (a KV watch, started on
