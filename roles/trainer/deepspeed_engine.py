@@ -173,6 +173,15 @@ class DeepSpeedEngine:
         if self.world_size > 1:
             torch.distributed.barrier()
 
+    def close(self) -> None:
+        """Take down the process group DeepSpeed started, after the last collective. Why: a
+        process that exits with gloo's worker threads still alive dies in interpreter teardown
+        (SIGABRT, "terminate called without an active exception"; pytorch#190489), which turns
+        a finished run into a failed exit code. Only on a clean end: after an error another
+        rank may still be inside a collective, and the process exits anyway."""
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
     def optimizer_state(self) -> dict[str, Any]:
         """This rank's optimizer state: under ZeRO its partition only (each rank saves its own)."""
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}

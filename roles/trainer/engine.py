@@ -51,6 +51,7 @@ class TrainEngine(Protocol):
     def optimizer_state(self) -> dict[str, Any]: ...
     def load_optimizer_state(self, state: dict[str, Any]) -> None: ...
     def barrier(self) -> None: ...
+    def close(self) -> None: ...
 
 
 #: ``optimizer_type`` -> optimizer class. Both are decoupled-weight-decay Adam, as in
@@ -151,3 +152,6 @@ class TorchEngine:
 
     def barrier(self) -> None:
         """One process: nothing to wait for."""
+
+    def close(self) -> None:
+        """One process: no process group to take down."""

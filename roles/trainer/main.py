@@ -311,12 +311,15 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> 
     trainer = await asyncio.to_thread(Trainer, cfg)
     if trainer.dp is not None and not trainer.dp.leader:
         log.info("trainer_follower_started", rank=trainer.dp.rank, world=trainer.dp.world, step=trainer.step)
-        return await asyncio.to_thread(trainer.follow)
+        done = await asyncio.to_thread(trainer.follow)
+        trainer.engine.close()
+        return done
     # An error here ends this process, and its closed sockets fail the followers' next
     # collective: telling them to stop could meet them inside another collective.
     done = await _lead_run(cfg, trainer, stop, own_stop)
     if trainer.dp is not None:
         await asyncio.to_thread(trainer.stop_followers, done)
+    trainer.engine.close()
     return done
 
 

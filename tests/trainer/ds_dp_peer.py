@@ -37,6 +37,7 @@ def main(config: str, out: str) -> None:
     tr = Trainer(load(config))
     if tr.dp is not None and not tr.dp.leader:
         assert tr.follow() is True
+        tr.engine.close()
         return
     metrics = [tr.train(batch(step), step) for step in (1, 2, 3)]
     tr.save(final=False)
@@ -46,6 +47,7 @@ def main(config: str, out: str) -> None:
     torch.save(params, f"{out}/world{world}.pt")
     with open(f"{out}/world{world}.json", "w") as f:
         json.dump(metrics, f)
+    tr.engine.close()
 
 
 if __name__ == "__main__":

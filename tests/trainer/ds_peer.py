@@ -40,6 +40,7 @@ def main(model_dir: str, stage: int, out: str) -> None:
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump({"world": world, "moved": moved, "sums": sums, "grad_norm": metrics[-1]["grad_norm"],
                    "micro_batches": metrics[-1]["micro_batches"]}, f)
+    eng.close()
 
 
 if __name__ == "__main__":

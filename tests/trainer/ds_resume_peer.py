@@ -35,6 +35,7 @@ def main(config: str, out: str, mode: str) -> None:
     torch.save(params, f"{out}/{tag}.pt")
     with open(f"{out}/{tag}.json", "w") as f:
         json.dump({k: metrics[k] for k in ("loss", "grad_norm", "lr")}, f)
+    tr.engine.close()
 
 
 if __name__ == "__main__":
