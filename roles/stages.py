@@ -195,10 +195,18 @@ def _leased(name: str) -> bool:
 
 async def _renew_marker(cfg: TrinityConfig, name: str) -> None:
     """Keep this process's leased "running" marker fresh until cancelled."""
-    while True:
-        await asyncio.sleep(MARKER_LEASE / 4)
-        with contextlib.suppress(Exception):
-            await _say_exit(cfg, name, "running")
+    import bus
+
+    nc = await bus.connect(cfg.nats, name=f"{name}-exit")
+    try:
+        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
+        while True:
+            await asyncio.sleep(MARKER_LEASE / 4)
+            with contextlib.suppress(Exception):
+                await state.put(keys.EXIT_PREFIX + name, {"state": "running", "ts": time.time(), "pid": os.getpid(),
+                                                          "lease": MARKER_LEASE})
+    finally:
+        await bus.disconnect(nc)
 
 
 async def _say_exit(cfg: TrinityConfig, name: str, state: str) -> None:

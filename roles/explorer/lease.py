@@ -112,12 +112,18 @@ class Lease:
             await asyncio.sleep(RENEW_S)
 
     async def keep(self) -> None:
-        """Renew the lease until cancelled; raises LeaseLost if another process took it."""
+        """Renew the lease until cancelled; raises LeaseLost if another process took it. A
+        lease that expired while the bus was away is still this process's if nobody else
+        took it (the compare-and-set says so)."""
         while True:
             await asyncio.sleep(RENEW_S)
             rev = await self.state.swap(LEADER_KEY, self._value(), self.revision)
-            if not rev:
-                raise LeaseLost(f"explorer {self.name}: another explorer took the lead of this run")
+            if not rev:  # a renewal whose reply was lost and was sent again lands here too
+                value, rev = await self.state.entry(LEADER_KEY)
+                mine = isinstance(value, dict) and value.get("name") == self.name
+                if not mine:
+                    raise LeaseLost(f"explorer {self.name}: another explorer took the lead of this run "
+                                    f"({value.get('name') if isinstance(value, dict) else 'nobody'} holds it)")
             self.revision = rev
 
     async def release(self) -> None:

@@ -35,7 +35,15 @@ import bus
 from roles import keys
 from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
 from roles.explorer.eval import evaluate, group_metrics
-from roles.explorer.lease import JOIN_KEY, LEASE_S, RENEW_S, Lease, check_joining, join_fingerprint
+from roles.explorer.lease import (
+    JOIN_KEY,
+    LEASE_S,
+    RENEW_S,
+    Lease,
+    LeaseLost,
+    check_joining,
+    join_fingerprint,
+)
 from roles.explorer.queue import TaskQueue, TaskWorker
 from roles.explorer.runner import RunnerPool, TaskResult
 from roles.signals import stop_on_signals
@@ -303,9 +311,8 @@ class Explorer:
         done = asyncio.create_task(self.run(sync))
         try:
             await asyncio.wait({keep, done}, return_when=asyncio.FIRST_COMPLETED)
-            if keep.done():  # lost the lead (cut off for too long): another explorer leads now
-                log.error("%s", keep.exception())
-                self.stop.set()
+            if keep.done():  # lost the lead: another explorer leads now; this process ends
+                raise keep.exception() or LeaseLost("the lease keeper stopped")  # (a supervisor restarts it)
             await done
         finally:
             keep.cancel()

@@ -40,6 +40,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 import bus
+from bus.retry import ride_out
 from roles.explorer.runner import TaskResult
 from schemas import codec
 from schemas.data import Task, TaskDone, TaskOrder
@@ -105,27 +106,64 @@ class TaskQueue:
         self.arrived = asyncio.Event()
         self.read_to = 0  # the last ``done`` stream sequence the subscription delivered
         self.floor = 0  # notices of steps below this one are of finished steps: dropped
-        self._sub: Any = None
+        self._reader: asyncio.Task[None] | None = None
 
     async def start(self, done_from: int) -> None:
         """Read ``done`` notices from stream sequence ``done_from`` on (the cursor's)."""
-        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                    opt_start_seq=max(1, done_from))
-        self._sub = await self.js.subscribe(self.names.subject("done"), cb=self._on_done,
-                                            ordered_consumer=True, config=config)
+        self.read_to = max(1, done_from) - 1
+        self._reader = asyncio.create_task(self._read())
 
     async def close(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
 
-    async def _on_done(self, msg: Any) -> None:
-        self.read_to = max(self.read_to, msg.metadata.sequence.stream)
+    async def _read(self) -> None:
+        """Fetch notices in order through a consumer of our own that starts after the last one
+        read; one lost to a server restart or a reconnect is made again from there."""
+        sub = None
+        try:
+            while True:
+                if sub is None:
+                    try:
+                        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                                                    opt_start_seq=self.read_to + 1, ack_policy=api.AckPolicy.NONE,
+                                                    inactive_threshold=60.0)
+                        sub = await self.js.pull_subscribe(self.names.subject("done"), stream=self.names.stream("done"),
+                                                           config=config)
+                    except (nats.errors.Error, OSError) as e:
+                        log.warning("task_done_reader_retry", error=f"{type(e).__name__}: {e}")
+                        await asyncio.sleep(0.5)
+                        continue
+                try:
+                    msgs = await sub.fetch(256, timeout=1.0)
+                except (asyncio.TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except (nats.errors.Error, OSError) as e:  # e.g. the consumer is gone with a restarted server
+                    log.warning("task_done_reader_retry", error=f"{type(e).__name__}: {e}")
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+                    sub = None
+                    await asyncio.sleep(0.5)
+                    continue
+                for m in msgs:
+                    self._on_done(m)
+        finally:
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    def _on_done(self, msg: Any) -> None:
+        seq = msg.metadata.sequence.stream
+        if seq <= self.read_to:
+            return
+        self.read_to = seq
         try:
             d = codec.decode(msg.data, TaskDone)
         except codec.CodecError as e:  # a report, never worth stopping the run for
-            log.error("task_done_unreadable", seq=self.read_to, error=str(e))
+            log.error("task_done_unreadable", seq=seq, error=str(e))
             return
         if d.step >= self.floor:
             self.done.setdefault(d.step, {})[d.index] = d
@@ -133,7 +171,7 @@ class TaskQueue:
 
     async def next_done_seq(self) -> int:
         """Where a leader restarting after this point must read ``done`` from."""
-        info = await self.js.stream_info(self.names.stream("done"))
+        info = await ride_out(lambda: self.js.stream_info(self.names.stream("done")), "stream info (done)")
         return int(info.state.last_seq) + 1
 
     async def put(self, step: int, tasks: list[Task], min_version: int) -> None:
@@ -145,7 +183,8 @@ class TaskQueue:
         """Orders not yet acked by any explorer (waiting or being run); -1 before any
         explorer has made the consumer (nothing can be said yet)."""
         try:
-            info = await self.js.consumer_info(self.names.stream("tasks"), WORKERS)
+            info = await ride_out(lambda: self.js.consumer_info(self.names.stream("tasks"), WORKERS),
+                                  "consumer info (tasks)")
         except NotFoundError:
             return -1
         return int(info.num_pending or 0) + int(info.num_ack_pending or 0)

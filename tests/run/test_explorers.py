@@ -150,7 +150,7 @@ def test_an_explorer_of_another_config_is_refused(tmp_path, tiny_model, arith48,
     theirs = join_fingerprint(load(cfg))
     theirs["model.model_path"] = "/models/another"
     asyncio.run(_lead_elsewhere(server.url, "t.r", theirs))
-    p = trinity("explorer", "--config", str(cfg))
+    p = trinity("explorer", "--config", str(cfg), env_extra=PLUGINS)
     out = p.communicate(timeout=300)[0].decode()
     assert p.returncode != 0
     assert f"model.model_path: this explorer has '{tiny_model}', the leading explorer of run t.r has " \
@@ -159,7 +159,7 @@ def test_an_explorer_of_another_config_is_refused(tmp_path, tiny_model, arith48,
     (tmp_path / "nccl").mkdir()
     nccl = _config(tmp_path / "nccl", tiny_model, arith48, server.url, **{"synchronizer.sync_method": "nccl"})
     asyncio.run(_lead_elsewhere(server.url, "t.r", {}))
-    p = trinity("explorer", "--config", str(nccl))
+    p = trinity("explorer", "--config", str(nccl), env_extra=PLUGINS)
     out = p.communicate(timeout=300)[0].decode()
     assert p.returncode != 0
     assert "synchronizer.sync_method: 'nccl' broadcasts the weights into the leading explorer's engines only" in out
