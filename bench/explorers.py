@@ -1,7 +1,7 @@
 """Rollout throughput of one explorer process vs two on the same run, in the same run of this
 script.
 
-    python bench/explorers.py [--tasks 96] [--batch 8] [--max-tokens 48] [--threads 1]
+    python bench/explorers.py [--tasks 512] [--batch 8] [--max-tokens 96] [--threads 1]
 
 A rollout-bound run (``mode: explore``: no trainer, so every step samples the same model and
 the reward distributions must agree): the tiny model on the transformers engine, ``--tasks``
@@ -40,7 +40,7 @@ def config(work: Path, model: Path, data: Path, name: str, port: int, a: argpars
     cfg = {
         "project": "bench", "name": name, "mode": "explore", "checkpoint_root_dir": str(work / "ckpt"),
         "algorithm": {"algorithm_type": "grpo", "repeat_times": 4},
-        "model": {"model_path": str(model), "max_model_len": 128, "max_response_tokens": a.max_tokens},
+        "model": {"model_path": str(model), "max_model_len": 192, "max_response_tokens": a.max_tokens},
         "buffer": {"batch_size": a.batch, "total_epochs": 1, "explorer_input": {
             "taskset": {"name": "arith", "path": str(data), "split": "train", "format": fmt,
                         "rollout_args": {"temperature": 1.0}},
@@ -109,7 +109,9 @@ def measure(work: Path, model: Path, data: Path, a: argparse.Namespace, explorer
     got = steps(log)
     # the steps that ended after the second explorer had joined (all but the first alone),
     # timed from the end of the step before them
-    first = next(i for i, st in enumerate(got) if i >= 1 and st[0] > joined_at + 2.0)
+    first = next((i for i, st in enumerate(got) if i >= 1 and st[0] > joined_at + 2.0), None)
+    if first is None or first == len(got) - 1:
+        raise SystemExit(f"the run ended before the second explorer took part: use more --tasks ({log})")
     tasks_per_s = (len(got) - first) * a.batch / (got[-1][0] - got[first - 1][0])
     counted = got[first:]
     rewards = [r for _, _, r in got]
@@ -119,9 +121,9 @@ def measure(work: Path, model: Path, data: Path, a: argparse.Namespace, explorer
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", type=int, default=96)
+    ap.add_argument("--tasks", type=int, default=512)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per explorer process")
     a = ap.parse_args()
     from storage.tiny import build_arithmetic_taskset, build_tiny_model
