@@ -107,6 +107,7 @@ class TaskQueue:
         self.read_to = 0  # the last ``done`` stream sequence the subscription delivered
         self.floor = 0  # notices of steps below this one are of finished steps: dropped
         self._reader: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def start(self, done_from: int) -> None:
         """Read ``done`` notices from stream sequence ``done_from`` on (the cursor's)."""
@@ -114,10 +115,12 @@ class TaskQueue:
         self._reader = asyncio.create_task(self._read())
 
     async def close(self) -> None:
+        """Stop the reader. By a flag it checks every fetch, not by cancelling alone: a cancel
+        that lands as nats-py's fetch times out can be lost, and the reader would go on."""
+        self._closing = True
         if self._reader is not None:
             self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+            await asyncio.wait({self._reader}, timeout=5.0)
             self._reader = None
 
     async def _read(self) -> None:
@@ -125,7 +128,7 @@ class TaskQueue:
         read; one lost to a server restart or a reconnect is made again from there."""
         sub = None
         try:
-            while True:
+            while not self._closing:
                 if sub is None:
                     try:
                         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
