@@ -25,7 +25,14 @@ import orjson
 import structlog
 from nats.errors import ConnectionClosedError
 from nats.js import JetStreamContext, api
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 
 from .errors import BusError, RequestTimeout, replicas_hint
@@ -151,6 +158,29 @@ class RunState:
 
     async def delete(self, key: str) -> None:
         await ride_out(lambda: self.kv.delete(key), f"KV delete {key}")
+
+    async def entry(self, key: str) -> tuple[Any | None, int]:
+        """``(value, revision)`` of ``key``; ``(None, 0)`` when it is absent or deleted (a
+        :meth:`swap` at revision 0 creates it)."""
+        try:
+            e = await ride_out(lambda: self.kv.get(key), f"KV get {key}")
+        except (KeyNotFoundError, NotFoundError):
+            return None, 0
+        value = orjson.loads(e.value) if e.value else None
+        return value, int(e.revision or 0)
+
+    async def swap(self, key: str, value: Any, revision: int) -> int:
+        """Store ``value`` only if ``key`` is still at ``revision`` (0: absent); returns the
+        new revision, or 0 when another process wrote it first. What a lease is taken and
+        renewed with."""
+        data = orjson.dumps(value)
+        try:
+            if revision:
+                return int(await ride_out(lambda: self.kv.update(key, data, last=revision), f"KV update {key}"))
+            return int(await ride_out(lambda: self.kv.create(key, data), f"KV create {key}"))
+        except (KeyWrongLastSequenceError, BadRequestError) as e:
+            log.debug("kv_swap_lost", key=key, error=str(e))
+            return 0
 
     async def snapshot(self) -> dict[str, Any]:
         """Every live key and its value (what ``trinity inspect`` prints)."""

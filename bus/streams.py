@@ -25,6 +25,8 @@ _DESCRIPTIONS = {
     "metrics": "metrics of every role",
     "ctl": "control messages (stop, pause)",
     "dlq": "dead letters: undecodable messages with the error in Trinity-Error",
+    "tasks": "the task queue: each step's tasks, taken by whichever explorer is free",
+    "done": "what became of each queued task (error or rollout scalars), for the leading explorer",
 }
 
 

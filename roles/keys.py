@@ -18,6 +18,12 @@ and ``nats kv ls trinity_<run>`` show them):
   --until-done``, exits only when every ``exit.*`` written since its session started (``trinity run``'s
   start, or the process's own under honcho) says "done": all
   leave together and none is killed mid-shutdown by honcho (``roles/stages.py``).
+* ``explorer.leader`` (``{"name", "pid", "host", "until"}``): the lease of the explorer process
+  that leads the run (reads the taskset, cuts steps, syncs, evaluates; ``roles/explorer/lease.py``);
+  every explorer process works the task queue. ``explorer.config``: the settings an explorer
+  that joins must share with the leader (model, taskset, algorithm, group size, sync method).
+  An explorer's ``exit.*`` marker is ``exit.explorer-<host>-<pid>`` and carries a ``lease``: a
+  "running" one counts only while renewed (explorers come and go).
 * ``sync.*``, ``rendezvous.*``, ``version.*``, ``heartbeat.*``: see ``roles/synchronizer``
   and ``bus/kv.py``.
 """

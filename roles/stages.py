@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
@@ -54,6 +56,8 @@ Runner = Callable[[TrinityConfig, asyncio.Event], Awaitable[bool]]
 #: Seconds a role process whose work is over waits for the others to say they are done before
 #: it exits anyway (a role that died and was not restarted never says so).
 FINISH_WAIT = 60.0
+#: Seconds an explorer's "running" exit marker counts without renewal (see :func:`_leased`).
+MARKER_LEASE = 20.0
 
 
 def roles_needed(stages: list[TrinityConfig]) -> list[str]:
@@ -106,7 +110,6 @@ async def _watch_done(state: object, stop: asyncio.Event, terminate: asyncio.Eve
 
 async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> int:
     """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM."""
-    import bus
     from roles.settings import session_start
 
     since = session_start()
@@ -114,6 +117,24 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
     terminate = asyncio.Event()
     stop_on_signals(terminate)
     await _say_exit(stages[-1], name, "running")
+    renew = asyncio.create_task(_renew_marker(stages[-1], name)) if _leased(name) else None
+    try:
+        code = await _walk(role, stages, runner, terminate)
+    finally:
+        if renew is not None:
+            renew.cancel()
+    if code >= 0:
+        return code
+    await finish_together(stages[-1], name, since, terminate)
+    if role == "explorer":
+        _print_summary(stages)
+    return 0
+
+
+async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminate: asyncio.Event) -> int:
+    """The stages as ``role``: 0 when SIGTERM ends it, -1 when every stage was walked."""
+    import bus
+
     prev: TrinityConfig | None = None
     for raw in stages:
         if terminate.is_set():
@@ -154,16 +175,38 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
                 await asyncio.sleep(0.5)
         finally:
             await bus.disconnect(nc)
-    await finish_together(stages[-1], name, since, terminate)
-    if role == "explorer":
-        _print_summary(stages)
-    return 0
+    return -1  # every stage walked: finish together (run_stages)
 
 
 def process_name(role: str) -> str:
-    """The name of this process's exit marker (a trainer rank other than 0 has its own)."""
+    """The name of this process's exit marker (a trainer rank other than 0 has its own; every
+    explorer process has its own, as a run may have several)."""
+    if role == "explorer":
+        return f"explorer-{socket.gethostname()}-{os.getpid()}"
     rank = os.environ.get("RANK", "0")
     return role if rank in ("", "0") else f"{role}_rank{rank}"
+
+
+def _leased(name: str) -> bool:
+    """Explorer markers are leased: explorers come and go (a killed one never says "done",
+    and its restart has another name), so a "running" marker counts only while renewed."""
+    return name.startswith("explorer-")
+
+
+async def _renew_marker(cfg: TrinityConfig, name: str) -> None:
+    """Keep this process's leased "running" marker fresh until cancelled."""
+    import bus
+
+    nc = await bus.connect(cfg.nats, name=f"{name}-exit")
+    try:
+        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
+        while True:
+            await asyncio.sleep(MARKER_LEASE / 4)
+            with contextlib.suppress(Exception):
+                await state.put(keys.EXIT_PREFIX + name, {"state": "running", "ts": time.time(), "pid": os.getpid(),
+                                                          "lease": MARKER_LEASE})
+    finally:
+        await bus.disconnect(nc)
 
 
 async def _say_exit(cfg: TrinityConfig, name: str, state: str) -> None:
@@ -173,7 +216,10 @@ async def _say_exit(cfg: TrinityConfig, name: str, state: str) -> None:
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")
     try:
         kv = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
-        await kv.put(keys.EXIT_PREFIX + name, {"state": state, "ts": time.time(), "pid": os.getpid()})
+        value = {"state": state, "ts": time.time(), "pid": os.getpid()}
+        if _leased(name):
+            value["lease"] = MARKER_LEASE
+        await kv.put(keys.EXIT_PREFIX + name, value)
     finally:
         await bus.disconnect(nc)
 
@@ -186,8 +232,16 @@ async def unfinished(state: object, since: float) -> list[str] | None:
     markers = await state.with_prefix(keys.EXIT_PREFIX)  # type: ignore[attr-defined]
     if not markers:
         return None
-    return sorted(k[len(keys.EXIT_PREFIX):] for k, v in markers.items()
-                  if not (isinstance(v, dict) and v.get("state") == "done" and float(v.get("ts", 0)) >= since))
+    now = time.time()
+
+    def waiting(v: Any) -> bool:
+        if not isinstance(v, dict):
+            return True
+        if "lease" in v:  # an explorer's: only a live one that has not said "done" yet
+            return v.get("state") == "running" and now <= float(v.get("ts", 0)) + float(v["lease"])
+        return not (v.get("state") == "done" and float(v.get("ts", 0)) >= since)
+
+    return sorted(k[len(keys.EXIT_PREFIX):] for k, v in markers.items() if waiting(v))
 
 
 async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate: asyncio.Event) -> None:
@@ -200,7 +254,8 @@ async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")
     try:
         state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
-        await state.put(keys.EXIT_PREFIX + name, {"state": "done", "ts": time.time(), "pid": os.getpid()})
+        done = {"state": "done", "ts": time.time(), "pid": os.getpid()}
+        await state.put(keys.EXIT_PREFIX + name, {**done, "lease": MARKER_LEASE} if _leased(name) else done)
         deadline = time.monotonic() + FINISH_WAIT
         while not terminate.is_set():
             waiting = await unfinished(state, since)

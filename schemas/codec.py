@@ -283,6 +283,9 @@ def _check_plain_fields(obj: Any, where: str) -> None:
     for i, e in enumerate(getattr(obj, "experiences", ())):  # an ExperienceGroup's
         if type(e) in _PLAIN:
             _check_plain_fields(e, f"{where}.experiences[{i}]")
+    task = getattr(obj, "task", None)  # a TaskOrder's
+    if type(task) in _PLAIN:
+        _check_plain_fields(task, f"{where}.task")
 
 
 def _unpack_fields(obj: Any, where: str) -> None:

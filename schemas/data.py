@@ -333,6 +333,54 @@ class Metric:
             raise ValueError("Metric.kind: must not be empty")
 
 
+@dataclass(slots=True, eq=False)
+class TaskOrder:
+    """One task of an explorer step on the run's task queue (``trinity.<run>.tasks``), taken
+    by whichever explorer process is free. ``min_version``: the model version the step runs
+    on (an explorer holding older weights loads newer ones before it runs the task)."""
+
+    step: int
+    index: int
+    task: Task
+    min_version: int = 0
+
+    def msg_id(self) -> str:
+        """A step's task is queued once, however often its leader re-sends it."""
+        return f"task:{self.step}:{self.index}"
+
+    def validate(self) -> None:
+        if self.step < 1:
+            raise ValueError(f"TaskOrder.step: must be >= 1, got {self.step}")
+        if self.index < 0:
+            raise ValueError(f"TaskOrder.index: must be >= 0, got {self.index}")
+        _check_version("TaskOrder", self.min_version)
+        self.task.validate()
+
+
+@dataclass(slots=True, eq=False)
+class TaskDone:
+    """What became of a :class:`TaskOrder` (``trinity.<run>.done``), for the leading explorer's
+    step accounting and rollout metrics: the error, or per experience the few scalars those
+    metrics read (``rollouts``: plain dicts; the group itself went to ``exp``)."""
+
+    step: int
+    index: int
+    task_id: str
+    explorer: str
+    error: str | None = None
+    rollouts: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def msg_id(self) -> str:
+        return f"done:{self.step}:{self.index}"
+
+    def validate(self) -> None:
+        if self.step < 1:
+            raise ValueError(f"TaskDone.step: must be >= 1, got {self.step}")
+        if self.index < 0:
+            raise ValueError(f"TaskDone.index: must be >= 0, got {self.index}")
+
+
 #: Wire name of each schema. Experience is also encodable on its own (e.g. in the replay store).
 SCHEMAS: dict[str, type] = {
     "task": Task,
@@ -340,4 +388,6 @@ SCHEMAS: dict[str, type] = {
     "experience_group": ExperienceGroup,
     "sync_event": SyncEvent,
     "metric": Metric,
+    "task_order": TaskOrder,
+    "task_done": TaskDone,
 }

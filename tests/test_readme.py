@@ -32,6 +32,8 @@ RUN_ELSEWHERE = {
     "cp .env.example .env": "tests/run/test_honcho.py",
     "source .venv/bin/activate": "tests/run/test_honcho.py",
     "honcho start": "tests/run/test_honcho.py",
+    "honcho start -c explorer=2": "tests/run/test_explorers.py (the Procfile with two explorers, tiny config)",
+    "trinity explorer --config my.yaml": "tests/run/test_explorers.py (an explorer joins a run mid-way)",
     ".venv/bin/python examples/agent_calculator/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
     ".venv/bin/trinity run --config examples/agent_calculator/calculator.yaml":
         "tests/api/test_examples.py (short settings; the full run is minutes)",

@@ -72,7 +72,8 @@ def episode_metrics(exps: list[Any]) -> dict[str, float]:
     cut = sum(any(e.prompt_truncated or e.response_truncated for e in ep) for ep in episodes.values())
     return {"episodes": float(n), "turns_per_episode": turns / n, "tool_calls_per_episode": tools / n,
             "tool_call_errors": float(errors),
-            "episode_tokens_mean": sum(max(len(e.tokens) for e in ep) for ep in episodes.values()) / n,
+            "episode_tokens_mean": sum(max(e.prompt_length + e.response_length for e in ep)
+                                           for ep in episodes.values()) / n,
             "truncated_episodes_rate": cut / n}
 
 

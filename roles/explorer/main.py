@@ -2,7 +2,10 @@
 
 One step = ``buffer.batch_size`` tasks from the taskset (resumable cursor in the run's KV),
 each run by the runner pool into one :class:`ExperienceGroup` published on the ``exp``
-stream the moment it is complete. Before every step the sync client decides whether the
+stream the moment it is complete. The tasks go through the run's task queue
+(``roles/explorer/queue.py``), so any number of explorer processes can share a run: every one
+works the queue, and the one holding the lead (``roles/explorer/lease.py``) also reads the
+taskset, cuts the steps and does what follows here. Before every step the sync client decides whether the
 explorer may go on (it waits when it is too far ahead of the trainer) and loads new weights
 when a sync is due; the explorer itself decides nothing about weights. Evaluation runs at
 startup and every ``eval_interval`` steps. SIGTERM stops taking tasks, lets the step in
@@ -22,6 +25,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,6 +35,16 @@ import bus
 from roles import keys
 from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
 from roles.explorer.eval import evaluate, group_metrics
+from roles.explorer.lease import (
+    JOIN_KEY,
+    LEASE_S,
+    RENEW_S,
+    Lease,
+    LeaseLost,
+    check_joining,
+    join_fingerprint,
+)
+from roles.explorer.queue import TaskQueue, TaskWorker
 from roles.explorer.runner import RunnerPool, TaskResult
 from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
@@ -56,6 +71,8 @@ class SyncClient(Protocol):
 
     async def final(self, engines: list[RolloutEngine]) -> None: ...
 
+    async def catch_up(self, engines: list[RolloutEngine], floor: int) -> int: ...
+
 
 class NoSync:
     """No synchronizer: never waits, never loads weights. Used in ``explore`` mode, by
@@ -69,6 +86,9 @@ class NoSync:
 
     async def final(self, engines: list[RolloutEngine]) -> None:
         return None
+
+    async def catch_up(self, engines: list[RolloutEngine], floor: int) -> int:
+        return floor
 
 
 async def make_sync(cfg: TrinityConfig, nc: Any, state: bus.RunState, pub: bus.Publisher) -> SyncClient:
@@ -184,12 +204,16 @@ class Explorer:
         self.step = 0
         self.pool = make_pool(cfg, engines, auxiliary)
         self.monitor: Any = None
-        self._stragglers: set[asyncio.Task[TaskResult]] = set()
         self.api: Any = None
         #: what the sync client loads weights into (gated when the API serves requests)
         self.sync_engines: list[Any] = list(engines)
         self._rewards: list[float] = []
         self._episode_done = asyncio.Event()
+        #: this process among the run's explorers (lease, heartbeat, TaskDone notices)
+        self.me = f"{cfg.explorer.name}-{socket.gethostname()}-{os.getpid()}"
+        self.beat_name = cfg.explorer.name  # a helper explorer beats under ``self.me``
+        self.queue: TaskQueue | None = None
+        self.worker: TaskWorker | None = None
 
     async def start_api(self) -> str:
         """Serve the OpenAI API over the engines; weight loads then wait for requests."""
@@ -225,18 +249,88 @@ class Explorer:
         self.monitor.log(m)
         await self.pub.publish_event(m)
 
-    async def run(self) -> ExplorerStats:
-        cfg, name = self.cfg, self.cfg.explorer.name
+    async def explore(self) -> ExplorerStats:
+        """Every explorer process of a run (modes both/explore/colocate): work the task queue,
+        and lead the run (:meth:`run`) once this process holds the lead. Another explorer
+        leads already: this one must be of the same run's config (else ValueError, before it
+        takes a task) and takes checkpoints as its weights."""
         sync = await self._open_bus()
+        lease = Lease(self.state, self.me)
+        leading = await lease.try_take()
+        if not leading and self.cfg.synchronizer.sync_method != "checkpoint" and self.cfg.mode != "explore":
+            # a run of one explorer: a lease still held is most likely this role's predecessor's,
+            # killed on another host before it could give it up; it expires within LEASE_S
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(lease.acquire(), LEASE_S + RENEW_S)
+                leading = True
+        if leading:
+            await self.state.put(JOIN_KEY, join_fingerprint(self.cfg))
+        else:
+            check_joining(self.cfg, await self.state.get(JOIN_KEY))
+            log.info("explorer %s joins run %s: another explorer leads", self.me, self.cfg.run_id)
+            self.beat_name = self.me
+            if hasattr(sync, "version_key"):
+                sync.version_key = self.me
+        self.worker = TaskWorker(self.cfg, self.nc, self.pub, self.pool.run_task, self.pool.size, self.me,
+                                 lambda floor: sync.catch_up(self.sync_engines, floor), self.stats)
+        stop_work = asyncio.Event()
+        work = asyncio.create_task(self.worker.run(stop_work, self.shutdown_grace))
+        forward = asyncio.create_task(_forward(self.stop, stop_work))
+        beat = asyncio.create_task(self._heartbeats())
+        lead = asyncio.create_task(self._lead(lease, sync, leading))
+        try:
+            done, _ = await asyncio.wait({work, lead}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done and work.exception() is not None:  # the worker failed: the process ends
+                lead.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await lead
+            else:
+                await lead  # the run is over, or ``stop`` (the lead handles it)
+                stop_work.set()
+            await work
+        finally:
+            for t in (forward, beat, lead, work):
+                t.cancel()
+            if self.stats.interrupted:  # a finished run keeps the lead until its stage ends
+                await lease.release()
+        return self.stats
+
+    async def _lead(self, lease: Lease, sync: SyncClient, leading: bool) -> None:
+        """Wait for the lead (a helper waits until the run ends or the leader is gone), then
+        run the steps while renewing it."""
+        if not leading:
+            ok, _ = await until_stopped(lease.acquire(), self.stop)
+            if not ok:
+                self.stats.interrupted = True
+                return
+            await self.state.put(JOIN_KEY, join_fingerprint(self.cfg))
+            if hasattr(sync, "version_key"):
+                sync.version_key = "explorer"
+        self.beat_name = self.cfg.explorer.name
+        keep = asyncio.create_task(lease.keep())
+        done = asyncio.create_task(self.run(sync))
+        try:
+            await asyncio.wait({keep, done}, return_when=asyncio.FIRST_COMPLETED)
+            if keep.done():  # lost the lead: another explorer leads now; this process ends
+                raise keep.exception() or LeaseLost("the lease keeper stopped")  # (a supervisor restarts it)
+            await done
+        finally:
+            keep.cancel()
+            done.cancel()
+
+    async def run(self, sync: SyncClient) -> ExplorerStats:
+        """The leader's steps (:meth:`explore` calls it once this process leads)."""
+        cfg, name = self.cfg, self.cfg.explorer.name
         reader = train_reader(cfg)
         saved = await self.state.get(CURSOR_KEY)
         if saved:
             reader.load_state_dict(saved["reader"])
             self.step = int(saved["step"])
             log.info("resuming step=%d offset=%d", self.step, reader.offset)
+        self.queue = TaskQueue(self.nc, cfg, self.pub)
+        await self.queue.start(int(saved.get("done_from", 1)) if saved else 1)
         version = self.engines[0].model_version
         await self.state.set_model_version(name, version)
-        beat = asyncio.create_task(self._heartbeats())
         every_s = cfg.explorer.runner_state_report_interval
         report = asyncio.create_task(self.pool.report_state(every_s)) if every_s > 0 else None
         try:
@@ -262,7 +356,8 @@ class Explorer:
                 self.step += 1
                 self.stats.steps += 1
                 self.pool.steps_seen = self.step
-                await self.state.put(CURSOR_KEY, {"step": self.step, "reader": reader.state_dict()})
+                await self.state.put(CURSOR_KEY, {"step": self.step, "reader": reader.state_dict(),
+                                                  "done_from": await self.queue.next_done_seq()})
                 await self._step_metrics(results, time.monotonic() - t0)
                 await sync.after_step(self.step)
                 every = cfg.explorer.eval_interval
@@ -274,13 +369,12 @@ class Explorer:
             else:
                 await self._finish(sync)
         finally:
-            beat.cancel()
             if report is not None:
                 report.cancel()
-            for t in self._stragglers:  # shutdown: unpublished stragglers are abandoned
-                t.cancel()
+            await self.queue.close()
             if self.monitor is not None:
                 self.monitor.close()
+            self.beat_name = ""  # no "running" beat after this one
             with contextlib.suppress(Exception):
                 await self.state.heartbeat(name, step=self.step, state="stopped",
                                            model_version=self.engines[0].model_version)
@@ -390,42 +484,29 @@ class Explorer:
         await self.report(Metric(role="explorer", step=self.step, kind="rollout", values=values))
 
     async def _explore_step(self, tasks: list[Any]) -> list[TaskResult]:
-        """Run and publish one step's tasks; returns the results the step waited for.
+        """Queue one step's tasks and return their results, whoever ran them.
 
         With ``explorer.over_rollout.ratio`` r > 0 (dynamic sync styles only, as in
         Trinity-RFT) the step ends once ``ceil((1 - r) * n)`` tasks are done plus at most
-        ``wait_after_min`` seconds: slow tasks go on in the background and publish their
-        groups when they finish (the end of the taskset waits for them). The price: the
-        cursor has moved past them, so a straggler cut off by a shutdown is not re-run."""
-        running = [asyncio.ensure_future(self._run_and_publish(t)) for t in tasks]
-        need = over_rollout_minimum(len(tasks), self.cfg)
-        try:
-            if need >= len(running):
-                return list(await asyncio.gather(*running))
-            done: set[asyncio.Future[TaskResult]] = set()
-            pending: set[asyncio.Future[TaskResult]] = set(running)
-            while len(done) < need:
-                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                done |= finished
-            if pending:
-                finished, pending = await asyncio.wait(pending, timeout=self.cfg.explorer.over_rollout.wait_after_min)
-                done |= finished
-        except asyncio.CancelledError:
-            for t in running:
-                t.cancel()
-            raise
-        for t in pending:
-            self._stragglers.add(t)
-            t.add_done_callback(self._stragglers.discard)
-        if pending:
+        ``wait_after_min`` seconds: slow tasks go on and publish their groups when they
+        finish (the end of the taskset waits for them: :meth:`TaskQueue.drained`)."""
+        assert self.queue is not None
+        step = self.step + 1
+        await self.queue.put(step, tasks, self.engines[0].model_version)
+        results = await self.queue.wait_step(step, tasks, over_rollout_minimum(len(tasks), self.cfg),
+                                             self.cfg.explorer.over_rollout.wait_after_min)
+        if len(results) < len(tasks):
             log.info("over_rollout: step %d goes on with %d of %d tasks (%d still running)",
-                     self.step + 1, len(done), len(running), len(pending))
-        return [t.result() for t in running if t in done]
+                     step, len(results), len(tasks), len(tasks) - len(results))
+        self.stats.failed.extend((r.task.task_id, r.error or "?") for r in results if not r.ok)
+        self.queue.done.pop(step, None)
+        self.queue.floor = step + 1
+        return results
 
     async def _finish(self, sync: SyncClient) -> None:
         """The taskset is done: say so, take the trainer's final weights, evaluate them."""
-        if self._stragglers:  # over_rollout: every group is published before "finished"
-            ok, _ = await until_stopped(asyncio.gather(*self._stragglers), self.stop)
+        if self.queue is not None:  # every queued task's group is published before "finished"
+            ok, _ = await until_stopped(self.queue.drained(), self.stop)
             if not ok:
                 self.stats.interrupted = True
                 return
@@ -442,15 +523,6 @@ class Explorer:
             self.stats.interrupted = not ok
             await self.pub.flush()
 
-    async def _run_and_publish(self, task: Any) -> TaskResult:
-        result = await self.pool.run_task(task)
-        if result.group is not None:
-            await self.pub.publish_group(result.group)
-            self.stats.published += 1
-        else:
-            self.stats.failed.append((task.task_id, result.error or "?"))
-        return result
-
     async def _step_metrics(self, results: list[TaskResult], seconds: float) -> None:
         values = group_metrics(results, self.cfg.monitor.detailed_stats)
         tokens = sum(e.response_length for r in results if r.group for e in r.group.experiences)
@@ -465,9 +537,9 @@ class Explorer:
         await self.report(Metric(role="explorer", step=self.step, kind="rollout", values=values))
 
     async def _heartbeats(self) -> None:
-        while True:
+        while self.beat_name:
             with contextlib.suppress(Exception):
-                await self.state.heartbeat(self.cfg.explorer.name, step=self.step, state="running",
+                await self.state.heartbeat(self.beat_name, step=self.step, state="running",
                                            model_version=self.engines[0].model_version,
                                            failed_tasks=len(self.stats.failed))
             await asyncio.sleep(HEARTBEAT_SECONDS)
@@ -493,7 +565,7 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) ->
         else:
             forward = asyncio.get_running_loop().create_task(_forward(stop, explorer.stop))
         try:
-            run = {"bench": explorer.bench, "serve": explorer.serve}.get(cfg.mode, explorer.run)
+            run = {"bench": explorer.bench, "serve": explorer.serve}.get(cfg.mode, explorer.explore)
             stats = await run()
         finally:
             if forward is not None:

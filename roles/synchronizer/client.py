@@ -246,6 +246,11 @@ class ExplorerSyncClient(_Side):
         self.started = time.time()
         self.hello: float | None = None  # ``ts`` of this process's last hello
         self.went_on: int | None = None  # trainer version at the last step run without waiting
+        #: the KV key (``version.<key>``) this process reports its weights under: "explorer"
+        #: for the leading explorer, which the trainer and synchronizer watch; another
+        #: explorer process of the run reports under its own name
+        self.version_key = "explorer"
+        self._catching_up = asyncio.Lock()
 
     async def before_step(self, step: int, engines: Sequence[Any]) -> int:
         """Returns the model version the step runs on."""
@@ -284,8 +289,32 @@ class ExplorerSyncClient(_Side):
         return self.version
 
     async def after_step(self, step: int) -> None:
-        await self.state.set_model_version("explorer", self.version, step=step)
+        await self.state.set_model_version(self.version_key, self.version, step=step)
         self.step = step
+
+    async def catch_up(self, engines: Sequence[Any], floor: int) -> int:
+        """Before a queued task that needs version ``floor``: an explorer holding older weights
+        loads the newest offered checkpoint, waiting up to ``sync_timeout`` for one of at
+        least ``floor`` (then, as every timeout, it goes on with what it has). Checkpoints
+        only: the broadcast group has the leading explorer alone."""
+        async with self._catching_up:  # tasks of one step ask together: one load
+            if self.version >= floor:
+                return self.version
+            o = await self._offer()
+            if not (o and int(o["version"]) >= floor):
+                o = await self.state.wait(lambda: self._offer_at_least(floor), self.plan.timeout)
+            if o is None:
+                await self.timed_out("waiting for weights", self.version, self.step, ["trainer"])
+                return self.version
+            if o["method"] != "checkpoint":
+                raise RuntimeError("synchronizer.sync_method: only the leading explorer takes broadcast weights; "
+                                   "several explorers need sync_method: checkpoint")
+            await self._load(o, engines, self.step)
+            return self.version
+
+    async def _offer_at_least(self, floor: int) -> dict | None:
+        o = await self.state.get(OFFER)
+        return o if o and int(o["version"]) >= floor else None
 
     async def final(self, engines: Sequence[Any]) -> int:
         """After the last explorer step: load every newer offer until the trainer says it is
@@ -423,6 +452,6 @@ class ExplorerSyncClient(_Side):
             version = min(int(v) for v in got)
         self.version = version
         dt = time.perf_counter() - t0
-        await self.state.set_model_version("explorer", version, step=step)
+        await self.state.set_model_version(self.version_key, version, step=step)
         await self.event("loaded", version, step, info={"seconds": dt})
         log.info("weights_loaded", version=version, method=offer["method"], seconds=round(dt, 3))

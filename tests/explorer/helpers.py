@@ -69,15 +69,16 @@ def teacher_logprobs(model: Any, tokens: list[int], prompt_length: int) -> torch
     return lp.gather(-1, torch.tensor(list(tokens[prompt_length:]))[:, None]).squeeze(-1)
 
 
-async def read_groups(nats_cfg: Any, run_id: str, expect: int, timeout: float = 10.0) -> list[Any]:
-    """All experience groups on the run's exp stream (waits for ``expect`` of them)."""
+async def read_groups(nats_cfg: Any, run_id: str, expect: int, timeout: float = 10.0, kind: str = "exp") -> list[Any]:
+    """All experience groups on the run's exp stream (or the messages of stream ``kind``);
+    waits for ``expect`` of them."""
     import asyncio
 
     import bus
 
     nc = await bus.connect(nats_cfg, name="test-reader")
     try:
-        c = await bus.Consumer(nc, nats_cfg, run_id, "exp", f"r{uuid.uuid4().hex[:6]}").start()
+        c = await bus.Consumer(nc, nats_cfg, run_id, kind, f"r{uuid.uuid4().hex[:6]}").start()
         got: list[Any] = []
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout

@@ -205,7 +205,7 @@ async def _explore_in_process(cfg, engine):
     nc = await bus.connect(cfg.nats, name="explorer-test")
     try:
         ex = Explorer(cfg, [engine], nc, sync=NoSync())
-        return await ex.run()
+        return await ex.explore()
     finally:
         await nc.close()
 
@@ -336,7 +336,7 @@ async def test_stop_abandons_the_step_without_half_groups_or_cursor_move(
     nc = await bus.connect(cfg.nats, name="explorer-test")
     try:
         ex = Explorer(cfg, [hf_engine], nc, sync=NoSync(), shutdown_grace=0.5)
-        run = asyncio.create_task(ex.run())
+        run = asyncio.create_task(ex.explore())
         while ex.stats.published < 2:  # tasks 0 and 2 finish, task 1 hangs
             await asyncio.sleep(0.1)
         ex.stop.set()

@@ -280,8 +280,8 @@ class HFEngine(RolloutEngine):
         if not files:
             raise EngineError(f"{self.name}: load_checkpoint: no *.safetensors in {path}")
         named: list[tuple[str, torch.Tensor]] = []
-        for f in files:
-            named.extend(load_file(f).items())
+        for f in files:  # off the event loop: a big checkpoint reads for seconds
+            named.extend((await asyncio.to_thread(load_file, f)).items())
         await self.update_weights(named, version)
 
     async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:

@@ -1,0 +1,134 @@
+"""Which explorer process leads a run: reads the taskset, cuts it into steps, syncs weights,
+evaluates. Every explorer process works the task queue (:mod:`roles.explorer.queue`); one of
+them also leads.
+
+The lead is a lease in the run's KV (``explorer.leader``: name, pid, host, ``until``) that its
+holder renews every :data:`RENEW_S`. Another explorer takes it when it is free, expired (its
+holder was killed, or cut off from the bus, for :data:`LEASE_S`), or held by a process of this
+host that no longer exists (a leader killed and restarted in place takes over at once).
+Takeovers and renewals are compare-and-set on the key's revision, so two processes never both
+hold it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+LEADER_KEY = "explorer.leader"
+#: What the leading explorer runs (:func:`join_fingerprint`): a joining one must match it.
+JOIN_KEY = "explorer.config"
+#: Seconds a lease lasts without renewal.
+LEASE_S = 10.0
+#: Seconds between renewals (and between a waiting explorer's tries).
+RENEW_S = 2.0
+
+
+def join_fingerprint(cfg: Any) -> dict[str, Any]:
+    """The settings every explorer of one run must share: the same model, taskset, algorithm,
+    group size and weight sync (a task run on another model would train the wrong policy)."""
+    ts = cfg.buffer.explorer_input.taskset
+    return {
+        "model.model_path": cfg.model.model_path,
+        "explorer.rollout_model.engine_type": cfg.explorer.rollout_model.engine_type,
+        "buffer.explorer_input.taskset.path": getattr(ts, "path", None),
+        "algorithm.algorithm_type": cfg.algorithm.algorithm_type,
+        "algorithm.repeat_times": cfg.algorithm.repeat_times,
+        "synchronizer.sync_method": cfg.synchronizer.sync_method,
+    }
+
+
+def check_joining(cfg: Any, theirs: Any) -> None:
+    """Refuse to join a run whose leading explorer runs other settings, naming the first
+    that differs; and refuse a weight broadcast, which reaches the leading explorer only."""
+    mine = join_fingerprint(cfg)
+    if isinstance(theirs, dict):
+        for key, value in mine.items():
+            if key in theirs and theirs[key] != value:
+                raise ValueError(
+                    f"{key}: this explorer has {value!r}, the leading explorer of run {cfg.run_id} has "
+                    f"{theirs[key]!r}; an explorer joins a run only with the run's own config")
+    if cfg.mode != "explore" and cfg.synchronizer.sync_method != "checkpoint":
+        raise ValueError(
+            f"synchronizer.sync_method: {cfg.synchronizer.sync_method!r} broadcasts the weights into the "
+            f"leading explorer's engines only; several explorers in run {cfg.run_id} need sync_method: checkpoint")
+
+
+class LeaseLost(RuntimeError):
+    """This process's lease was taken by another explorer (it was cut off too long)."""
+
+
+def process_gone(holder: dict[str, Any]) -> bool:
+    """Is ``holder`` (a lease or marker value) a process of this host that no longer runs?"""
+    if holder.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(holder.get("pid", 0)), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError, OSError):
+        return False
+    return False
+
+
+class Lease:
+    """This process's side of ``explorer.leader``."""
+
+    def __init__(self, state: Any, name: str) -> None:
+        self.state, self.name = state, name
+        self.revision = 0
+
+    def _value(self) -> dict[str, Any]:
+        return {"name": self.name, "pid": os.getpid(), "host": socket.gethostname(),
+                "until": time.time() + LEASE_S}
+
+    async def holder(self) -> dict[str, Any] | None:
+        """The live holder of the lead, if any (this process included)."""
+        value, _ = await self.state.entry(LEADER_KEY)
+        if not isinstance(value, dict) or time.time() > float(value.get("until", 0)) or process_gone(value):
+            return None
+        return value
+
+    async def try_take(self) -> bool:
+        value, rev = await self.state.entry(LEADER_KEY)
+        if isinstance(value, dict) and time.time() <= float(value.get("until", 0)) and not process_gone(value):
+            return False
+        self.revision = await self.state.swap(LEADER_KEY, self._value(), rev)
+        if self.revision:
+            log.info("explorer_leads", name=self.name, previous=value.get("name") if isinstance(value, dict) else None)
+        return bool(self.revision)
+
+    async def acquire(self) -> None:
+        """Return once this process holds the lead (callers bound it with their stop event)."""
+        while not await self.try_take():
+            await asyncio.sleep(RENEW_S)
+
+    async def keep(self) -> None:
+        """Renew the lease until cancelled; raises LeaseLost if another process took it. A
+        lease that expired while the bus was away is still this process's if nobody else
+        took it (the compare-and-set says so)."""
+        while True:
+            await asyncio.sleep(RENEW_S)
+            rev = await self.state.swap(LEADER_KEY, self._value(), self.revision)
+            if not rev:  # a renewal whose reply was lost and was sent again lands here too
+                value, rev = await self.state.entry(LEADER_KEY)
+                mine = isinstance(value, dict) and value.get("name") == self.name
+                if not mine:
+                    raise LeaseLost(f"explorer {self.name}: another explorer took the lead of this run "
+                                    f"({value.get('name') if isinstance(value, dict) else 'nobody'} holds it)")
+            self.revision = rev
+
+    async def release(self) -> None:
+        """Give the lead up at once (a clean exit: the next explorer need not wait it out)."""
+        if self.revision:
+            with contextlib.suppress(Exception):
+                await self.state.swap(LEADER_KEY, {**self._value(), "until": 0.0}, self.revision)
+            self.revision = 0

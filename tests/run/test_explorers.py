@@ -1,0 +1,167 @@
+"""Several explorer processes share one run through the task queue (``roles/explorer/queue.py``):
+every task's group is stored once and trained once, whoever ran it; an explorer joins
+mid-run and another is SIGKILLed mid-step (its tasks come back to the others); ``honcho start
+-c explorer=2`` runs the Procfile with two; an explorer of another config is refused before
+it takes a task."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import bus
+from roles.explorer.lease import JOIN_KEY, LEADER_KEY
+from schemas.config import NatsConfig
+from tests.explorer.helpers import read_groups
+
+from .helpers import ROOT, steps_log, tiny_run_config, trained_exactly_once, trinity, wait_for
+
+pytestmark = pytest.mark.slow
+
+TASKS, BATCH, REPEAT = 48, 3, 4
+STEPS = TASKS // BATCH
+PLUGINS = {"TRINITY_PLUGIN_DIRS": str(Path(__file__).parent / "plugins")}
+
+
+@pytest.fixture(scope="module")
+def arith48(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from storage.tiny import build_arithmetic_taskset
+
+    return build_arithmetic_taskset(tmp_path_factory.mktemp("arith48"), n_train=TASKS, n_eval=6)
+
+
+def _config(tmp_path: Path, model: Path, data: Path, url: str, **extra) -> Path:
+    return tiny_run_config(tmp_path / "c.yaml", model=model, data=data, port=0, stages=False, extra={
+        "nats.url": url, "nats.embedded": False, "nats.ack_wait": 5,
+        "synchronizer.sync_method": "checkpoint", "explorer.runner_per_model": 1,
+        "explorer.eval_on_startup": False,
+        "buffer.explorer_input.default_workflow_type": "slow_math_workflow", **extra})
+
+
+def _who_ran(url: str, run_id: str) -> dict[tuple[int, int], str]:
+    """``(step, index) -> explorer`` from the run's ``done`` stream (one notice per task)."""
+    done = asyncio.run(read_groups(NatsConfig(url=url), run_id, expect=TASKS, kind="done"))
+    return {(d.step, d.index): d.explorer for d in done}
+
+
+def _stored_once(url: str, run_id: str) -> None:
+    groups = asyncio.run(read_groups(NatsConfig(url=url), run_id, expect=TASKS))
+    ids = [g.group_id for g in groups]
+    assert len(ids) == len(set(ids)) == TASKS, f"{len(ids)} groups, {len(set(ids))} distinct, {TASKS} tasks"
+
+
+def _pid_of(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
+
+
+def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny_model, arith48, nats_server_factory):
+    server = nats_server_factory()
+    cfg = _config(tmp_path, tiny_model, arith48, server.url)
+    job = tmp_path / "ckpt/t/r"
+    log = tmp_path / "run.log"
+    run = trinity("run", "--config", str(cfg), log=log, env_extra=PLUGINS)
+    helpers: list[subprocess.Popen] = []
+    try:
+        wait_for("train step 1", lambda: any(e["step"] >= 1 for e in steps_log(job)), run, log)
+        helpers.append(trinity("explorer", "--config", str(cfg), log=tmp_path / "a.log", env_extra=PLUGINS))
+        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), run, log)
+        helpers.append(trinity("explorer", "--config", str(cfg), log=tmp_path / "b.log", env_extra=PLUGINS))
+        wait_for("train step 7", lambda: any(e["step"] >= 7 for e in steps_log(job)), run, log)
+        assert helpers[0].poll() is None, (tmp_path / "a.log").read_text()[-3000:]
+        helpers[0].send_signal(signal.SIGKILL)  # mid-step: tasks are always running
+        run.wait(timeout=600)
+        for h in helpers[1:]:
+            h.wait(timeout=120)
+    finally:
+        for p in [run, *helpers]:
+            if p.poll() is None:
+                p.kill()
+    assert run.returncode == 0, log.read_text()[-4000:]
+    assert helpers[1].returncode == 0, (tmp_path / "b.log").read_text()[-4000:]
+    trained_exactly_once(job, STEPS, BATCH * REPEAT)
+    _stored_once(server.url, "t.r")
+    ran = _who_ran(server.url, "t.r")
+    assert len(ran) == TASKS
+    pids = {_pid_of(n) for n in ran.values()}
+    assert helpers[0].pid in pids and helpers[1].pid in pids and len(pids) == 3, pids
+    late = [s for (s, _), n in ran.items() if _pid_of(n) == helpers[1].pid]
+    assert min(late) >= 4, "the explorer that joined after step 4 ran tasks of steps before it joined"
+
+
+def test_honcho_start_with_two_explorers(tmp_path, tiny_model, arith48):
+    """The Procfile with ``-c explorer=2`` (its own NATS server, as on a node): both explorers
+    take tasks, every process ends ``rc=0``, every group is trained once."""
+    from bus.server import free_port
+
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+    cfg = _config(tmp_path, tiny_model, arith48, url, **{"nats.embedded": True})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
+    bin_dir = str(Path(sys.executable).parent)
+    env.update(PATH=bin_dir + os.pathsep + env.get("PATH", ""), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+               TRINITY_CONFIG=str(cfg), TRINITY_CHECKPOINT_ROOT_DIR=str(tmp_path / "ckpt"), TRINITY_NATS__URL=url,
+               **PLUGINS)
+    (tmp_path / ".env").write_text("")
+    r = subprocess.run([os.path.join(bin_dir, "honcho"), "-f", str(ROOT / "Procfile"), "-d", str(tmp_path),
+                        "start", "-c", "explorer=2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    rcs = re.findall(r"\| ([\w.]+) stopped \(rc=(-?\d+)\)", out)
+    assert sorted(n for n, _ in rcs) == ["buffer.1", "explorer.1", "explorer.2", "nats.1", "synchronizer.1",
+                                        "trainer.1"], out[-6000:]
+    assert all(rc == "0" for _, rc in rcs), out[-6000:]
+    trained_exactly_once(tmp_path / "ckpt/t/r", STEPS, BATCH * REPEAT)
+    for who in ("explorer.1", "explorer.2"):  # each one published groups
+        lines = [line for line in out.splitlines() if re.match(rf"\S+ {re.escape(who)}\s+\|", line)]
+        done = [int(m.group(1)) for line in lines if (m := re.search(r"explorer done steps=\d+ published=(\d+)", line))]
+        assert done and done[-1] > 0, f"{who} published nothing:\n" + "\n".join(lines[-30:])
+
+
+async def _lead_elsewhere(url: str, run_id: str, fingerprint: dict) -> None:
+    """Make the run look led by a live explorer of another host, with ``fingerprint``."""
+    cfg = NatsConfig(url=url)
+    nc = await bus.connect(cfg, name="fake-leader")
+    try:
+        js = bus.jetstream(nc, cfg)
+        await bus.ensure_streams(js, cfg, run_id)
+        state = await bus.RunState.open(js, run_id)
+        await state.put(LEADER_KEY, {"name": "explorer-elsewhere-1", "pid": 1, "host": "elsewhere",
+                                     "until": time.time() + 3600})
+        await state.put(JOIN_KEY, fingerprint)
+    finally:
+        await nc.close()
+
+
+def test_an_explorer_of_another_config_is_refused(tmp_path, tiny_model, arith48, nats_server_factory):
+    from roles.explorer.lease import join_fingerprint
+    from tests.explorer.helpers import load
+
+    server = nats_server_factory()
+    cfg = _config(tmp_path, tiny_model, arith48, server.url)
+    theirs = join_fingerprint(load(cfg))
+    theirs["model.model_path"] = "/models/another"
+    asyncio.run(_lead_elsewhere(server.url, "t.r", theirs))
+    p = trinity("explorer", "--config", str(cfg), env_extra=PLUGINS)
+    out = p.communicate(timeout=300)[0].decode()
+    assert p.returncode != 0
+    assert f"model.model_path: this explorer has '{tiny_model}', the leading explorer of run t.r has " \
+           "'/models/another'" in out, out[-3000:]
+    # a weight broadcast reaches the leading explorer only
+    (tmp_path / "nccl").mkdir()
+    nccl = _config(tmp_path / "nccl", tiny_model, arith48, server.url, **{"synchronizer.sync_method": "nccl"})
+    asyncio.run(_lead_elsewhere(server.url, "t.r", {}))
+    p = trinity("explorer", "--config", str(nccl), env_extra=PLUGINS)
+    out = p.communicate(timeout=300)[0].decode()
+    assert p.returncode != 0
+    assert "synchronizer.sync_method: 'nccl' broadcasts the weights into the leading explorer's engines only" in out
+    assert asyncio.run(read_groups(NatsConfig(url=server.url), "t.r", expect=0, timeout=1)) == []
+    assert asyncio.run(read_groups(NatsConfig(url=server.url), "t.r", expect=0, timeout=1, kind="done")) == []
