@@ -40,6 +40,7 @@ _WHERE = {
     "inspect_run": "inspect",
     "render_text": "inspect",
     "RunState": "kv",
+    "stop_tasks": "retry",
     "open_bucket": "kv",
     "MAX_MESSAGE_BYTES": "publish",
     "Publisher": "publish",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats.errors
 import structlog
@@ -67,3 +67,25 @@ async def ride_out(op: Callable[[], Awaitable[T]], what: str, seconds: float = R
         if first is not None:
             log.info("bus_server_back", what=what, waited=round(time.monotonic() - first, 1))
         return result
+
+
+async def stop_tasks(*tasks: asyncio.Task[Any] | None, timeout: float = 10.0) -> None:
+    """Cancel ``tasks`` and return once they have ended (or after ``timeout`` s, logged).
+
+    Why not ``task.cancel(); await task``: on Python 3.11 ``asyncio.wait_for`` drops a cancel
+    that arrives as the call it waits on completes (fixed in 3.12), and nats-py's requests and
+    fetches run in ``wait_for``. A loop that lost its cancel runs on, and the ``await`` never
+    returns: an explorer hung at the end of a stage this way. So the cancel is repeated until
+    each task has ended (every second: time enough for a task's own clean-up)."""
+    live = {t for t in tasks if t is not None and not t.done()}
+    deadline = time.monotonic() + timeout
+    while live:
+        if time.monotonic() > deadline:
+            log.warning("tasks_not_stopped", tasks=sorted(t.get_name() for t in live), waited=timeout)
+            return
+        for t in live:
+            t.cancel()
+        _, live = await asyncio.wait(live, timeout=1.0)
+    for t in tasks:  # their errors were theirs to report; read so asyncio does not warn
+        if t is not None and t.done() and not t.cancelled():
+            t.exception()

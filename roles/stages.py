@@ -110,6 +110,7 @@ async def _watch_done(state: object, stop: asyncio.Event, terminate: asyncio.Eve
 
 async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> int:
     """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM."""
+    import bus
     from roles.settings import session_start
 
     since = session_start()
@@ -121,8 +122,7 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
     try:
         code = await _walk(role, stages, runner, terminate)
     finally:
-        if renew is not None:
-            renew.cancel()
+        await bus.stop_tasks(renew)  # ended for sure: a renewal must not outlive "done"
     if code >= 0:
         return code
     await finish_together(stages[-1], name, since, terminate)
@@ -157,10 +157,10 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
                     completed = await runner(cfg, stop)
                 finally:
                     # ended before the connection it reads closes (below): a watcher left
-                    # mid-read would fail on the closed connection with nobody to hear it
-                    watcher.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await watcher
+                    # mid-read would fail on the closed connection with nobody to hear it.
+                    # ``stop`` first: the loop ends by itself even if a cancel is lost
+                    stop.set()
+                    await bus.stop_tasks(watcher)
                 if terminate.is_set():
                     return 0
                 if completed and role == FINISHER[cfg.mode]:

@@ -181,9 +181,7 @@ async def until_stopped(coro: Any, stop: asyncio.Event, grace: float = 0.0) -> t
             await asyncio.wait({task}, timeout=grace)
         if task.done():
             return True, task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await bus.stop_tasks(task)
         return False, None
     finally:
         stopper.cancel()
@@ -281,16 +279,13 @@ class Explorer:
         try:
             done, _ = await asyncio.wait({work, lead}, return_when=asyncio.FIRST_COMPLETED)
             if work in done and work.exception() is not None:  # the worker failed: the process ends
-                lead.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await lead
+                await bus.stop_tasks(lead)
             else:
                 await lead  # the run is over, or ``stop`` (the lead handles it)
                 stop_work.set()
             await work
         finally:
-            for t in (forward, beat, lead, work):
-                t.cancel()
+            await bus.stop_tasks(forward, beat, lead, work)
             if self.stats.interrupted:  # a finished run keeps the lead until its stage ends
                 await lease.release()
         return self.stats
@@ -315,8 +310,7 @@ class Explorer:
                 raise keep.exception() or LeaseLost("the lease keeper stopped")  # (a supervisor restarts it)
             await done
         finally:
-            keep.cancel()
-            done.cancel()
+            await bus.stop_tasks(keep, done)
 
     async def run(self, sync: SyncClient) -> ExplorerStats:
         """The leader's steps (:meth:`explore` calls it once this process leads)."""

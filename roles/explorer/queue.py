@@ -118,10 +118,8 @@ class TaskQueue:
         """Stop the reader. By a flag it checks every fetch, not by cancelling alone: a cancel
         that lands as nats-py's fetch times out can be lost, and the reader would go on."""
         self._closing = True
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.wait({self._reader}, timeout=5.0)
-            self._reader = None
+        await bus.stop_tasks(self._reader)
+        self._reader = None
 
     async def _read(self) -> None:
         """Fetch notices in order through a consumer of our own that starts after the last one
@@ -269,9 +267,7 @@ class TaskWorker:
         finally:
             if self._running and grace > 0:
                 await asyncio.wait(list(self._running), timeout=grace)
-            for t in list(self._running):
-                t.cancel()
-            await asyncio.gather(*self._running, return_exceptions=True)
+            await bus.stop_tasks(*self._running)
             await consumer.close()
 
     async def _keep_alive(self, d: bus.Delivery) -> None:
