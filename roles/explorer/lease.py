@@ -48,7 +48,7 @@ def join_fingerprint(cfg: Any) -> dict[str, Any]:
 
 def check_joining(cfg: Any, theirs: Any) -> None:
     """Refuse to join a run whose leading explorer runs other settings, naming the first
-    that differs; and refuse a weight broadcast, which reaches the leading explorer only."""
+    that differs."""
     mine = join_fingerprint(cfg)
     if isinstance(theirs, dict):
         for key, value in mine.items():
@@ -56,10 +56,6 @@ def check_joining(cfg: Any, theirs: Any) -> None:
                 raise ValueError(
                     f"{key}: this explorer has {value!r}, the leading explorer of run {cfg.run_id} has "
                     f"{theirs[key]!r}; an explorer joins a run only with the run's own config")
-    if cfg.mode != "explore" and cfg.synchronizer.sync_method != "checkpoint":
-        raise ValueError(
-            f"synchronizer.sync_method: {cfg.synchronizer.sync_method!r} broadcasts the weights into the "
-            f"leading explorer's engines only; several explorers in run {cfg.run_id} need sync_method: checkpoint")
 
 
 class LeaseLost(RuntimeError):
@@ -105,6 +101,14 @@ class Lease:
         if self.revision:
             log.info("explorer_leads", name=self.name, previous=value.get("name") if isinstance(value, dict) else None)
         return bool(self.revision)
+
+    async def renewed(self) -> bool:
+        """Does someone renew the lead over the next renewal period (a live leader)? A lease
+        left by a killed leader is held until it expires, but nobody renews it."""
+        _, before = await self.state.entry(LEADER_KEY)
+        await asyncio.sleep(RENEW_S * 1.5)
+        _, after = await self.state.entry(LEADER_KEY)
+        return after != before
 
     async def acquire(self) -> None:
         """Return once this process holds the lead (callers bound it with their stop event)."""

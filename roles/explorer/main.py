@@ -73,6 +73,12 @@ class SyncClient(Protocol):
 
     async def catch_up(self, engines: list[RolloutEngine], floor: int) -> int: ...
 
+    def assist(self, name: str) -> None: ...
+
+    async def take_lead(self) -> None: ...
+
+    async def leave(self) -> None: ...
+
 
 class NoSync:
     """No synchronizer: never waits, never loads weights. Used in ``explore`` mode, by
@@ -89,6 +95,15 @@ class NoSync:
 
     async def catch_up(self, engines: list[RolloutEngine], floor: int) -> int:
         return floor
+
+    def assist(self, name: str) -> None:
+        return None
+
+    async def take_lead(self) -> None:
+        return None
+
+    async def leave(self) -> None:
+        return None
 
 
 async def make_sync(cfg: TrinityConfig, nc: Any, state: bus.RunState, pub: bus.Publisher) -> SyncClient:
@@ -251,24 +266,26 @@ class Explorer:
         """Every explorer process of a run (modes both/explore/colocate): work the task queue,
         and lead the run (:meth:`run`) once this process holds the lead. Another explorer
         leads already: this one must be of the same run's config (else ValueError, before it
-        takes a task) and takes checkpoints as its weights."""
+        takes a task) and takes the newest checkpoint, or pulls a broadcast of the trainer's
+        weights, before a task that needs newer weights than it holds."""
         sync = await self._open_bus()
         lease = Lease(self.state, self.me)
         leading = await lease.try_take()
         if not leading and self.cfg.synchronizer.sync_method != "checkpoint" and self.cfg.mode != "explore":
-            # a run of one explorer: a lease still held is most likely this role's predecessor's,
-            # killed on another host before it could give it up; it expires within LEASE_S
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(lease.acquire(), LEASE_S + RENEW_S)
-                leading = True
+            # a lease nobody renews is this role's predecessor's, killed on another host before
+            # it could give it up (under a broadcast a run mostly has one explorer): it expires
+            # within LEASE_S; a renewed one is a live leader's, which this process assists
+            if not await lease.renewed():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(lease.acquire(), LEASE_S + RENEW_S)
+                    leading = True
         if leading:
             await self.state.put(JOIN_KEY, join_fingerprint(self.cfg))
         else:
             check_joining(self.cfg, await self.state.get(JOIN_KEY))
             log.info("explorer %s joins run %s: another explorer leads", self.me, self.cfg.run_id)
             self.beat_name = self.me
-            if hasattr(sync, "version_key"):
-                sync.version_key = self.me
+            sync.assist(self.me)
         self.worker = TaskWorker(self.cfg, self.nc, self.pub, self.pool.run_task, self.pool.size, self.me,
                                  lambda floor: sync.catch_up(self.sync_engines, floor), self.stats)
         stop_work = asyncio.Event()
@@ -286,6 +303,8 @@ class Explorer:
             await work
         finally:
             await bus.stop_tasks(forward, beat, lead, work)
+            with contextlib.suppress(Exception):  # the trainer drops this process's group
+                await sync.leave()
             if self.stats.interrupted:  # a finished run keeps the lead until its stage ends
                 await lease.release()
         return self.stats
@@ -299,8 +318,7 @@ class Explorer:
                 self.stats.interrupted = True
                 return
             await self.state.put(JOIN_KEY, join_fingerprint(self.cfg))
-            if hasattr(sync, "version_key"):
-                sync.version_key = "explorer"
+            await sync.take_lead()
         self.beat_name = self.cfg.explorer.name
         keep = asyncio.create_task(lease.keep())
         done = asyncio.create_task(self.run(sync))

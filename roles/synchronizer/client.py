@@ -13,6 +13,13 @@ They meet through the run's KV bucket (``bus.RunState``):
   would only wait for ``sync_timeout``). The trainer answers with a fresh group and its
   current weights, also while it waits for a batch (it may be waiting for this very
   explorer's experience);
+* ``sync.pull.<explorer>``: an explorer that does not lead the run (``roles/explorer/lease.py``)
+  asks for the trainer's current weights before a task that needs newer ones, with
+  ``sync.pulls`` bumped so the trainer reads one key per step to know there is news. Each such
+  explorer has a broadcast group of its own (``rendezvous.<group_name>-<explorer>``), formed
+  at its first pull and kept: one that dies breaks its own group, never the leader's;
+* ``sync.serving.<explorer>``: the trainer answers a pull: which group (by its rendezvous
+  ``ts``) and which version it is about to send;
 * ``version.trainer`` / ``version.explorer``: who holds what.
 
 Every event also goes to the sync subject as a :class:`SyncEvent`. Every wait is bounded by
@@ -25,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import socket
 import time
 from collections.abc import Sequence
@@ -42,6 +50,7 @@ from .policy import SyncPlan, explorer_requests, required_version, trainer_offer
 log = structlog.get_logger(__name__)
 
 OFFER, JOIN, WANT, HELLO = "sync.offer", "sync.join", "sync.want", "sync.hello"
+PULL, PULLS, SERVING = "sync.pull.", "sync.pulls", "sync.serving."
 #: ``{"group": "host:port", "at": ts}``: when the trainer's current broadcast group was formed
 FORMED = "sync.formed"
 #: What ExplorerSyncClient._offer_for answers when the explorer should not wait.
@@ -51,6 +60,12 @@ TRAINER_FINISHED = keys.TRAINER_FINISHED
 
 class SyncTimeout(RuntimeError):
     """A sync did not complete within ``sync_timeout`` and ``on_timeout`` is ``stop``."""
+
+
+def helper_group(group_name: str, explorer: str) -> str:
+    """The name of a non-leading explorer's own broadcast group (a KV key part: a host name's
+    dots become ``_``)."""
+    return re.sub(r"[^-\w=]", "_", f"{group_name}-{explorer}")
 
 
 def _free_port() -> int:
@@ -98,6 +113,11 @@ class TrainerSyncClient(_Side):
         self.want_served = 0.0
         self.hello_served = 0.0
         self.offered = 0
+        #: the groups of explorers that do not lead (``sync.pull.<name>``) by explorer name:
+        #: (its sender, its rendezvous ``ts``)
+        self.helpers: dict[str, tuple[Any, float]] = {}
+        self.pulls_served: dict[str, float] = {}
+        self.pulls_seen = 0  # the KV revision of ``sync.pulls`` last read (clocks of hosts differ)
 
     async def start(self) -> None:
         """Forget a previous trainer's offer and rendezvous: after a crash they point at a
@@ -122,8 +142,69 @@ class TrainerSyncClient(_Side):
                 return
             self.want_served = float(want["ts"])
         elif not trainer_offers(step, p.trainer_interval, p.style):
+            await self.serve_pulls(trainer)
             return
         await self.offer(step, trainer)
+        await self.serve_pulls(trainer)
+
+    async def serve_explorers(self, trainer: Any) -> None:
+        """What the trainer does while it waits for a batch: answer a restarted leading
+        explorer (its hello) and the other explorers' pulls (they may hold the very tasks the
+        batch waits for)."""
+        await self.serve_hello(trainer)
+        await self.serve_pulls(trainer)
+
+    async def serve_pulls(self, trainer: Any) -> None:
+        """Send the current weights to every explorer that asked since it was last served,
+        each over its own group. One KV read when nobody asked."""
+        if self.plan.method == "checkpoint":
+            return
+        _, revision = await self.state.entry(PULLS)
+        if revision <= self.pulls_seen:
+            return
+        self.pulls_seen = revision
+        pulls = {k[len(PULL):]: v for k, v in (await self.state.with_prefix(PULL)).items() if isinstance(v, dict)}
+        for name in set(self.helpers) - set(pulls):  # an explorer that left, or now leads
+            self.helpers.pop(name, None)
+        for name, req in pulls.items():
+            if float(req.get("ts", 0)) > self.pulls_served.get(name, 0.0):
+                self.pulls_served[name] = float(req["ts"])
+                await self._send_to_helper(name, req, trainer)
+
+    async def _send_to_helper(self, name: str, req: dict[str, Any], trainer: Any) -> None:
+        """Answer one pull: the trainer's current weights over ``name``'s own group (formed
+        now if it has none). A failure costs that explorer its group, never the run: it
+        asks again, and the leader's group is another one."""
+        from .weights import Rendezvous, WeightSender
+
+        p = self.plan
+        group = helper_group(p.group_name, name)
+        version = int(trainer.step)
+        known = self.helpers.get(name)
+        try:
+            if known is None:
+                host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")
+                rdv = Rendezvous(host, _free_port(), 1 + int(req.get("workers", 1)), "nccl" if _cuda() else "gloo",
+                                 group)
+                sender, group_ts = await asyncio.to_thread(WeightSender, rdv, p.timeout), time.time()
+                await self.state.set_rendezvous(group, **rdv.to_dict(), ts=group_ts)
+            else:
+                sender, group_ts = known
+            await self.state.put(SERVING + name, {"pull": float(req["ts"]), "group_ts": group_ts,
+                                                  "version": version, "ts": time.time()})
+            if known is None:  # the explorer joins once it reads the line above
+                await asyncio.wait_for(asyncio.to_thread(sender.connect), p.timeout + 5)
+                self.helpers[name] = (sender, group_ts)
+            t0 = time.perf_counter()
+            sent = await asyncio.to_thread(
+                lambda: sender.send(trainer.sync_tensors(), version, self.bucket_bytes(sender.rdv.backend)))
+            dt = time.perf_counter() - t0
+            await self.event("weights_sent", version, version, info={"bytes": sent, "seconds": dt, "explorer": name})
+            log.info("weights_sent", version=version, explorer=name, mb=round(sent / 2**20, 1), seconds=round(dt, 3))
+        except (TimeoutError, asyncio.TimeoutError, RuntimeError) as e:
+            self.helpers.pop(name, None)
+            await self.state.clear_rendezvous(group)
+            log.warning("helper_sync_failed", explorer=name, version=version, error=str(e))
 
     async def serve_hello(self, trainer: Any) -> None:
         """Answer a (re)started explorer's hello (see the module doc) with the current
@@ -189,7 +270,7 @@ class TrainerSyncClient(_Side):
                 await asyncio.wait_for(asyncio.to_thread(self.sender.connect), p.timeout + 5)
                 rdv = self.sender.rdv
                 await self.state.put(FORMED, {"group": f"{rdv.host}:{rdv.port}", "at": time.time()})
-            joined = await self.state.wait(lambda: self._joined(version), p.timeout)
+            joined = await self.state.wait(lambda: self._joined(version, trainer), p.timeout)
             if joined == "hello":  # the explorer restarted: this group lost its member
                 self.sender = None
                 await self.state.clear_rendezvous(p.group_name)
@@ -198,7 +279,8 @@ class TrainerSyncClient(_Side):
             if not joined:
                 raise TimeoutError("explorer did not join")
             t0 = time.perf_counter()
-            sent = await asyncio.to_thread(lambda: self.sender.send(trainer.sync_tensors(), version, self.bucket_bytes()))
+            sent = await asyncio.to_thread(
+                lambda: self.sender.send(trainer.sync_tensors(), version, self.bucket_bytes(self.sender.rdv.backend)))
             dt = time.perf_counter() - t0
             await self.event("weights_sent", version, version, info={"bytes": sent, "seconds": dt})
             log.info("weights_sent", version=version, mb=round(sent / 2**20, 1), seconds=round(dt, 3))
@@ -207,22 +289,25 @@ class TrainerSyncClient(_Side):
             await self.state.clear_rendezvous(p.group_name)
             await self.timed_out(f"broadcast ({e})", version, version, ["explorer"])
 
-    def bucket_bytes(self) -> int:
+    def bucket_bytes(self, backend: str) -> int:
         """``explorer.rollout_model.weight_sync_buffer_size`` (MB) for NCCL; gloo sends tensor by
         tensor (on CPU the copy into a flat bucket measured slower than the broadcasts it saves)."""
-        if self.sender is None or self.sender.rdv.backend != "nccl":
+        if backend != "nccl":
             return 0
         return self.cfg.explorer.rollout_model.weight_sync_buffer_size * 2**20
 
-    async def _joined(self, version: int) -> bool | str:
+    async def _joined(self, version: int, trainer: Any) -> bool | str:
         j = await self.state.get(JOIN)
         if j and int(j.get("version", -1)) == version:
             return True
+        # the leader may be waiting for tasks that explorers without weights hold
+        await self.serve_pulls(trainer)
         hello = await self.state.get(HELLO)
         return "hello" if hello and float(hello.get("ts", 0)) > self.hello_served else False
 
     async def close(self) -> None:
         self.sender = None
+        self.helpers.clear()
 
 
 def _cuda() -> bool:
@@ -248,9 +333,29 @@ class ExplorerSyncClient(_Side):
         self.went_on: int | None = None  # trainer version at the last step run without waiting
         #: the KV key (``version.<key>``) this process reports its weights under: "explorer"
         #: for the leading explorer, which the trainer and synchronizer watch; another
-        #: explorer process of the run reports under its own name
+        #: explorer process of the run reports under its own name (:meth:`assist`)
         self.version_key = "explorer"
+        self.leading = True
+        self.pulled_group: float | None = None  # rendezvous ``ts`` of this process's own group
         self._catching_up = asyncio.Lock()
+
+    def assist(self, name: str) -> None:
+        """This process is an explorer of the run that does not lead it: it reports its
+        weights as ``version.<name>`` and pulls them (:meth:`catch_up`)."""
+        self.version_key, self.leading = name, False
+
+    async def take_lead(self) -> None:
+        """This process leads the run now (its leader died): it takes the leader's weights
+        from here on, over a broadcast group formed for it (as a restarted leader does)."""
+        await self.leave()
+        self.version_key, self.leading = "explorer", True
+        self.started, self.joined_ts, self.hello = time.time(), None, None
+
+    async def leave(self) -> None:
+        """No more pulls from this process: the trainer drops its group."""
+        if not self.leading and self.plan.method != "checkpoint":
+            await self.state.delete(PULL + self.version_key)
+            await self.state.put(PULLS, {"ts": time.time()})
 
     async def before_step(self, step: int, engines: Sequence[Any]) -> int:
         """Returns the model version the step runs on."""
@@ -295,22 +400,57 @@ class ExplorerSyncClient(_Side):
     async def catch_up(self, engines: Sequence[Any], floor: int) -> int:
         """Before a queued task that needs version ``floor``: an explorer holding older weights
         loads the newest offered checkpoint, waiting up to ``sync_timeout`` for one of at
-        least ``floor`` (then, as every timeout, it goes on with what it has). Checkpoints
-        only: the broadcast group has the leading explorer alone."""
+        least ``floor`` (then, as every timeout, it goes on with what it has); under a
+        broadcast it pulls the trainer's current weights (:meth:`_pull`). The leader's
+        weights are :meth:`before_step`'s."""
         async with self._catching_up:  # tasks of one step ask together: one load
-            if self.version >= floor:
+            if self.version >= floor or self.leading:
                 return self.version
+            if self.plan.method != "checkpoint":
+                return await self._pull(engines)
             o = await self._offer()
             if not (o and int(o["version"]) >= floor):
                 o = await self.state.wait(lambda: self._offer_at_least(floor), self.plan.timeout)
             if o is None:
                 await self.timed_out("waiting for weights", self.version, self.step, ["trainer"])
                 return self.version
-            if o["method"] != "checkpoint":
-                raise RuntimeError("synchronizer.sync_method: only the leading explorer takes broadcast weights; "
-                                   "several explorers need sync_method: checkpoint")
             await self._load(o, engines, self.step)
             return self.version
+
+    async def _pull(self, engines: Sequence[Any]) -> int:
+        """Ask the trainer for its current weights over this process's own broadcast group
+        (see the module doc); they are at least what the task needs: the trainer offered that
+        version before the leader queued the task. Bounded by ``sync_timeout``, as every wait."""
+        p, name = self.plan, self.version_key
+        asked = time.time()
+        workers = sum(int(getattr(e, "tensor_parallel_size", 1) or 1) for e in engines)
+        await self.state.put(PULL + name, {"workers": workers, "ts": asked})
+        await self.state.put(PULLS, {"ts": asked})
+        serving = await self.state.wait(lambda: self._serving(name, asked), p.timeout)
+        if serving is None:
+            await self.timed_out("waiting for weights", self.version, self.step, ["trainer"])
+            return self.version
+        t0 = time.perf_counter()
+        try:
+            if self.pulled_group != float(serving["group_ts"]):
+                rdv = await self.state.get(f"rendezvous.{helper_group(p.group_name, name)}")
+                if not (isinstance(rdv, dict) and float(rdv.get("ts", 0)) == float(serving["group_ts"])):
+                    raise RuntimeError("its rendezvous is gone")
+                d = {k: v for k, v in rdv.items() if k != "ts"}
+                await asyncio.gather(*(e.init_weight_group(d, o, p.timeout)
+                                       for e, o in zip(engines, _rank_offsets(engines), strict=True)))
+                self.pulled_group = float(serving["group_ts"])
+            got = await asyncio.wait_for(asyncio.gather(*(e.receive_weights() for e in engines)), p.timeout)
+        except Exception as e:  # the trainer gone mid-broadcast: ask again next time, over a new group
+            self.pulled_group = None
+            await self.timed_out(f"receiving weights ({e})", self.version, self.step, ["trainer"])
+            return self.version
+        await self._loaded(min(int(v) for v in got), p.method, self.step, t0)
+        return self.version
+
+    async def _serving(self, name: str, asked: float) -> dict | None:
+        s = await self.state.get(SERVING + name)
+        return s if isinstance(s, dict) and float(s.get("pull", -1)) == asked else None
 
     async def _offer_at_least(self, floor: int) -> dict | None:
         o = await self.state.get(OFFER)
@@ -429,12 +569,9 @@ class ExplorerSyncClient(_Side):
                 return
             if self.joined_ts != float(rdv["ts"]):
                 d = {k: v for k, v in rdv.items() if k != "ts"}
-                offsets, r = [], 1
-                for e in engines:
-                    offsets.append(r)
-                    r += int(getattr(e, "tensor_parallel_size", 1) or 1)
                 try:
-                    await asyncio.gather(*(e.init_weight_group(d, o, p.timeout) for e, o in zip(engines, offsets, strict=True)))
+                    await asyncio.gather(*(e.init_weight_group(d, o, p.timeout)
+                                           for e, o in zip(engines, _rank_offsets(engines), strict=True)))
                 except Exception as e:  # the group's owner is gone (a trainer that died)
                     self.failed_offer = float(offer["ts"])
                     await self.timed_out(f"joining the weight group ({e})", version, step, ["trainer"])
@@ -450,8 +587,21 @@ class ExplorerSyncClient(_Side):
                 await self.timed_out(f"receiving weights ({e})", version, step, ["trainer"])
                 return
             version = min(int(v) for v in got)
+        await self._loaded(version, offer["method"], step, t0)
+
+    async def _loaded(self, version: int, method: str, step: int, t0: float) -> None:
         self.version = version
         dt = time.perf_counter() - t0
         await self.state.set_model_version(self.version_key, version, step=step)
         await self.event("loaded", version, step, info={"seconds": dt})
-        log.info("weights_loaded", version=version, method=offer["method"], seconds=round(dt, 3))
+        log.info("weights_loaded", version=version, method=method, seconds=round(dt, 3))
+
+
+def _rank_offsets(engines: Sequence[Any]) -> list[int]:
+    """Each engine's first rank in a broadcast group (rank 0 is the trainer; an engine of
+    tensor parallel size k takes k ranks)."""
+    offsets, r = [], 1
+    for e in engines:
+        offsets.append(r)
+        r += int(getattr(e, "tensor_parallel_size", 1) or 1)
+    return offsets

@@ -276,9 +276,9 @@ async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, tim
 async def _fetch_serving_hellos(
     fetch: Any, sync: Any, trainer: Any, state: Any, nc: Any, reconnects: int
 ) -> BatchReply:
-    """Await the batch request ``fetch``; meanwhile answer a restarted explorer that asks for
-    weights (the batch may be waiting for that explorer's experience, see
-    roles.synchronizer.client; the model is idle while a batch is awaited), and give up on
+    """Await the batch request ``fetch``; meanwhile answer explorers that ask for weights (a
+    restarted leader's hello, the other explorers' pulls: the batch may be waiting for their
+    experience, see roles.synchronizer.client; the model is idle while a batch is awaited), and give up on
     the request when it may be lost: the buffer that had it restarted (its heartbeat's pid
     changed) or the connection went through a reconnect (a request or its reply sent while
     the server was away is gone). Waiting for the reply would cost the request's whole
@@ -291,7 +291,7 @@ async def _fetch_serving_hellos(
             done, _ = await asyncio.wait({task}, timeout=1.0)
             if done:
                 return task.result()
-            await sync.serve_hello(trainer)
+            await sync.serve_explorers(trainer)
             beat = await state.get("heartbeat.buffer")
             pid = beat.get("pid") if isinstance(beat, dict) else None
             if buffer_pid is not None and pid is not None and pid != buffer_pid:

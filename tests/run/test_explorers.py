@@ -155,13 +155,47 @@ def test_an_explorer_of_another_config_is_refused(tmp_path, tiny_model, arith48,
     assert p.returncode != 0
     assert f"model.model_path: this explorer has '{tiny_model}', the leading explorer of run t.r has " \
            "'/models/another'" in out, out[-3000:]
-    # a weight broadcast reaches the leading explorer only
-    (tmp_path / "nccl").mkdir()
-    nccl = _config(tmp_path / "nccl", tiny_model, arith48, server.url, **{"synchronizer.sync_method": "nccl"})
-    asyncio.run(_lead_elsewhere(server.url, "t.r", {}))
-    p = trinity("explorer", "--config", str(nccl), env_extra=PLUGINS)
-    out = p.communicate(timeout=300)[0].decode()
-    assert p.returncode != 0
-    assert "synchronizer.sync_method: 'nccl' broadcasts the weights into the leading explorer's engines only" in out
     assert asyncio.run(read_groups(NatsConfig(url=server.url), "t.r", expect=0, timeout=1)) == []
     assert asyncio.run(read_groups(NatsConfig(url=server.url), "t.r", expect=0, timeout=1, kind="done")) == []
+
+
+async def _versions(url: str, run_id: str) -> dict[str, int]:
+    cfg = NatsConfig(url=url)
+    nc = await bus.connect(cfg, name="versions")
+    try:
+        state = await bus.RunState.open(bus.jetstream(nc, cfg), run_id)
+        return {k.removeprefix("version."): int(v["version"]) for k, v in (await state.with_prefix("version.")).items()}
+    finally:
+        await nc.close()
+
+
+def test_an_explorer_joins_a_run_under_a_weight_broadcast(tmp_path, tiny_model, arith48, nats_server_factory):
+    """``sync_method: nccl`` (gloo on CPU): the leader takes every broadcast; an explorer that
+    joins mid-run pulls the trainer's weights over a group of its own before it runs tasks
+    that need them. Every group is stored and trained once."""
+    server = nats_server_factory()
+    cfg = _config(tmp_path, tiny_model, arith48, server.url, **{"synchronizer.sync_method": "nccl"})
+    job = tmp_path / "ckpt/t/r"
+    log, helper_log = tmp_path / "run.log", tmp_path / "helper.log"
+    run = trinity("run", "--config", str(cfg), log=log, env_extra=PLUGINS)
+    helper = None
+    try:
+        wait_for("train step 1", lambda: any(e["step"] >= 1 for e in steps_log(job)), run, log)
+        helper = trinity("explorer", "--config", str(cfg), log=helper_log, env_extra=PLUGINS)
+        run.wait(timeout=600)
+        helper.wait(timeout=120)
+    finally:
+        for p in (run, helper):
+            if p is not None and p.poll() is None:
+                p.kill()
+    out, helper_out = log.read_text(), helper_log.read_text()
+    assert run.returncode == 0, out[-4000:]
+    assert helper.returncode == 0, helper_out[-4000:]
+    trained_exactly_once(job, STEPS, BATCH * REPEAT)
+    _stored_once(server.url, "t.r")
+    name = next(n for n in set(_who_ran(server.url, "t.r").values()) if _pid_of(n) == helper.pid)
+    pulled = [int(re.search(r"version=(\d+)", line).group(1)) for line in helper_out.splitlines()
+              if "weights_loaded" in line and "method=nccl" in line]
+    assert pulled and pulled[0] >= 1, helper_out[-4000:]  # its first task already ran on trained weights
+    assert re.search(rf"weights_sent\s.*explorer={re.escape(name)}", out), out[-4000:]
+    assert asyncio.run(_versions(server.url, "t.r"))[name] == pulled[-1]
