@@ -256,18 +256,25 @@ async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate
         state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
         done = {"state": "done", "ts": time.time(), "pid": os.getpid()}
         await state.put(keys.EXIT_PREFIX + name, {**done, "lease": MARKER_LEASE} if _leased(name) else done)
-        deadline = time.monotonic() + FINISH_WAIT
-        while not terminate.is_set():
-            waiting = await unfinished(state, since)
-            if not waiting:
-                break
-            if time.monotonic() > deadline:
-                log.warning("exit_without_them", waiting=waiting, seconds=FINISH_WAIT)
-                break
-            await asyncio.sleep(0.2)
+        # SIGTERM ends the wait at once, also mid-read: under honcho it comes when another
+        # process exited, with the server stopping too, and a read would wait the server out
+        waiter = asyncio.create_task(_wait_for_all(state, since))
+        stopper = asyncio.create_task(terminate.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        await bus.stop_tasks(waiter, stopper)
         ignore_signals_from_now()
     finally:
         await bus.disconnect(nc)
+
+
+async def _wait_for_all(state: Any, since: float) -> None:
+    """Until every role process said "done" since ``since``, or :data:`FINISH_WAIT` s."""
+    deadline = time.monotonic() + FINISH_WAIT
+    while waiting := await unfinished(state, since):
+        if time.monotonic() > deadline:
+            log.warning("exit_without_them", waiting=waiting, seconds=FINISH_WAIT)
+            return
+        await asyncio.sleep(0.2)
 
 
 async def until_finished(stages: list[TrinityConfig], since: float) -> None:
