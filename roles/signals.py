@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from typing import Any
+
+import bus
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
@@ -34,3 +37,20 @@ def ignore_signals_from_now() -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.remove_signal_handler(sig)
             signal.signal(sig, signal.SIG_IGN)
+
+
+async def until_stopped(coro: Any, stop: asyncio.Event, grace: float = 0.0) -> tuple[bool, Any]:
+    """Run ``coro``; if ``stop`` is set first, give it ``grace`` seconds more, then cancel it.
+    Returns (finished, result)."""
+    task = asyncio.ensure_future(coro)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and grace > 0:
+            await asyncio.wait({task}, timeout=grace)
+        if task.done():
+            return True, task.result()
+        await bus.stop_tasks(task)
+        return False, None
+    finally:
+        stopper.cancel()

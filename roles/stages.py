@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 
 from roles import keys
-from roles.signals import ignore_signals_from_now, stop_on_signals
+from roles.signals import ignore_signals_from_now, stop_on_signals, until_stopped
 from schemas.config import TrinityConfig
 
 log = structlog.get_logger(__name__)
@@ -258,10 +258,7 @@ async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate
         await state.put(keys.EXIT_PREFIX + name, {**done, "lease": MARKER_LEASE} if _leased(name) else done)
         # SIGTERM ends the wait at once, also mid-read: under honcho it comes when another
         # process exited, with the server stopping too, and a read would wait the server out
-        waiter = asyncio.create_task(_wait_for_all(state, since))
-        stopper = asyncio.create_task(terminate.wait())
-        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        await bus.stop_tasks(waiter, stopper)
+        await until_stopped(_wait_for_all(state, since), terminate)
         ignore_signals_from_now()
     finally:
         await bus.disconnect(nc)

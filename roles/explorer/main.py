@@ -46,7 +46,7 @@ from roles.explorer.lease import (
 )
 from roles.explorer.queue import TaskQueue, TaskWorker
 from roles.explorer.runner import RunnerPool, TaskResult
-from roles.signals import stop_on_signals
+from roles.signals import stop_on_signals, until_stopped
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from storage.tasksets import TaskReader
@@ -183,23 +183,6 @@ def over_rollout_minimum(n: int, cfg: TrinityConfig) -> int:
     if ratio <= 0 or cfg.synchronizer.sync_style == "fixed" or n == 0:
         return n
     return max(1, math.ceil((1 - ratio) * n))
-
-
-async def until_stopped(coro: Any, stop: asyncio.Event, grace: float = 0.0) -> tuple[bool, Any]:
-    """Run ``coro``; if ``stop`` is set first, give it ``grace`` seconds more, then cancel it.
-    Returns (finished, result)."""
-    task = asyncio.ensure_future(coro)
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done() and grace > 0:
-            await asyncio.wait({task}, timeout=grace)
-        if task.done():
-            return True, task.result()
-        await bus.stop_tasks(task)
-        return False, None
-    finally:
-        stopper.cancel()
 
 
 class Explorer:

@@ -195,12 +195,7 @@ class TrainerSyncClient(_Side):
             if known is None:  # the explorer joins once it reads the line above
                 await asyncio.wait_for(asyncio.to_thread(sender.connect), p.timeout + 5)
                 self.helpers[name] = (sender, group_ts)
-            t0 = time.perf_counter()
-            sent = await asyncio.to_thread(
-                lambda: sender.send(trainer.sync_tensors(), version, self.bucket_bytes(sender.rdv.backend)))
-            dt = time.perf_counter() - t0
-            await self.event("weights_sent", version, version, info={"bytes": sent, "seconds": dt, "explorer": name})
-            log.info("weights_sent", version=version, explorer=name, mb=round(sent / 2**20, 1), seconds=round(dt, 3))
+            await self._send(sender, version, trainer, explorer=name)
         except (TimeoutError, asyncio.TimeoutError, RuntimeError) as e:
             self.helpers.pop(name, None)
             await self.state.clear_rendezvous(group)
@@ -278,16 +273,21 @@ class TrainerSyncClient(_Side):
                 return
             if not joined:
                 raise TimeoutError("explorer did not join")
-            t0 = time.perf_counter()
-            sent = await asyncio.to_thread(
-                lambda: self.sender.send(trainer.sync_tensors(), version, self.bucket_bytes(self.sender.rdv.backend)))
-            dt = time.perf_counter() - t0
-            await self.event("weights_sent", version, version, info={"bytes": sent, "seconds": dt})
-            log.info("weights_sent", version=version, mb=round(sent / 2**20, 1), seconds=round(dt, 3))
+            await self._send(self.sender, version, trainer)
         except (TimeoutError, asyncio.TimeoutError, RuntimeError) as e:
             self.sender = None  # the group is unusable after a failed collective: rebuild next time
             await self.state.clear_rendezvous(p.group_name)
             await self.timed_out(f"broadcast ({e})", version, version, ["explorer"])
+
+    async def _send(self, sender: Any, version: int, trainer: Any, **who: str) -> None:
+        """Broadcast the trainer's weights as ``version`` over ``sender``'s group and report it
+        (``who``: ``explorer=<name>`` for a non-leading explorer's own group)."""
+        t0 = time.perf_counter()
+        sent = await asyncio.to_thread(
+            lambda: sender.send(trainer.sync_tensors(), version, self.bucket_bytes(sender.rdv.backend)))
+        dt = time.perf_counter() - t0
+        await self.event("weights_sent", version, version, info={"bytes": sent, "seconds": dt, **who})
+        log.info("weights_sent", version=version, mb=round(sent / 2**20, 1), seconds=round(dt, 3), **who)
 
     def bucket_bytes(self, backend: str) -> int:
         """``explorer.rollout_model.weight_sync_buffer_size`` (MB) for NCCL; gloo sends tensor by
