@@ -159,7 +159,7 @@ async def inspect_run(
         dlq = report["streams"]["dlq"]
         report["dead_letters"] = dlq.get("messages", 0)
         try:
-            state = RunState(await js.key_value(n.kv_bucket))
+            state = RunState(await js.key_value(n.kv_bucket), js, n.kv_bucket)
             report["kv"] = await state.snapshot()
         except (BucketNotFoundError, NotFoundError):
             report["kv"] = None

@@ -30,7 +30,6 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
     NotFoundError,
 )
 from nats.js.kv import KeyValue
@@ -80,8 +79,8 @@ class RunState:
     """Typed helpers over the run's KV bucket. Every operation waits out a server restart
     (:func:`bus.retry.ride_out`); a heartbeat that cannot be sent is skipped instead."""
 
-    def __init__(self, kv: KeyValue) -> None:
-        self.kv = kv
+    def __init__(self, kv: KeyValue, js: JetStreamContext, bucket: str) -> None:
+        self.kv, self.js, self.bucket = kv, js, bucket
         self._changed: asyncio.Event | None = None
         self._watch: asyncio.Task[None] | None = None  # held: the loop keeps only a weak reference
 
@@ -137,7 +136,7 @@ class RunState:
     @classmethod
     async def open(cls, js: JetStreamContext, run_id: str, replicas: int = 1) -> RunState:
         """The run's state over its KV bucket (created with ``replicas`` copies if new)."""
-        return cls(await open_bucket(js, run_id, replicas))
+        return cls(await open_bucket(js, run_id, replicas), js, names(run_id).kv_bucket)
 
     # -- raw JSON values -------------------------------------------------------------------
 
@@ -182,29 +181,35 @@ class RunState:
             log.debug("kv_swap_lost", key=key, error=str(e))
             return 0
 
+    async def keys(self, prefix: str = "") -> list[str]:
+        """The keys that start with ``prefix`` (deleted ones included: their value reads as
+        None), from the server's index of the bucket's stream (ADR-8: stream ``KV_<bucket>``,
+        subjects ``$KV.<bucket>.<key>``). Not nats-py's ``kv.keys()``: that one watches the
+        bucket and ends at the first message it believes is the last, which another process
+        writing meanwhile makes come early; it then leaves out live keys (NOTES.md)."""
+        pre = f"$KV.{self.bucket}."
+        wanted = pre + (prefix if prefix.endswith(".") else "") + ">"
+        info = await ride_out(lambda: self.js.stream_info(f"KV_{self.bucket}", subjects_filter=wanted),
+                              f"KV keys {prefix}*")
+        return sorted(k for k in (s[len(pre):] for s in info.state.subjects or {}) if k.startswith(prefix))
+
     async def snapshot(self) -> dict[str, Any]:
         """Every live key and its value (what ``trinity inspect`` prints)."""
-        try:
-            keys = await ride_out(self.kv.keys, "KV keys")
-        except (NoKeysError, NotFoundError):
-            return {}
         out: dict[str, Any] = {}
-        for k in sorted(keys):
+        for k in await self.keys():
             try:
-                out[k] = await self.get(k)
+                value = await self.get(k)
             except orjson.JSONDecodeError:
                 entry = await self.kv.get(k)
-                out[k] = (entry.value or b"").decode("utf-8", "replace")
+                value = (entry.value or b"").decode("utf-8", "replace")
+            if value is not None:
+                out[k] = value
         return out
 
     async def with_prefix(self, prefix: str) -> dict[str, Any]:
         """The live keys that start with ``prefix`` and their values (one get per such key)."""
-        try:
-            keys = await ride_out(self.kv.keys, "KV keys")
-        except (NoKeysError, NotFoundError):
-            return {}
         out: dict[str, Any] = {}
-        for k in sorted(k for k in keys if k.startswith(prefix)):
+        for k in await self.keys(prefix):
             value = await self.get(k)
             if value is not None:
                 out[k] = value
@@ -236,8 +241,8 @@ class RunState:
         """``{role: last heartbeat}`` with ``age`` (seconds since it was sent) added."""
         now = time.time()
         out = {}
-        for k, v in (await self.snapshot()).items():
-            if k.startswith("heartbeat.") and isinstance(v, dict):
+        for k, v in (await self.with_prefix("heartbeat.")).items():
+            if isinstance(v, dict):
                 out[k.split(".", 1)[1]] = {**v, "age": round(now - float(v.get("ts", now)), 3)}
         return out
 

@@ -17,7 +17,8 @@ They meet through the run's KV bucket (``bus.RunState``):
   asks for the trainer's current weights before a task that needs newer ones, with
   ``sync.pulls`` bumped so the trainer reads one key per step to know there is news. Each such
   explorer has a broadcast group of its own (``rendezvous.<group_name>-<explorer>``), formed
-  at its first pull and kept: one that dies breaks its own group, never the leader's;
+  at its first pull and kept while the pull names it (``group_ts``; an explorer whose receive
+  failed names none, and gets a new one): one that dies breaks its own group, never the leader's;
 * ``sync.serving.<explorer>``: the trainer answers a pull: which group (by its rendezvous
   ``ts``) and which version it is about to send;
 * ``version.trainer`` / ``version.explorer``: who holds what.
@@ -181,6 +182,11 @@ class TrainerSyncClient(_Side):
         group = helper_group(p.group_name, name)
         version = int(trainer.step)
         known = self.helpers.get(name)
+        if known is not None and req.get("group_ts") != known[1]:
+            # the explorer dropped that group (a receive failed there): sending on it would
+            # wait out the gloo/NCCL timeout for a receiver that is not there; form a new one
+            self.helpers.pop(name, None)
+            known = None
         try:
             if known is None:
                 host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")
@@ -424,7 +430,7 @@ class ExplorerSyncClient(_Side):
         p, name = self.plan, self.version_key
         asked = time.time()
         workers = sum(int(getattr(e, "tensor_parallel_size", 1) or 1) for e in engines)
-        await self.state.put(PULL + name, {"workers": workers, "ts": asked})
+        await self.state.put(PULL + name, {"workers": workers, "ts": asked, "group_ts": self.pulled_group})
         await self.state.put(PULLS, {"ts": asked})
         serving = await self.state.wait(lambda: self._serving(name, asked), p.timeout)
         if serving is None:

@@ -74,6 +74,35 @@ async def test_kv_run_state(nats_conn, nats_cfg, run_id) -> None:
     }
 
 
+async def test_kv_listing_is_complete_while_others_write(nats_conn, nats_cfg, run_id) -> None:
+    """A listing of the bucket leaves out no live key, however busy the bucket is. (nats-py's
+    ``kv.keys()`` ends its watch early while others write: keys went missing, once the only
+    sign of an explorer's weight request, which then waited out ``sync_timeout``.)"""
+    js = bus.jetstream(nats_conn, nats_cfg)
+    st = await bus.RunState.open(js, run_id)
+    for i in range(20):
+        await st.put(f"heartbeat.r{i}", {"ts": time.time()})
+    await st.put("sync.pull.a", {"ts": 1.0})
+    await st.put("sync.pull.b", {"ts": 1.0})
+    await st.delete("sync.pull.b")
+    stop = asyncio.Event()
+
+    async def busy() -> None:
+        i = 0
+        while not stop.is_set():
+            await st.put(f"heartbeat.r{i % 20}", {"ts": time.time()})
+            i += 1
+
+    writers = [asyncio.create_task(busy()) for _ in range(3)]
+    try:
+        for _ in range(150):
+            assert list(await st.with_prefix("sync.pull.")) == ["sync.pull.a"]
+            assert len(await st.heartbeats()) == 20
+    finally:
+        stop.set()
+        await asyncio.gather(*writers)
+
+
 async def test_ensure_streams_idempotent_updates_and_conflicts(nats_conn, nats_cfg, run_id) -> None:
     js = bus.jetstream(nats_conn, nats_cfg)
     again = await bus.ensure_streams(js, nats_cfg, run_id)  # nats_conn already created them

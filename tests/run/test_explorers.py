@@ -191,7 +191,13 @@ def test_an_explorer_joins_a_run_under_a_weight_broadcast(tmp_path, tiny_model, 
     out, helper_out = log.read_text(), helper_log.read_text()
     assert run.returncode == 0, out[-4000:]
     assert helper.returncode == 0, helper_out[-4000:]
-    trained_exactly_once(job, STEPS, BATCH * REPEAT)
+    try:
+        trained_exactly_once(job, STEPS, BATCH * REPEAT)
+    except AssertionError as e:  # a step trained short: say which wait ran out, and where
+        notable = re.compile(r"warn|error|partial_batch|timed_out|helper_sync|weights_(sent|loaded)|\bstep\b")
+        lines = [f"{who}: {line[:240]}" for who, text in (("run", out), ("helper", helper_out))
+                 for line in text.splitlines()[-400:] if notable.search(line)]
+        raise AssertionError(f"{e}\n" + "\n".join(lines)) from None
     _stored_once(server.url, "t.r")
     name = next(n for n in set(_who_ran(server.url, "t.r").values()) if _pid_of(n) == helper.pid)
     pulled = [int(re.search(r"version=(\d+)", line).group(1)) for line in helper_out.splitlines()
