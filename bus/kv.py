@@ -15,6 +15,7 @@ to a reconnect costs no more than the pause did before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -98,6 +99,7 @@ class RunState:
         lives (a server restart included: the watch is made again)."""
         assert self._changed is not None
         while True:
+            watcher = None
             try:
                 watcher = await self.kv.watchall(include_history=False)
                 while True:
@@ -105,7 +107,9 @@ class RunState:
                         if await watcher.updates(timeout=60.0) is not None:
                             self._changed.set()
                     except asyncio.TimeoutError:  # nats-py's TimeoutError is one
-                        continue
+                        # a quiet minute: is the connection still open? (a closed one only
+                        # times the watch out; this raises ConnectionClosedError instead)
+                        await self.js.account_info()
             except asyncio.CancelledError:
                 raise
             except ConnectionClosedError:
@@ -114,6 +118,10 @@ class RunState:
                 log.info("kv_watch_restart", error=f"{type(e).__name__}: {e}",
                          description=getattr(e, "description", None))
                 await asyncio.sleep(1.0)
+            finally:
+                if watcher is not None:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()
 
     async def wait(self, fn: Any, timeout: float, pause: float = 0.25) -> Any:
         """Await ``fn()`` until it returns something truthy (returned); None after ``timeout``

@@ -165,8 +165,9 @@ class TrainerSyncClient(_Side):
             return
         self.pulls_seen = revision
         pulls = {k[len(PULL):]: v for k, v in (await self.state.with_prefix(PULL)).items() if isinstance(v, dict)}
-        for name in set(self.helpers) - set(pulls):  # an explorer that left, or now leads
+        for name in (set(self.helpers) | set(self.pulls_served)) - set(pulls):  # it left, or now leads
             self.helpers.pop(name, None)
+            self.pulls_served.pop(name, None)
         for name, req in pulls.items():
             if float(req.get("ts", 0)) > self.pulls_served.get(name, 0.0):
                 self.pulls_served[name] = float(req["ts"])
