@@ -193,6 +193,14 @@ def _leased(name: str) -> bool:
     return name.startswith("explorer-")
 
 
+def _marker(name: str, state: str) -> dict[str, Any]:
+    """The value of process ``name``'s exit marker now (leased for an explorer)."""
+    value: dict[str, Any] = {"state": state, "ts": time.time(), "pid": os.getpid()}
+    if _leased(name):
+        value["lease"] = MARKER_LEASE
+    return value
+
+
 async def _renew_marker(cfg: TrinityConfig, name: str) -> None:
     """Keep this process's leased "running" marker fresh until cancelled."""
     import bus
@@ -203,8 +211,7 @@ async def _renew_marker(cfg: TrinityConfig, name: str) -> None:
         while True:
             await asyncio.sleep(MARKER_LEASE / 4)
             with contextlib.suppress(Exception):
-                await state.put(keys.EXIT_PREFIX + name, {"state": "running", "ts": time.time(), "pid": os.getpid(),
-                                                          "lease": MARKER_LEASE})
+                await state.put(keys.EXIT_PREFIX + name, _marker(name, "running"))
     finally:
         await bus.disconnect(nc)
 
@@ -216,10 +223,7 @@ async def _say_exit(cfg: TrinityConfig, name: str, state: str) -> None:
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")
     try:
         kv = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
-        value = {"state": state, "ts": time.time(), "pid": os.getpid()}
-        if _leased(name):
-            value["lease"] = MARKER_LEASE
-        await kv.put(keys.EXIT_PREFIX + name, value)
+        await kv.put(keys.EXIT_PREFIX + name, _marker(name, state))
     finally:
         await bus.disconnect(nc)
 
@@ -254,8 +258,7 @@ async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")
     try:
         state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
-        done = {"state": "done", "ts": time.time(), "pid": os.getpid()}
-        await state.put(keys.EXIT_PREFIX + name, {**done, "lease": MARKER_LEASE} if _leased(name) else done)
+        await state.put(keys.EXIT_PREFIX + name, _marker(name, "done"))
         # SIGTERM ends the wait at once, also mid-read: under honcho it comes when another
         # process exited, with the server stopping too, and a read would wait the server out
         await until_stopped(_wait_for_all(state, since), terminate)

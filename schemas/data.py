@@ -333,6 +333,14 @@ class Metric:
             raise ValueError("Metric.kind: must not be empty")
 
 
+def _check_slot(owner: str, step: int, index: int) -> None:
+    """A queued task's place: explorer step ``step`` (from 1), task ``index`` (from 0)."""
+    if step < 1:
+        raise ValueError(f"{owner}.step: must be >= 1, got {step}")
+    if index < 0:
+        raise ValueError(f"{owner}.index: must be >= 0, got {index}")
+
+
 @dataclass(slots=True, eq=False)
 class TaskOrder:
     """One task of an explorer step on the run's task queue (``trinity.<run>.tasks``), taken
@@ -349,10 +357,7 @@ class TaskOrder:
         return f"task:{self.step}:{self.index}"
 
     def validate(self) -> None:
-        if self.step < 1:
-            raise ValueError(f"TaskOrder.step: must be >= 1, got {self.step}")
-        if self.index < 0:
-            raise ValueError(f"TaskOrder.index: must be >= 0, got {self.index}")
+        _check_slot("TaskOrder", self.step, self.index)
         _check_version("TaskOrder", self.min_version)
         self.task.validate()
 
@@ -375,10 +380,7 @@ class TaskDone:
         return f"done:{self.step}:{self.index}"
 
     def validate(self) -> None:
-        if self.step < 1:
-            raise ValueError(f"TaskDone.step: must be >= 1, got {self.step}")
-        if self.index < 0:
-            raise ValueError(f"TaskDone.index: must be >= 0, got {self.index}")
+        _check_slot("TaskDone", self.step, self.index)
 
 
 #: Wire name of each schema. Experience is also encodable on its own (e.g. in the replay store).

@@ -86,13 +86,6 @@ class Lease:
         return {"name": self.name, "pid": os.getpid(), "host": socket.gethostname(),
                 "until": time.time() + LEASE_S}
 
-    async def holder(self) -> dict[str, Any] | None:
-        """The live holder of the lead, if any (this process included)."""
-        value, _ = await self.state.entry(LEADER_KEY)
-        if not isinstance(value, dict) or time.time() > float(value.get("until", 0)) or process_gone(value):
-            return None
-        return value
-
     async def try_take(self) -> bool:
         value, rev = await self.state.entry(LEADER_KEY)
         if isinstance(value, dict) and time.time() <= float(value.get("until", 0)) and not process_gone(value):

@@ -22,7 +22,8 @@ What a step is with several explorers: the same as with one. The leader cuts the
 batches of ``buffer.batch_size`` tasks, waits for the weights the step needs, queues the batch
 with that version as ``min_version``, and the step ends when its tasks are done, whoever ran
 them. An explorer that holds older weights than an order's ``min_version`` loads the newest
-offered checkpoint before running it.
+offered checkpoint before running it (under a broadcast it pulls the trainer's weights:
+``roles/synchronizer/client.py``).
 """
 
 from __future__ import annotations

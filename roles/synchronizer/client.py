@@ -430,7 +430,7 @@ class ExplorerSyncClient(_Side):
         version before the leader queued the task. Bounded by ``sync_timeout``, as every wait."""
         p, name = self.plan, self.version_key
         asked = time.time()
-        workers = sum(int(getattr(e, "tensor_parallel_size", 1) or 1) for e in engines)
+        workers = sum(_ranks(e) for e in engines)
         await self.state.put(PULL + name, {"workers": workers, "ts": asked, "group_ts": self.pulled_group})
         await self.state.put(PULLS, {"ts": asked})
         serving = await self.state.wait(lambda: self._serving(name, asked), p.timeout)
@@ -443,16 +443,14 @@ class ExplorerSyncClient(_Side):
                 rdv = await self.state.get(f"rendezvous.{helper_group(p.group_name, name)}")
                 if not (isinstance(rdv, dict) and float(rdv.get("ts", 0)) == float(serving["group_ts"])):
                     raise RuntimeError("its rendezvous is gone")
-                d = {k: v for k, v in rdv.items() if k != "ts"}
-                await asyncio.gather(*(e.init_weight_group(d, o, p.timeout)
-                                       for e, o in zip(engines, _rank_offsets(engines), strict=True)))
+                await _join_group(engines, rdv, p.timeout)
                 self.pulled_group = float(serving["group_ts"])
-            got = await asyncio.wait_for(asyncio.gather(*(e.receive_weights() for e in engines)), p.timeout)
+            version = await _receive(engines, p.timeout)
         except Exception as e:  # the trainer gone mid-broadcast: ask again next time, over a new group
             self.pulled_group = None
             await self.timed_out(f"receiving weights ({e})", self.version, self.step, ["trainer"])
             return self.version
-        await self._loaded(min(int(v) for v in got), p.method, self.step, t0)
+        await self._loaded(version, p.method, self.step, t0)
         return self.version
 
     async def _serving(self, name: str, asked: float) -> dict | None:
@@ -575,10 +573,8 @@ class ExplorerSyncClient(_Side):
                 await self.timed_out(f"rendezvous ({e})", version, step, ["trainer"])
                 return
             if self.joined_ts != float(rdv["ts"]):
-                d = {k: v for k, v in rdv.items() if k != "ts"}
                 try:
-                    await asyncio.gather(*(e.init_weight_group(d, o, p.timeout)
-                                           for e, o in zip(engines, _rank_offsets(engines), strict=True)))
+                    await _join_group(engines, rdv, p.timeout)
                 except Exception as e:  # the group's owner is gone (a trainer that died)
                     self.failed_offer = float(offer["ts"])
                     await self.timed_out(f"joining the weight group ({e})", version, step, ["trainer"])
@@ -586,14 +582,13 @@ class ExplorerSyncClient(_Side):
                 self.joined_ts = float(rdv["ts"])
             await self.state.put(JOIN, {"version": version, "ts": time.time()})
             try:
-                got = await asyncio.wait_for(asyncio.gather(*(e.receive_weights() for e in engines)), p.timeout)
+                version = await _receive(engines, p.timeout)
             except Exception as e:  # a peer gone mid-broadcast: gloo's error, or vLLM's wrap of it
                 self.hello = None
                 self.joined_ts = None
                 self.failed_offer = float(offer["ts"])
                 await self.timed_out(f"receiving weights ({e})", version, step, ["trainer"])
                 return
-            version = min(int(v) for v in got)
         await self._loaded(version, offer["method"], step, t0)
 
     async def _loaded(self, version: int, method: str, step: int, t0: float) -> None:
@@ -604,11 +599,23 @@ class ExplorerSyncClient(_Side):
         log.info("weights_loaded", version=version, method=method, seconds=round(dt, 3))
 
 
-def _rank_offsets(engines: Sequence[Any]) -> list[int]:
-    """Each engine's first rank in a broadcast group (rank 0 is the trainer; an engine of
-    tensor parallel size k takes k ranks)."""
+def _ranks(engine: Any) -> int:
+    """The ranks an engine takes in a broadcast group: its tensor parallel size."""
+    return int(getattr(engine, "tensor_parallel_size", 1) or 1)
+
+
+async def _join_group(engines: Sequence[Any], rdv: dict[str, Any], timeout: float) -> None:
+    """Every engine joins the group of rendezvous ``rdv`` (rank 0 is the trainer; each engine
+    takes the next :func:`_ranks` ranks). ``ts`` is the KV entry's, not the group's."""
+    d = {k: v for k, v in rdv.items() if k != "ts"}
     offsets, r = [], 1
     for e in engines:
         offsets.append(r)
-        r += int(getattr(e, "tensor_parallel_size", 1) or 1)
-    return offsets
+        r += _ranks(e)
+    await asyncio.gather(*(e.init_weight_group(d, o, timeout) for e, o in zip(engines, offsets, strict=True)))
+
+
+async def _receive(engines: Sequence[Any], timeout: float) -> int:
+    """Every engine receives one broadcast; the version they all hold now."""
+    got = await asyncio.wait_for(asyncio.gather(*(e.receive_weights() for e in engines)), timeout)
+    return min(int(v) for v in got)
