@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--max-restarts", type=int, default=2, metavar="N",
                            help="restart a role that died up to N times before failing the run (default 2)")
+            p.add_argument("--plan", action="store_true",
+                           help="print the device plan (processes, GPUs, ports, broadcast group) and exit; starts nothing")
         if name == "debug":
             p.add_argument("--module", default="workflow", choices=["workflow"])
             p.add_argument("--output-file", default=None)
@@ -241,20 +243,36 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
 
 
-def launch_trainer_ranks(cfg: Any) -> None:
+def launch_trainer_ranks(stages: list[Any]) -> None:
     """Start one trainer process per GPU it has (see ``roles/trainer/ranks.py``) by becoming
     ``torchrun`` over them; nothing when one process is enough or a launcher started this one
     (``RANK`` is set)."""
     if "RANK" in os.environ:
         return
+    from roles.placement import device_plan, trainer_ranks
     from roles.trainer.main import require_engine_for
-    from roles.trainer.ranks import exec_ranks, trainer_processes
+    from roles.trainer.ranks import exec_ranks
 
-    n, first_gpu = trainer_processes(cfg)
+    n = trainer_ranks(device_plan(stages))
     if n == 1:
         return
-    require_engine_for(cfg, n, f"cluster.gpu_per_node gives the trainer {n} GPUs")
-    exec_ranks(n, first_gpu, sys.argv[1:])
+    require_engine_for(stages[0], n, f"cluster.gpu_per_node gives the trainer {n} GPUs")
+    exec_ranks(n, sys.argv[1:])
+
+
+def take_devices(role: str, stages: list[Any]) -> None:
+    """This role's GPUs of the device plan (``roles/placement.py``), before anything starts
+    CUDA: a role started alone (honcho) sets ``CUDA_VISIBLE_DEVICES`` to its share when it is
+    unset; under ``trinity run`` or torchrun it is already set and kept. Printed, so that every
+    process says which devices it has."""
+    from roles.placement import device_plan, take_share
+
+    plan = device_plan(stages)
+    if plan.gpu_per_node == 0:
+        return
+    value = take_share(plan, role)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"trinity {role}: CUDA_VISIBLE_DEVICES={value!r} (device plan: trinity run --plan)", flush=True)
 
 
 def _run_role(role: str, args: argparse.Namespace) -> int:
@@ -270,13 +288,15 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
 
     loaded = load(args)
     cfg = loaded.config
-    preflight(loaded.stages or [cfg], role)  # the inputs this role reads, as trinity run checks them
-    if role == "trainer":
-        try:
-            launch_trainer_ranks(cfg)
-        except ValueError as e:
-            print(f"trinity trainer: {e}", file=sys.stderr, flush=True)
-            return 2
+    stages = loaded.stages or [cfg]
+    preflight(stages, role)  # the inputs this role reads, as trinity run checks them
+    try:
+        take_devices(role, stages)
+        if role == "trainer":
+            launch_trainer_ranks(stages)
+    except ValueError as e:  # the device plan does not fit: the config's fault
+        print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
+        return 2
     rank = int(os.environ.get("RANK", "0"))  # a trainer rank other than 0 logs to its own file
     setup_logging(role if rank == 0 else f"{role}_rank{rank}", cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
     share_cpu()
@@ -285,7 +305,7 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
     from bus.errors import BusConnectError
 
     try:
-        return asyncio.run(run_stages(role, loaded.stages or [cfg], runner_for(role)))
+        return asyncio.run(run_stages(role, stages, runner_for(role)))
     except (ValueError, KeyError, FileNotFoundError, NotImplementedError) as e:
         logging.getLogger(f"trinity.{role}").error("%s failed: %s", role, e)
         print(f"trinity {role}: {e}", file=sys.stderr, flush=True)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from roles.checks import preflight
 from roles.monitor import summary
 from schemas.config import TrinityConfig
-from schemas.loader import LoadedConfig
+from schemas.loader import ConfigError, LoadedConfig
 
 if TYPE_CHECKING:
     from bus.server import EmbeddedServer
@@ -143,7 +143,10 @@ class Progress:
 class Supervisor:
     def __init__(self, loaded: LoadedConfig, role_args: list[str], max_restarts: int,
                  server: EmbeddedServer | None = None) -> None:
+        from roles.placement import device_plan
+
         self.stages = loaded.stages or [loaded.config]
+        self.plan = device_plan(self.stages)
         self.server = server
         self.server_restarts = 0
         self.cfg = loaded.config
@@ -167,10 +170,12 @@ class Supervisor:
         sys.stdout.flush()
 
     async def start(self, child: Child) -> None:
+        from roles.placement import child_env
         from roles.settings import SESSION_START_ENV, SUPERVISED_ENV
 
-        # unbuffered: lines arrive as they happen; no tqdm: \r progress bars garble the log
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1",
+        # unbuffered: lines arrive as they happen; no tqdm: \r progress bars garble the log;
+        # CUDA_VISIBLE_DEVICES: the role's GPUs of the device plan
+        env = dict(child_env(self.plan, child.role, os.environ), PYTHONUNBUFFERED="1", TQDM_DISABLE="1",
                    **{SUPERVISED_ENV: "1", SESSION_START_ENV: repr(self.started)})
         child.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "roles.cli", child.role, *self.role_args,
@@ -328,6 +333,7 @@ def role_args(args: argparse.Namespace) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     """``trinity run``: see the module doc. Exit 0 done, 1 a role failed, 2 config, 130 stopped."""
     from bus.server import default_store_dir, ensure_server
+    from roles.placement import describe, device_plan, trainer_ranks
     from roles.settings import load
     from roles.stages import roles_needed
 
@@ -339,6 +345,17 @@ def main(args: argparse.Namespace) -> int:
         args.overrides = [*args.overrides, f"name={new_name}"]
         loaded = load(args)
     stages = loaded.stages or [loaded.config]
+    try:
+        plan = device_plan(stages)
+        if args.plan:
+            for line in describe(plan, stages, roles_needed(stages)):
+                print(line)
+        if "trainer" in roles_needed(stages):
+            trainer_ranks(plan)  # refuses a trainer that trinity run cannot start
+    except ValueError as e:
+        raise ConfigError([str(e)]) from e
+    if args.plan:
+        return 0
     preflight(stages)
     cfg = loaded.config
     server = ensure_server(cfg.nats, cfg.nats.store_dir or default_store_dir(cfg.nats, cfg.checkpoint_root_dir))

@@ -543,13 +543,19 @@ class Explorer:
 async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
     """Start engines, connect, explore until done or ``stop`` (SIGTERM/SIGINT when no
     ``stop`` is given), clean up. True when the taskset (or the bench) was finished."""
+    from roles.placement import device_plan
     from storage.lora import adapter_sync
 
-    engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model, adapter_sync(cfg))
+    # each engine on its own GPUs of the device plan: positions in this process's devices
+    plan = device_plan([cfg])
+    gpus = plan.engine_devices(plan.of("rollout engine")) if plan.gpu_per_node else None
+    aux_gpus = [plan.engine_devices(plan.of(f"auxiliary {i} engine"))
+                for i in range(len(cfg.explorer.auxiliary_models))] if plan.gpu_per_node else None
+    engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model, adapter_sync(cfg), gpus)
     auxiliary: list[list[RolloutEngine]] = []
     nc = None
     try:
-        auxiliary = await create_auxiliary(cfg.explorer.auxiliary_models, cfg.model.external_model)
+        auxiliary = await create_auxiliary(cfg.explorer.auxiliary_models, cfg.model.external_model, aux_gpus)
         nc = await bus.connect(cfg.nats, name=cfg.explorer.name)
         explorer = Explorer(cfg, engines, nc, auxiliary=auxiliary)
         if cfg.mode == "serve" or cfg.explorer.rollout_model.enable_openai_api:

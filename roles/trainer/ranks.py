@@ -97,39 +97,15 @@ class DataParallel:
         return out
 
 
-def trainer_processes(cfg: Any) -> tuple[int, int]:
-    """(processes, first GPU) for the trainer on this node: one process per GPU the explorer
-    leaves it, as Trinity-RFT splits ``cluster.gpu_per_node`` (the rollout engines take
-    ``engine_num * tensor_parallel_size`` GPUs, the trainer the rest; ``train`` mode has no
-    explorer and ``colocate`` shares the GPUs). One process without GPUs (``gpu_per_node: 0``)."""
-    c = cfg.cluster
-    if c.gpu_per_node <= 0:
-        return 1, 0
-    rm = cfg.explorer.rollout_model
-    explorer = rm.engine_num * rm.tensor_parallel_size if cfg.mode in ("both", "serve") else 0
-    n = c.gpu_per_node - explorer
-    if n < 1:
-        raise ValueError(
-            f"cluster.gpu_per_node: {c.gpu_per_node} GPU(s) leave none to the trainer after the explorer's "
-            f"{explorer} (explorer.rollout_model.engine_num x tensor_parallel_size)")
-    if n > 1 and c.node_num > 1:
-        raise ValueError(
-            f"cluster.node_num: {c.node_num} nodes: start the trainer on each node under torchrun yourself "
-            "(torchrun --nnodes ... -m roles.cli trainer --config ...); trinity starts one node's ranks only")
-    return n, explorer
-
-
-def exec_ranks(n: int, first_gpu: int, argv: Sequence[str]) -> None:
+def exec_ranks(n: int, argv: Sequence[str]) -> None:
     """Replace this process by ``torchrun`` running ``n`` trainer processes with ``argv``
     (``trainer --config ...``). Why exec: the process keeps its pid, so the supervisor's and
     honcho's signals reach torchrun, which passes them on to every rank. Each rank then has
-    ``RANK``/``WORLD_SIZE``, and the trainer's GPUs are made the visible ones (the explorer's
-    come first) unless ``CUDA_VISIBLE_DEVICES`` already says which."""
-    env = dict(os.environ)
-    if torch.cuda.is_available() and "CUDA_VISIBLE_DEVICES" not in env:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first_gpu + i) for i in range(n))
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and inherits ``CUDA_VISIBLE_DEVICES``, which the
+    launcher already narrowed to the trainer's GPUs (``roles/placement.py``): rank i uses
+    the i-th of them."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
            "-m", "roles.cli", *argv]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(sys.executable, cmd, env)
+    os.execvpe(sys.executable, cmd, dict(os.environ))

@@ -27,13 +27,18 @@ def _trained_exactly_once(job: Path) -> dict[int, list[str]]:
 
 
 def test_run_two_stages_all_roles_exit_0(tmp_path, tiny_model, arith):
-    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port())
+    # two "GPUs" on this CPU machine: the device plan's CUDA_VISIBLE_DEVICES reaches each
+    # process (harmless without CUDA), the engine on GPU 0 and the trainer on GPU 1
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
+                          extra={"cluster.gpu_per_node": 2})
     p = trinity("run", "--config", str(cfg))
     out, _ = p.communicate(timeout=900)
     text = out.decode()
     assert p.returncode == 0, text[-4000:]
     for role in ("buffer", "synchronizer", "trainer", "explorer"):
         assert f"trinity run: {role} finished" in text
+    for role, gpus in (("explorer", "0"), ("trainer", "1"), ("buffer", ""), ("synchronizer", "")):
+        assert f"{role:>12} | trinity {role}: CUDA_VISIBLE_DEVICES={gpus!r}" in text
     assert "embedded nats-server" in text
     sft, grpo = tmp_path / "ckpt/t/r/sft", tmp_path / "ckpt/t/r/grpo"
     # the SFT stage ran 2 steps and left a HF folder; the GRPO stage started from it

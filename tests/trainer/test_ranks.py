@@ -58,6 +58,9 @@ def test_trainer_role_runs_two_ranks(tmp_path, nats_cfg, run_id, tiny_model, lau
         trainer.wait(600)
         log = (tmp_path / "trainer.log").read_text()
         assert trainer.returncode == 0, log[-4000:]
+        if launcher == "trinity" and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            # the device plan's share, taken by the role started alone and kept under torchrun
+            assert log.count("trinity trainer: CUDA_VISIBLE_DEVICES='0,1'") == 2, log[-4000:]
     finally:
         stop_roles(trainer, buffer)
     entries = [json.loads(line) for line in (job / "trainer_steps.jsonl").read_text().splitlines()]

@@ -139,7 +139,7 @@ def test_shard_rows_splits_by_tokens_keeps_pairs_and_covers_every_row():
 
 def test_trainer_processes_follow_the_cluster_split(tmp_path):
     from roles.cli import launch_trainer_ranks
-    from roles.trainer.ranks import trainer_processes
+    from roles.placement import device_plan, trainer_ranks
     from schemas.config import TrinityConfig
 
     def cfg(**kw):
@@ -148,12 +148,16 @@ def test_trainer_processes_follow_the_cluster_split(tmp_path):
         base.update(kw)
         return TrinityConfig.model_validate(base)
 
-    assert trainer_processes(cfg()) == (4, 4)  # explorer GPUs first, the trainer the rest
-    assert trainer_processes(cfg(mode="train")) == (8, 0)
-    assert trainer_processes(cfg(cluster={"gpu_per_node": 0})) == (1, 0)
-    with pytest.raises(ValueError, match="cluster.gpu_per_node: 4 GPU.*none to the trainer"):
-        trainer_processes(cfg(cluster={"gpu_per_node": 4}))
+    def ranks(c):
+        plan = device_plan([c])
+        return trainer_ranks(plan), plan.gpus("trainer")
+
+    assert ranks(cfg()) == (4, (4, 5, 6, 7))  # explorer GPUs first, the trainer the rest
+    assert ranks(cfg(mode="train")) == (8, tuple(range(8)))
+    assert ranks(cfg(cluster={"gpu_per_node": 0})) == (1, ())
+    with pytest.raises(ValueError, match="cluster.gpu_per_node: 4 .*none to the trainer"):
+        ranks(cfg(cluster={"gpu_per_node": 4}))
     with pytest.raises(ValueError, match="cluster.node_num"):
-        trainer_processes(cfg(cluster={"gpu_per_node": 8, "node_num": 2}))
+        ranks(cfg(cluster={"gpu_per_node": 8, "node_num": 2}))
     with pytest.raises(ValueError, match="trainer.trainer_type: 'pytorch' trains in one process"):
-        launch_trainer_ranks(cfg(mode="train", trainer={"trainer_type": "pytorch"}))
+        launch_trainer_ranks([cfg(mode="train", trainer={"trainer_type": "pytorch"})])

@@ -3,26 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from roles.explorer.engines.base import EngineError, Limits, RolloutEngine, Sample
 from schemas.config import ExternalModelConfig, InferenceModelConfig, LoraConfig
 
 
 async def create_engines(
-    cfg: InferenceModelConfig, external: ExternalModelConfig | None = None, lora: LoraConfig | None = None
+    cfg: InferenceModelConfig, external: ExternalModelConfig | None = None, lora: LoraConfig | None = None,
+    gpus: Sequence[tuple[int, ...]] | None = None,
 ) -> list[RolloutEngine]:
     """Start ``cfg.engine_num`` engines of ``cfg.engine_type`` (vLLM engines in parallel).
     ``lora``: the trainer's adapter (weight syncs then move the adapter alone,
     storage.lora.adapter_sync): the transformers engine wraps its model in it, vLLM serves it
-    as a LoRA request."""
+    as a LoRA request. ``gpus``: each engine's GPUs as positions in this process's
+    ``CUDA_VISIBLE_DEVICES`` (the device plan, ``roles/placement.py``); None: the first."""
+    def mine(i: int) -> tuple[int, ...] | None:
+        return tuple(gpus[i]) if gpus else None
+
     if cfg.engine_type == "vllm":
         from roles.explorer.engines.vllm import VLLMEngine
 
-        return list(await asyncio.gather(*(VLLMEngine.create(cfg, i, lora) for i in range(cfg.engine_num))))
+        return list(await asyncio.gather(*(VLLMEngine.create(cfg, i, lora, mine(i)) for i in range(cfg.engine_num))))
     if cfg.engine_type == "transformers":
         from roles.explorer.engines.hf import HFEngine
 
-        return [await asyncio.to_thread(HFEngine, cfg, f"hf-{i}", lora) for i in range(cfg.engine_num)]
+        return [await asyncio.to_thread(HFEngine, cfg, f"hf-{i}", lora, mine(i)) for i in range(cfg.engine_num)]
     if cfg.engine_type == "external":
         from roles.explorer.engines.external import ExternalEngine
 
@@ -32,13 +38,15 @@ async def create_engines(
 
 
 async def create_auxiliary(
-    cfgs: list[InferenceModelConfig], external: ExternalModelConfig | None = None
+    cfgs: list[InferenceModelConfig], external: ExternalModelConfig | None = None,
+    gpus: Sequence[Sequence[tuple[int, ...]]] | None = None,
 ) -> list[list[RolloutEngine]]:
     """The engines of each ``explorer.auxiliary_models`` entry (a judge, a distillation
-    teacher): fixed models, never sent new weights."""
+    teacher): fixed models, never sent new weights. ``gpus``: per model, as in
+    :func:`create_engines`."""
     out = []
     for i, cfg in enumerate(cfgs):
-        engines = await create_engines(cfg, external)
+        engines = await create_engines(cfg, external, gpus=gpus[i] if gpus else None)
         for e in engines:
             e.name = f"aux{i}-{e.name}"
         out.append(engines)

@@ -73,7 +73,8 @@ class _Request:
 class HFEngine(RolloutEngine):
     """A transformers ``AutoModelForCausalLM`` behind the rollout engine interface."""
 
-    def __init__(self, cfg: InferenceModelConfig, name: str = "hf-0", lora: LoraConfig | None = None) -> None:
+    def __init__(self, cfg: InferenceModelConfig, name: str = "hf-0", lora: LoraConfig | None = None,
+                 gpus: tuple[int, ...] | None = None) -> None:
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -85,7 +86,8 @@ class HFEngine(RolloutEngine):
         dtype = _DTYPES.get(cfg.dtype, torch.float32)
         if not torch.cuda.is_available() and dtype != torch.float32:
             dtype = torch.float32  # CPU: fp32 keeps logprobs equal to the trainer's
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        # its GPU of the device plan (a position in this process's CUDA_VISIBLE_DEVICES)
+        self.device = f"cuda:{gpus[0] if gpus else 0}" if torch.cuda.is_available() else "cpu"
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
             config = override_rope(AutoConfig.from_pretrained(cfg.model_path), **rope_overrides(cfg))

@@ -65,6 +65,27 @@ def _vllm_classes() -> tuple[Any, Any]:
     return AsyncEngineArgs, AsyncLLM
 
 
+@contextlib.contextmanager
+def _visible(gpus: tuple[int, ...] | None) -> Any:
+    """``CUDA_VISIBLE_DEVICES`` narrowed to this engine's GPUs while vLLM spawns its engine
+    core (and workers), which read it at their start; the explorer's own value afterwards.
+    Synchronous on purpose: no other engine's start can interleave on the event loop."""
+    if gpus is None:
+        yield
+        return
+    from roles.placement import subset
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = subset(gpus, before)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 class VLLMEngine(RolloutEngine):
     """One ``vllm.AsyncLLM`` behind the rollout engine interface. Build with :meth:`create`."""
 
@@ -96,9 +117,11 @@ class VLLMEngine(RolloutEngine):
         self.use_template_settings(cfg)
 
     @classmethod
-    async def create(cls, cfg: InferenceModelConfig, index: int = 0, lora: LoraConfig | None = None) -> VLLMEngine:
+    async def create(cls, cfg: InferenceModelConfig, index: int = 0, lora: LoraConfig | None = None,
+                     gpus: tuple[int, ...] | None = None) -> VLLMEngine:
         """Start engine ``index`` (30 s to minutes on a shared CPU); with ``lora``, with vLLM's
-        LoRA support on (one adapter at a time: the trainer's newest)."""
+        LoRA support on (one adapter at a time: the trainer's newest). ``gpus``: its GPUs as
+        positions in this process's ``CUDA_VISIBLE_DEVICES`` (the device plan)."""
         if not cfg.model_path:
             raise EngineError("explorer.rollout_model.model_path: not set (nor model.model_path)")
         _cpu_env()
@@ -138,7 +161,8 @@ class VLLMEngine(RolloutEngine):
             kw.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_max_rank(lora.lora_rank))
         kw.update(cfg.extra_engine_args)
         try:
-            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+            with _visible(gpus if on_gpu else None):
+                llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
         except Exception as e:  # vLLM raises many kinds; say which engine and model
             raise EngineError(f"vllm engine {index} ({cfg.model_path}): failed to start: {e}") from e
         return cls(cfg, llm, name=f"vllm-{index}", lora=lora)
