@@ -6,6 +6,17 @@ process and no consumer to fall behind. ``metrics.jsonl`` is shared by the roles
 every record is one ``write`` on a file opened for appending, which Linux keeps whole on a
 local file system. Backends are imported only when selected, and a missing package is a clear
 error naming the extra to install.
+
+``monitor.monitor_args`` are the seed's: wandb's ``base_url``/``api_key`` and mlflow's
+``username``/``password`` become the environment variables each library reads its server and
+credentials from (they override those variables, as the seed's guide says), and mlflow's
+``uri`` is its tracking URI. wandb also takes ``entity``, ``mode``, ``tags`` and ``notes``
+(passed to ``wandb.init``); ``project``, ``name`` and ``group`` come from the config's
+``project``/``name``. A key the selected backend does not take is a :class:`ConfigError`
+naming ``monitor.monitor_args.<key>``, raised before the monitor opens anything (not a
+``TypeError`` from inside ``wandb.init``, nor a setting silently dropped). tensorboard and
+``none`` take no arguments and ignore them, so switching ``monitor_type`` on the command line
+does not fail on the other backend's arguments left in the YAML.
 """
 
 from __future__ import annotations
@@ -15,8 +26,54 @@ import os
 from pathlib import Path
 from typing import Any
 
-from schemas.config import TrinityConfig
+from schemas.config import MonitorConfig, TrinityConfig
 from schemas.data import Metric
+from schemas.loader import ConfigError
+
+#: wandb's arguments that are environment variables: wandb reads them when a run starts, and
+#: its service process (``wandb-core``, started by ``wandb.init``) inherits them.
+WANDB_ENV = {"base_url": "WANDB_BASE_URL", "api_key": "WANDB_API_KEY"}
+#: wandb's arguments passed to ``wandb.init`` as they are. Not ``id``/``resume``: every role
+#: opens its own run, and one id for all of them would make them write into one run.
+WANDB_INIT = ("entity", "mode", "tags", "notes")
+#: The values of ``wandb.init(mode=...)``.
+WANDB_MODES = ("online", "offline", "disabled", "shared")
+#: mlflow's credentials: its REST client reads them from these variables on every request.
+MLFLOW_ENV = {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD"}
+#: The tracking URI when neither ``monitor_args.uri`` nor ``MLFLOW_TRACKING_URI`` is set (the
+#: seed's default: a local ``mlflow server``).
+MLFLOW_DEFAULT_URI = "http://localhost:5000"
+
+
+def monitor_args_problems(monitor: MonitorConfig) -> list[str]:
+    """One line per ``monitor.monitor_args`` entry the selected backend cannot take, naming
+    ``monitor.monitor_args.<key>`` (empty when all are usable). Pure, so a config check can
+    call it before any role starts; a value of ``None`` counts as not set. Values are never
+    echoed: ``api_key`` and ``password`` are secrets."""
+    args = monitor.monitor_args or {}
+    if monitor.monitor_type == "wandb":
+        accepted = [*WANDB_ENV, *WANDB_INIT]
+    elif monitor.monitor_type == "mlflow":
+        accepted = ["uri", *MLFLOW_ENV]
+    else:
+        return []  # tensorboard and none take no arguments (see the module's docstring)
+    problems = []
+    for key, value in args.items():
+        field = f"monitor.monitor_args.{key}"
+        if key not in accepted:
+            hint = " (set by the config's project/name)" if key in ("project", "name", "group") else ""
+            problems.append(f"{field}: not an argument of monitor_type {monitor.monitor_type}{hint}; "
+                            f"it takes {', '.join(accepted)}")
+        elif value is None:
+            continue
+        elif key == "tags":
+            if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+                problems.append(f"{field}: must be a list of strings")
+        elif not isinstance(value, str) or not value:
+            problems.append(f"{field}: must be a non-empty string, got {type(value).__name__}")
+        elif key == "mode" and value not in WANDB_MODES:
+            problems.append(f"{field}: must be one of {', '.join(WANDB_MODES)}, got {value!r}")
+    return problems
 
 
 def metric_record(m: Metric) -> dict[str, Any]:
@@ -35,12 +92,16 @@ class Monitor:
     """``log(metric)`` appends to ``metrics.jsonl`` and forwards to the chosen backend."""
 
     def __init__(self, cfg: TrinityConfig, role: str) -> None:
+        problems = monitor_args_problems(cfg.monitor)
+        if problems:
+            raise ConfigError(problems)
         self.dir = Path(cfg.checkpoint_job_dir) / "monitor"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.dir / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.kind = cfg.monitor.monitor_type
         self.backend: Any = None
-        args = dict(cfg.monitor.monitor_args or {})
+        self.run_id = ""  #: mlflow's run
+        args = {k: v for k, v in (cfg.monitor.monitor_args or {}).items() if v is not None}
         if self.kind == "tensorboard":
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -52,17 +113,25 @@ class Monitor:
                 import wandb
             except ImportError as e:
                 raise ImportError("monitor.monitor_type 'wandb': pip install 'trinity[wandb]'") from e
+            for key, var in WANDB_ENV.items():
+                if key in args:
+                    os.environ[var] = args[key]
             self.backend = wandb.init(project=cfg.project, name=f"{cfg.name}/{role}", group=cfg.name,
-                                      dir=str(self.dir), config={"role": role}, **args)
+                                      dir=str(self.dir), config={"role": role},
+                                      **{k: args[k] for k in WANDB_INIT if k in args})
         elif self.kind == "mlflow":
             try:
-                import mlflow
+                from mlflow import MlflowClient
             except ImportError as e:
                 raise ImportError("monitor.monitor_type 'mlflow': pip install 'trinity[mlflow]'") from e
-            if args.get("uri"):
-                mlflow.set_tracking_uri(args["uri"])
-            mlflow.set_experiment(cfg.project)
-            self.backend = mlflow.start_run(run_name=f"{cfg.name}/{role}")
+            for key, var in MLFLOW_ENV.items():
+                if key in args:
+                    os.environ[var] = args[key]
+            # a client of its own, not mlflow's process-wide tracking URI and active run
+            self.backend = MlflowClient(mlflow_tracking_uri(args))
+            experiment = _mlflow_experiment(self.backend, cfg.project)
+            run = self.backend.create_run(experiment, run_name=f"{cfg.name}/{role}", tags={"role": role})
+            self.run_id = run.info.run_id
 
     def log(self, m: Metric) -> None:
         os.write(self.fd, (json.dumps(metric_record(m), default=float) + "\n").encode())
@@ -76,9 +145,11 @@ class Monitor:
         elif self.kind == "wandb":
             self.backend.log(values, step=m.step)
         elif self.kind == "mlflow":
-            import mlflow
+            from mlflow.entities import Metric as MlflowMetric
 
-            mlflow.log_metrics({k.replace("/", ".") : v for k, v in values.items()}, step=m.step)
+            ms = int(m.created_at * 1000)
+            self.backend.log_batch(self.run_id, metrics=[
+                MlflowMetric(k.replace("/", "."), v, ms, m.step) for k, v in values.items()])
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -90,10 +161,31 @@ class Monitor:
             elif self.kind == "wandb":
                 self.backend.finish()
             elif self.kind == "mlflow":
-                import mlflow
-
-                mlflow.end_run()
+                self.backend.set_terminated(self.run_id)
             self.backend = None
+
+
+def mlflow_tracking_uri(args: dict[str, Any]) -> str:
+    """``monitor_args.uri``, else ``MLFLOW_TRACKING_URI`` (where mlflow users already set it),
+    else the seed's default, :data:`MLFLOW_DEFAULT_URI`."""
+    return args.get("uri") or os.environ.get("MLFLOW_TRACKING_URI") or MLFLOW_DEFAULT_URI
+
+
+def _mlflow_experiment(client: Any, name: str) -> str:
+    """The id of experiment ``name``, created when missing. The roles of a run start together:
+    another one may create it between the look-up and the creation, then its id is used."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
 
 
 def read_metrics(job_dir: str | Path) -> list[dict[str, Any]]:
