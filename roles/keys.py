@@ -11,7 +11,10 @@ and ``nats kv ls trinity_<run>`` show them):
 * ``api.explorer``: where the explorer's OpenAI API listens (``{"url", "model"}``), for agents
   in other processes.
 * ``run.done``: the stage is complete; roles that idle in a stage (buffer, synchronizer, a
-  trainer whose work ended) exit or move to the next stage when they see it.
+  trainer whose work ended) exit or move to the next stage when they see it. ``train``,
+  ``explore`` and ``bench`` stages each have their own (``run.done.<mode>``:
+  :func:`run_done`): a train run and an explore run go side by side on one job, in one
+  bucket, and each ends on its own; a bench run evaluates a job whose ``both`` run is done.
 * ``exit.<process>`` (in the last stage's bucket): ``{"state": "running" | "done", "ts"}``. A
   role process says "running" when it starts and "done" once the last stage is over and its own
   work is finished (engines closed, files written). Every role process, and ``trinity server
@@ -34,3 +37,8 @@ TRAINER_FINISHED = "finished.trainer"
 RUN_DONE = "run.done"
 EXPLORER_API = "api.explorer"
 EXIT_PREFIX = "exit."
+
+
+def run_done(mode: str) -> str:
+    """The key that says a stage of ``mode`` is complete (see the module doc)."""
+    return f"{RUN_DONE}.{mode}" if mode in ("train", "explore", "bench") else RUN_DONE

@@ -98,7 +98,7 @@ class Progress:
         for i, s in enumerate(self.stages):
             if i not in self.done:
                 state = await bus.RunState.open(js, s.run_id, s.nats.replicas)
-                if not await state.get(keys.RUN_DONE):
+                if not await state.get(keys.run_done(s.mode)):
                     return
                 self.done.add(i)
 

@@ -37,12 +37,15 @@ from schemas.config import TrinityConfig
 
 log = structlog.get_logger(__name__)
 
-#: The roles each mode runs (on CPU, ``colocate`` simply runs both sides).
+#: The roles each mode runs (``colocate`` is refused by the device plan). ``explore`` runs the
+#: explorer alone: its experience waits on the run's durable stream for whichever buffer
+#: serves a trainer of the run (a ``train`` run beside it, or a later one), as Trinity-RFT's
+#: explore mode writes to an experience buffer that a train run reads.
 ROLES_BY_MODE: dict[str, tuple[str, ...]] = {
     "both": ("buffer", "synchronizer", "trainer", "explorer"),
     "colocate": ("buffer", "synchronizer", "trainer", "explorer"),
     "train": ("buffer", "trainer"),
-    "explore": ("buffer", "explorer"),
+    "explore": ("explorer",),
     "bench": ("explorer",),
     "serve": ("buffer", "synchronizer", "trainer", "explorer"),
 }
@@ -99,10 +102,10 @@ def chain(cfg: TrinityConfig, prev: TrinityConfig | None) -> TrinityConfig:
     return out
 
 
-async def _watch_done(state: object, stop: asyncio.Event, terminate: asyncio.Event) -> None:
-    """Set ``stop`` once the stage is done elsewhere or the process is told to terminate."""
+async def _watch_done(state: object, key: str, stop: asyncio.Event, terminate: asyncio.Event) -> None:
+    """Set ``stop`` once the stage is done elsewhere (``key``) or the process is told to terminate."""
     while not stop.is_set():
-        if terminate.is_set() or await state.get(keys.RUN_DONE):  # type: ignore[attr-defined]
+        if terminate.is_set() or await state.get(key):  # type: ignore[attr-defined]
             stop.set()
             return
         await asyncio.sleep(0.5)
@@ -146,13 +149,14 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
             js = bus.jetstream(nc, cfg.nats)
             await bus.ensure_streams(js, cfg.nats, cfg.run_id)
             state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
-            if await state.get(keys.RUN_DONE):
+            done_key = keys.run_done(cfg.mode)
+            if await state.get(done_key):
                 log.info("stage_already_done", stage=cfg.name)
                 continue
             if role in ROLES_BY_MODE[cfg.mode]:
                 log.info("stage_start", stage=cfg.name, mode=cfg.mode, model=cfg.model.model_path)
                 stop = asyncio.Event()
-                watcher = asyncio.create_task(_watch_done(state, stop, terminate))
+                watcher = asyncio.create_task(_watch_done(state, done_key, stop, terminate))
                 try:
                     completed = await runner(cfg, stop)
                 finally:
@@ -164,12 +168,12 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
                 if terminate.is_set():
                     return 0
                 if completed and role == FINISHER[cfg.mode]:
-                    await state.put(keys.RUN_DONE, {"by": role, "ts": time.time()})
+                    await state.put(done_key, {"by": role, "ts": time.time()})
                     log.info("stage_done", stage=cfg.name)
                     continue
             else:
                 log.info("stage_idle", stage=cfg.name, mode=cfg.mode)
-            while not await state.get(keys.RUN_DONE):
+            while not await state.get(done_key):
                 if terminate.is_set():
                     return 0
                 await asyncio.sleep(0.5)
@@ -228,10 +232,10 @@ async def _say_exit(cfg: TrinityConfig, name: str, state: str) -> None:
         await bus.disconnect(nc)
 
 
-async def unfinished(state: object, since: float) -> list[str] | None:
+async def unfinished(state: object, since: float, mode: str) -> list[str] | None:
     """The role processes that have not said "done" since ``since`` (``[]``: every one has);
-    None while the stage is not done or no role process has started."""
-    if not await state.get(keys.RUN_DONE):  # type: ignore[attr-defined]
+    None while the stage (of ``mode``) is not done or no role process has started."""
+    if not await state.get(keys.run_done(mode)):  # type: ignore[attr-defined]
         return None
     markers = await state.with_prefix(keys.EXIT_PREFIX)  # type: ignore[attr-defined]
     if not markers:
@@ -261,16 +265,16 @@ async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate
         await state.put(keys.EXIT_PREFIX + name, _marker(name, "done"))
         # SIGTERM ends the wait at once, also mid-read: under honcho it comes when another
         # process exited, with the server stopping too, and a read would wait the server out
-        await until_stopped(_wait_for_all(state, since), terminate)
+        await until_stopped(_wait_for_all(state, since, cfg.mode), terminate)
         ignore_signals_from_now()
     finally:
         await bus.disconnect(nc)
 
 
-async def _wait_for_all(state: Any, since: float) -> None:
+async def _wait_for_all(state: Any, since: float, mode: str) -> None:
     """Until every role process said "done" since ``since``, or :data:`FINISH_WAIT` s."""
     deadline = time.monotonic() + FINISH_WAIT
-    while waiting := await unfinished(state, since):
+    while waiting := await unfinished(state, since, mode):
         if time.monotonic() > deadline:
             log.warning("exit_without_them", waiting=waiting, seconds=FINISH_WAIT)
             return
@@ -286,7 +290,7 @@ async def until_finished(stages: list[TrinityConfig], since: float) -> None:
     nc = await bus.connect(cfg.nats, name="server-until-done")
     try:
         state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id, cfg.nats.replicas)
-        while await unfinished(state, since) != []:
+        while await unfinished(state, since, cfg.mode) != []:
             await asyncio.sleep(0.2)
     finally:
         await bus.disconnect(nc)

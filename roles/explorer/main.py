@@ -81,7 +81,7 @@ class SyncClient(Protocol):
 
 
 class NoSync:
-    """No synchronizer: never waits, never loads weights. Used in ``explore`` mode, by
+    """No synchronizer: never waits, never loads weights. Used in ``bench`` mode, by
     ``trinity debug`` and by tests that run the explorer alone."""
 
     async def before_step(self, step: int, engines: list[RolloutEngine]) -> None:
@@ -107,8 +107,14 @@ class NoSync:
 
 
 async def make_sync(cfg: TrinityConfig, nc: Any, state: bus.RunState, pub: bus.Publisher) -> SyncClient:
-    """The synchronizer's client, or :class:`NoSync` when no trainer runs (mode explore/bench)."""
-    if cfg.mode in ("explore", "bench"):
+    """The synchronizer's client; in ``explore`` mode a follower of the trainer's checkpoints
+    (``roles/explorer/follow.py``: a ``train`` run beside it writes them); :class:`NoSync` in
+    ``bench`` mode, which loads every checkpoint itself (:meth:`Explorer.bench`)."""
+    if cfg.mode == "explore":
+        from roles.explorer.follow import CheckpointFollower
+
+        return CheckpointFollower(cfg)
+    if cfg.mode == "bench":
         return NoSync()
     try:
         from roles.synchronizer.client import ExplorerSyncClient  # type: ignore[import-not-found]
@@ -157,8 +163,13 @@ async def stop_auxiliary_apis(pool: RunnerPool) -> None:
 
 
 def served_model_name(cfg: TrinityConfig) -> str:
-    """The model name the OpenAI API serves (``GET /v1/models``)."""
-    return cfg.explorer.rollout_model.model_path or cfg.model.model_path or "model"
+    """The model name the OpenAI API serves (``GET /v1/models``): the hub id the config named
+    (``Org/Name``) when the path is that id's snapshot in the hub cache."""
+    from storage.hub import hub_origin
+
+    path = cfg.explorer.rollout_model.model_path or cfg.model.model_path or "model"
+    origin = hub_origin(path)
+    return origin.split("@", 1)[0] if origin else path
 
 
 def train_reader(cfg: TrinityConfig) -> TaskReader:

@@ -109,13 +109,13 @@ async def test_exit_markers_count_only_this_sessions_done(nats_cfg, run_id):
         state = await bus.RunState.open(bus.jetstream(nc, nats_cfg), run_id)
         before = time.time()
         await state.put(keys.EXIT_PREFIX + "buffer", {"state": "done", "ts": before - 3600})
-        assert await unfinished(state, before) is None  # the stage is not done
+        assert await unfinished(state, before, "both") is None  # the stage is not done
         await state.put(keys.RUN_DONE, {"by": "explorer"})
-        assert await unfinished(state, before) == ["buffer"]  # an old session's marker
+        assert await unfinished(state, before, "both") == ["buffer"]  # an old session's marker
         await state.put(keys.EXIT_PREFIX + "buffer", {"state": "running", "ts": time.time()})
         await state.put(keys.EXIT_PREFIX + "explorer", {"state": "done", "ts": time.time()})
-        assert await unfinished(state, before) == ["buffer"]
+        assert await unfinished(state, before, "both") == ["buffer"]
         await state.put(keys.EXIT_PREFIX + "buffer", {"state": "done", "ts": time.time()})
-        assert await unfinished(state, before) == []
+        assert await unfinished(state, before, "both") == []
     finally:
         await bus.disconnect(nc)
