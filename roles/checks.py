@@ -21,6 +21,13 @@ its first row read (a wrong split, an empty file, a row without the prompt key f
 named with its config key); one row per dataset keeps this fast, rows further in are checked by
 the readers. Every entry point fails with exit 2 and the same lines; ``trinity config`` alone
 only warns about inputs not set or not there (a config may be printed on a machine without the data).
+
+Model and dataset paths may be Hugging Face hub ids (``Org/Name[@revision]``,
+:mod:`storage.hub`). :func:`resolve_hub_paths` points them at the hub cache's snapshots: the
+config loader does it from the cache only (``roles/settings.py``: every process and
+``trinity config`` see local paths), and :func:`preflight` downloads what its command reads and
+the cache lacks (unless ``HF_HUB_OFFLINE``); a hub id still unresolved is named with the
+``hf download`` command that fixes it.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pathlib import Path
 
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError
+from storage.hub import RepoType
 
 Check = Callable[[], None]
 
@@ -58,6 +66,19 @@ class Input:
     readers: frozenset[str]
     check: Check | None = None  #: opens it and reads the first row (datasets)
     ident: str = ""  #: stages inherit the global datasets: each one is checked once
+    repo_type: RepoType = "model"  #: what a hub id in ``path`` names
+
+
+@dataclass
+class PathField:
+    """A config field naming a model or dataset that may be a hub id: where its resolved path
+    is written back, and who reads it (no one: resolved for display only)."""
+
+    key: str
+    owner: object
+    attr: str
+    repo_type: RepoType
+    readers: frozenset[str]
 
 
 def _dataset_kind(cfg: TrinityConfig) -> str:
@@ -68,6 +89,106 @@ def _dataset_kind(cfg: TrinityConfig) -> str:
         return "dpo" if resolve(cfg.algorithm.algorithm_type).schema == "dpo" else "sft"
     except ValueError:  # an unknown algorithm is reported by the config loader
         return "sft"
+
+
+def _uses_critic(cfg: TrinityConfig) -> bool:
+    """Whether the trainer loads ``model.critic_model_path`` (a critic: GAE)."""
+    from ops.algorithms import resolve
+
+    try:
+        return resolve(cfg.algorithm.algorithm_type).use_critic
+    except ValueError:  # an unknown algorithm is reported by the config loader
+        return False
+
+
+def _where(stages: list[TrinityConfig], i: int) -> str:
+    """The prefix of stage ``i``'s keys in messages (none for a config without stages)."""
+    return f"stages[{i}] ({stages[i].name.rsplit('/', 1)[-1]})." if len(stages) > 1 else ""
+
+
+def path_fields(cfg: TrinityConfig, first: bool, where: str = "") -> list[PathField]:
+    """Every field of ``cfg`` that names a model or a dataset by path, hub ids allowed.
+
+    Readers follow :func:`_inputs`: a later stage's models are its predecessor's checkpoint
+    (``roles/stages.py``), an external engine's ``model_path`` is a name on someone's server
+    (never resolved), a taskset outside an exploring mode is not read."""
+    none: frozenset[str] = frozenset()
+    ei, ti = cfg.buffer.explorer_input, cfg.buffer.trainer_input
+    explorer, buffer = frozenset({"explorer"}), frozenset({"buffer"})
+    m = cfg.model
+    out = [
+        PathField(f"{where}model.model_path", m, "model_path", "model",
+                  frozenset({"explorer", "trainer", "buffer"}) if first else none),
+        PathField(f"{where}model.critic_model_path", m, "critic_model_path", "model",
+                  frozenset({"trainer"}) if first and _uses_critic(cfg) else none),
+    ]
+    rollout = cfg.explorer.rollout_model
+    if rollout.engine_type != "external":
+        out.append(PathField(f"{where}explorer.rollout_model.model_path", rollout, "model_path",
+                             "model", explorer if first else none))
+    for j, aux in enumerate(cfg.explorer.auxiliary_models):
+        if aux.engine_type != "external":
+            out.append(PathField(f"{where}explorer.auxiliary_models[{j}].model_path", aux, "model_path",
+                                 "model", explorer if first else none))
+    if ei.taskset is not None:
+        out.append(PathField(f"{where}buffer.explorer_input.taskset.path", ei.taskset, "path", "dataset",
+                             explorer if cfg.mode in ("both", "colocate", "explore") else none))
+    for j, ts in enumerate(ei.eval_tasksets):
+        out.append(PathField(f"{where}buffer.explorer_input.eval_tasksets[{j}].path", ts, "path",
+                             "dataset", explorer))
+    eb = ti.experience_buffer
+    if eb is not None and eb.storage_type == "file":
+        out.append(PathField(f"{where}buffer.trainer_input.experience_buffer.path", eb, "path",
+                             "dataset", buffer))
+    for name, b in ti.auxiliary_buffers.items():
+        out.append(PathField(f"{where}buffer.trainer_input.auxiliary_buffers.{name}.path", b, "path",
+                             "dataset", buffer))
+    return out
+
+
+def resolve_hub_paths(
+    stages: list[TrinityConfig], needs: frozenset[str] | None = None, *, download: bool = False
+) -> tuple[list[str], set[str]]:
+    """Point every path field that names a cached hub id at its snapshot folder, in place.
+
+    ``needs`` None: every field of every config (the loader: what ``trinity config`` prints and
+    every role process runs with). Otherwise only the fields an entry point reads (its
+    :data:`NEEDS`), and ``download`` fetches those the cache lacks (``HF_HUB_OFFLINE``
+    permitting). Returns ``(errors, keys)``: one line per failed download, and the config keys
+    those failures cover (:func:`preflight` does not also call them missing). An id with no
+    snapshot and no download is left as written: :func:`check_inputs` names it. One value is
+    resolved once, so fields derived from ``model.model_path`` stay equal to it."""
+    from storage.hub import HubError, offline, resolve
+
+    download = download and not offline()  # offline, an id not cached is "missing" (check_inputs)
+    errors: list[str] = []
+    failed: set[str] = set()
+    done: dict[tuple[str, str], str | None] = {}
+    for i, cfg in enumerate(stages):
+        first = i == 0 or needs is None
+        for f in path_fields(cfg, first, _where(stages, i) if needs is not None else ""):
+            value = getattr(f.owner, f.attr)
+            if not value or (needs is not None and not f.readers & needs):
+                continue
+            memo = (value, f.repo_type)
+            if memo in done:
+                if done[memo] is None and download:  # one download per id, one line per key
+                    failed.add(f.key)
+                    main = f.owner is cfg.model and f.attr == "model_path"
+                    if main or f.repo_type != "model" or value != cfg.model.model_path:  # no copy
+                        errors.append(f"{f.key}: {value}: the same download failed")
+            else:
+                try:
+                    done[memo] = resolve(value, f.key, f.repo_type, download=download)
+                except HubError as e:
+                    done[memo] = None
+                    if download:
+                        errors.append(str(e))
+                        failed.add(f.key)
+            resolved = done[memo]
+            if resolved is not None and resolved != value:
+                setattr(f.owner, f.attr, resolved)
+    return errors, failed
 
 
 def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
@@ -84,6 +205,9 @@ def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
     if first:
         out.append(Input(f"{where}model.model_path", cfg.model.model_path or None,
                          frozenset({"explorer", "trainer", "buffer"})))
+        critic = cfg.model.critic_model_path
+        if critic and critic != cfg.model.model_path and _uses_critic(cfg):
+            out.append(Input(f"{where}model.critic_model_path", critic, frozenset({"trainer"})))
         rollout = cfg.explorer.rollout_model
         if rollout.engine_type != "external" and rollout.model_path and rollout.model_path != cfg.model.model_path:
             out.append(Input(f"{where}explorer.rollout_model.model_path", rollout.model_path, explorer))
@@ -94,21 +218,27 @@ def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
         for name in ("tls_ca_file", "tls_cert_file", "tls_key_file", "creds_file", "nkey_seed_file"):
             if getattr(n, name):
                 out.append(Input(f"nats.{name}", getattr(n, name), frozenset({"bus"})))
+    resume = cfg.trainer.resume_from_path
+    if cfg.trainer.resume_mode == "resume_path" and resume and cfg.mode not in ("explore", "bench"):
+        # absolute: a relative checkpoint folder is no hub id
+        out.append(Input(f"{where}trainer.resume_from_path", str(Path(resume).expanduser().absolute()),
+                         frozenset({"trainer"})))
     if ei.taskset is not None and cfg.mode in ("both", "colocate", "explore"):
         ts = ei.taskset
         out.append(Input(f"{where}buffer.explorer_input.taskset.path", ts.path, explorer,
-                         lambda ts=ts: check_taskset(ts), ident(ts, "task")))
+                         lambda ts=ts: check_taskset(ts), ident(ts, "task"), "dataset"))
     for j, ts in enumerate(ei.eval_tasksets):
         out.append(Input(f"{where}buffer.explorer_input.eval_tasksets[{j}].path", ts.path, explorer,
-                         lambda ts=ts: check_taskset(ts), ident(ts, "task")))
+                         lambda ts=ts: check_taskset(ts), ident(ts, "task"), "dataset"))
     eb = ti.experience_buffer
     if eb is not None and eb.storage_type == "file":
         kind = _dataset_kind(cfg)
         out.append(Input(f"{where}buffer.trainer_input.experience_buffer.path", eb.path, buffer,
-                         lambda eb=eb, kind=kind: check_dataset(eb, kind), ident(eb, kind)))  # type: ignore[misc]
+                         lambda eb=eb, kind=kind: check_dataset(eb, kind), ident(eb, kind),  # type: ignore[misc]
+                         "dataset"))
     for name, b in ti.auxiliary_buffers.items():
         out.append(Input(f"{where}buffer.trainer_input.auxiliary_buffers.{name}.path", b.path, buffer,
-                         lambda b=b: check_dataset(b, "sft"), ident(b, "sft")))
+                         lambda b=b: check_dataset(b, "sft"), ident(b, "sft"), "dataset"))
     return out
 
 
@@ -199,13 +329,14 @@ def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], li
     input it reads that cannot be used, naming its config key and the file, row or split; and
     one line per input that is not set or whose path does not exist."""
     from storage.datafiles import TasksetError
+    from storage.hub import hub_origin, not_cached_message, parse_hub_id
 
     needs = NEEDS[entry]
     problems: list[str] = []
     missing: list[str] = []
     seen: set[str] = set()
     for i, s in enumerate(stages):
-        where = f"stages[{i}] ({s.name.rsplit('/', 1)[-1]})." if len(stages) > 1 else ""
+        where = _where(stages, i)
         if i == 0:
             missing += _missing_requirements(s, where, needs)
         elif "explorer" in needs:  # a later stage's model is its predecessor's checkpoint
@@ -219,22 +350,34 @@ def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], li
                     continue
                 seen.add(item.ident)
             if not Path(item.path).expanduser().exists():
-                missing.append(f"{item.key}: {item.path} does not exist")
+                if parse_hub_id(item.path):  # not in the hub cache either (resolve_hub_paths)
+                    missing.append(not_cached_message(item.key, item.path, item.repo_type))
+                else:
+                    missing.append(f"{item.key}: {item.path} does not exist")
                 continue
             if item.check is None:
                 continue
+            name = item.key.removesuffix(".path")
+            origin = hub_origin(item.path)  # a resolved hub id: show what the user wrote too
+            if origin:
+                name += f" (hub {origin})"
             try:
                 item.check()
             except TasksetError as e:
-                problems.append(f"{item.key.removesuffix('.path')}: {e}")
+                problems.append(f"{name}: {e}")
             except OSError as e:
-                problems.append(f"{item.key.removesuffix('.path')}: {item.path}: cannot read: {e}")
+                problems.append(f"{name}: {item.path}: cannot read: {e}")
     return problems, missing
 
 
 def preflight(stages: list[TrinityConfig], entry: str = "run") -> None:
     """Raise :class:`ConfigError` naming every input ``entry`` reads that is missing or
-    unusable: what every command runs before it does any work."""
+    unusable: what every command runs before it does any work.
+
+    Hub ids it reads that the cache lacks are downloaded first (``HF_HUB_OFFLINE`` unset) and
+    ``stages`` point at the snapshots: the work that follows runs on local paths."""
+    hub_errors, failed = resolve_hub_paths(stages, NEEDS[entry], download=True)
     problems, missing = check_inputs(stages, entry)
-    if problems or missing:
-        raise ConfigError(missing + problems)
+    missing = [m for m in missing if m.split(": ", 1)[0] not in failed]
+    if hub_errors or problems or missing:
+        raise ConfigError(hub_errors + missing + problems)

@@ -3,7 +3,10 @@
 Roles call :func:`load` with their parsed CLI arguments; it reads the same sources as
 ``trinity config`` (so what you print is what runs), fills the algorithm parts that
 ``algorithm_type`` implies from :mod:`ops.algorithms` (so a wrong part name fails before any
-process starts), and prints each warning about ignored Trinity-RFT sections once.
+process starts), points hub ids (``model_path: Org/Name``, ``path: Org/Dataset@rev``) at their
+snapshots in the Hugging Face cache (``roles/checks.py``: every process runs on, and
+``trinity config`` prints, local paths), and prints each warning about ignored Trinity-RFT
+sections once.
 """
 
 from __future__ import annotations
@@ -107,6 +110,11 @@ def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
         dotenv_file=dotenv,
         algorithm_resolver=resolve_algorithm,
     )
+    # From the cache only: an id not cached stays as written, and the checks of the command
+    # that reads it download it or name it (printing a config must not fetch gigabytes).
+    from roles.checks import resolve_hub_paths
+
+    resolve_hub_paths([loaded.config, *loaded.stages])
     # a role started by ``trinity run`` stays quiet: the supervisor printed them once already
     if not quiet and not os.environ.get(SUPERVISED_ENV):
         for w in loaded.warnings:

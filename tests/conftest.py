@@ -9,6 +9,7 @@ reconfigure a server take their own from ``nats_server_factory``.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,11 @@ import numpy as np
 import pytest
 
 from schemas.config import NatsConfig
+
+# No test reaches a model hub (these machines have none): every hub id resolves from a cache a
+# test builds, and the processes tests start inherit this. Set before huggingface_hub is
+# imported, which reads it once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
