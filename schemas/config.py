@@ -67,20 +67,67 @@ IGNORED_PATHS: dict[str, str] = {
     "log.group_by_node": "logs are per role; one node per role process",
 }
 
+#: Why veRL's ``ppo_mini_batch_size`` is not read (the FAQ's batch-size answer): in Trinity-RFT
+#: it is overridden by ``buffer.train_batch_size``, one optimizer update per batch. Reading it
+#: into trinity's ``trainer.ppo_mini_batch_size`` made a migrated config take several updates
+#: per step, changing its dynamics.
+_MINI_BATCH_WHY = (
+    "overridden by buffer.train_batch_size, one optimizer update per batch, as in Trinity-RFT "
+    "(trinity's own trainer.ppo_mini_batch_size splits a batch into several updates)"
+)
+IGNORED_PATHS["actor_rollout_ref.actor.ppo_mini_batch_size"] = _MINI_BATCH_WHY
+IGNORED_PATHS["trainer.trainer_config.actor_rollout_ref.actor.ppo_mini_batch_size"] = _MINI_BATCH_WHY
+IGNORED_PATHS["critic.ppo_mini_batch_size"] = _MINI_BATCH_WHY
 
-#: veRL settings trinity has, read from ``actor_rollout_ref.actor`` (top level, or inside
-#: ``trainer.trainer_config`` as Trinity-RFT writes them) into trinity's own fields. A value the
-#: config also sets under trinity's name loses to that; the rest of the section is ignored
-#: with the warning of :data:`IGNORED_PATHS`.
+#: veRL ``trainer`` settings of the guide's veRL block that mean nothing here. They are accepted
+#: in trinity's ``trainer`` section (the guide's veRL block writes them at the top-level
+#: ``trainer:``) and inside ``trainer.trainer_config.trainer``.
+_VERL_TRAINER_IGNORED = {
+    "default_hdfs_dir": "HDFS upload is not implemented; checkpoints stay under checkpoint_root_dir",
+    "remove_previous_ckpt_in_save": "not implemented; trainer.max_checkpoints_to_keep: 1 keeps only the newest checkpoint",
+    "del_local_ckpt_after_load": "not implemented; the checkpoint a trainer resumed from stays on disk",
+}
+for _key, _why in _VERL_TRAINER_IGNORED.items():
+    IGNORED_PATHS[f"trainer.{_key}"] = _why
+    IGNORED_PATHS[f"trainer.trainer_config.trainer.{_key}"] = _why
+
+#: Values of :data:`IGNORED_PATHS` entries that ask for nothing trinity lacks (veRL's own
+#: defaults: a ``false`` switch of a feature not implemented). They are dropped without a
+#: warning: the guide's veRL block writes them, and warning about them would be noise.
+IGNORED_QUIET_VALUES: dict[str, Any] = {}
+for _key in ("remove_previous_ckpt_in_save", "del_local_ckpt_after_load"):
+    IGNORED_QUIET_VALUES[f"trainer.{_key}"] = False
+    IGNORED_QUIET_VALUES[f"trainer.trainer_config.trainer.{_key}"] = False
+
+
+#: veRL settings trinity has, read into trinity's own fields: ``actor_rollout_ref.actor`` and
+#: veRL's ``trainer`` section, each at the top level or inside ``trainer.trainer_config`` (as
+#: Trinity-RFT writes them). At the top level veRL's ``trainer`` is trinity's own ``trainer``
+#: section: its keys trinity spells the same way (``balance_batch``, ``resume_mode``, ...) are
+#: simply fields there. A value the config also sets under trinity's name loses to that, with a
+#: warning when the two differ; a null veRL value asks for nothing and is dropped. The rest of
+#: a veRL section is ignored with the warning of :data:`IGNORED_PATHS`.
+#: (``actor_rollout_ref.actor.ppo_mini_batch_size`` is not here on purpose: see
+#: ``_MINI_BATCH_WHY``.)
 VERL_FIELDS: dict[str, str] = {
     "actor_rollout_ref.actor.ppo_epochs": "trainer.ppo_epochs",
-    "actor_rollout_ref.actor.ppo_mini_batch_size": "trainer.ppo_mini_batch_size",
     "actor_rollout_ref.actor.shuffle": "trainer.ppo_shuffle",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "trainer.micro_batch_size_per_gpu",
     "actor_rollout_ref.actor.use_dynamic_bsz": "trainer.use_dynamic_bsz",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "trainer.max_token_len_per_gpu",
     "actor_rollout_ref.actor.grad_clip": "trainer.grad_clip",
     "actor_rollout_ref.actor.optim.lr": "algorithm.optimizer.lr",
+    # veRL's trainer section (the guide's veRL block; the FAQ's OOM answer names
+    # trainer.ppo_max_token_len_per_gpu)
+    "trainer.ppo_max_token_len_per_gpu": "trainer.max_token_len_per_gpu",
+    "trainer.total_training_steps": "trainer.total_steps",
+    # the critic is saved in the actor's checkpoint: one count for both (the actor's wins)
+    "trainer.max_actor_ckpt_to_keep": "trainer.max_checkpoints_to_keep",
+    "trainer.max_critic_ckpt_to_keep": "trainer.max_checkpoints_to_keep",
+    "trainer.balance_batch": "trainer.balance_batch",
+    "trainer.critic_warmup": "trainer.critic_warmup",
+    "trainer.resume_mode": "trainer.resume_mode",
+    "trainer.resume_from_path": "trainer.resume_from_path",
 }
 
 #: Fields trinity accepts (Trinity-RFT configs set them) but that change nothing here, with why.
@@ -718,7 +765,9 @@ class TrainerConfig(Section):
     use_dynamic_bsz: bool = True
     """Pack micro-batches by token count (``max_token_len_per_gpu``) instead of a fixed size."""
     max_token_len_per_gpu: int | None = Field(None, ge=1)
-    """Tokens per micro-batch. None: ``2 * max_model_len / ulysses_sequence_parallel_size``."""
+    """Tokens per micro-batch. None: ``2 * max_model_len / ulysses_sequence_parallel_size``.
+    veRL's name ``trainer.ppo_max_token_len_per_gpu`` (the FAQ's OOM answer) sets it too;
+    when both are set this one wins (a warning says so if they differ)."""
     micro_batch_size_per_gpu: int = Field(4, ge=1)
     """Sequences per micro-batch when ``use_dynamic_bsz`` is false."""
     ulysses_sequence_parallel_size: Literal[1] = 1
@@ -729,9 +778,12 @@ class TrainerConfig(Section):
     """Passes over each batch (veRL's ``actor_rollout_ref.actor.ppo_epochs``); the critic
     makes as many."""
     ppo_mini_batch_size: int | None = Field(None, ge=1)
-    """Tasks per optimizer step (veRL's ``ppo_mini_batch_size``): each pass splits the batch
-    into mini-batches of ``ppo_mini_batch_size * repeat_times`` experiences, one update each.
-    None: the whole batch, one update per pass."""
+    """Tasks per optimizer step, trinity's own setting: each pass splits the batch into
+    mini-batches of ``ppo_mini_batch_size * repeat_times`` experiences, one update each.
+    None: the whole batch (``buffer.train_batch_size``), one update per pass, as in
+    Trinity-RFT. veRL's ``actor_rollout_ref.actor.ppo_mini_batch_size`` does not set it: the
+    FAQ says Trinity-RFT overrides that by ``buffer.train_batch_size`` (it is accepted with
+    a warning)."""
     ppo_shuffle: bool = False
     """Shuffle the batch's rows before each pass's split into mini-batches (veRL's
     ``actor.shuffle``); seeded by the step, so a resumed run repeats it exactly."""
@@ -743,7 +795,23 @@ class TrainerConfig(Section):
     optimizer_offload: bool = False
     """Alias of ``deepspeed.offload_optimizer``."""
     max_checkpoints_to_keep: int = Field(0, ge=0)
-    """Checkpoints kept on disk; 0 keeps all."""
+    """Checkpoints kept on disk; 0 keeps all. veRL's ``trainer.max_actor_ckpt_to_keep`` (or
+    ``max_critic_ckpt_to_keep``: the critic is saved in the same checkpoint) sets it too."""
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    """Where a starting trainer takes its weights, optimizer and step from (veRL's name).
+    ``auto``: the job's latest checkpoint, or the model when there is none (with
+    ``continue_from_checkpoint: false`` the trainer starts from the model, as with
+    ``disable``). ``disable``: ``model.model_path`` at step 0, even when the job folder has
+    checkpoints. ``resume_path``: the ``global_step_N`` folder ``resume_from_path`` names (its
+    step, optimizer and RNG too). These choose where a run starts: a trainer that ``trinity
+    run`` restarts after a crash resumes the checkpoints its own session wrote, in every mode.
+    Only the trainer: the explorer, buffer and KV of a job folder that was used before keep
+    their progress; ``continue_from_checkpoint: false`` starts the whole experiment afresh.
+    With stages, a stage after the first does not inherit it (it starts from the previous
+    stage's weights); set it in that stage's own ``trainer``."""
+    resume_from_path: str = ""
+    """The ``global_step_N`` checkpoint folder ``resume_mode: resume_path`` loads (of this job
+    or another); checked to exist before the run starts."""
 
 
 class CriticConfig(Section):
@@ -786,15 +854,31 @@ class MonitorConfig(Section):
     monitor_type: Literal["tensorboard", "wandb", "mlflow", "none"] = "tensorboard"
     """Where metrics go besides ``monitor/metrics.jsonl`` (always written)."""
     monitor_args: dict[str, Any] | None = None
-    """Arguments of the monitor (wandb: base_url, api_key; mlflow: uri, username, password)."""
+    """Arguments of the monitor. wandb: ``base_url``/``api_key`` set ``WANDB_BASE_URL``/
+    ``WANDB_API_KEY``; ``entity``, ``mode`` (online, offline, disabled, shared), ``tags``,
+    ``notes`` go to ``wandb.init``. mlflow: ``uri`` (else ``MLFLOW_TRACKING_URI``, else
+    http://localhost:5000); ``username``/``password`` set ``MLFLOW_TRACKING_USERNAME``/
+    ``MLFLOW_TRACKING_PASSWORD``. Another key is an error naming it; tensorboard and none
+    take none (ignored)."""
     detailed_stats: bool = False
     """Add the max, min and std of rewards and response lengths to the rollout and eval
     metrics (their mean is always there)."""
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _log_level(value: str) -> str:
+    """A log level in any case, as upper case: the FAQ writes ``log.level=debug``, the guide
+    ``DEBUG``. (Checked after the str check, so an error shows the value as written.)"""
+    if value.upper() not in LOG_LEVELS:
+        raise ValueError(f"one of {', '.join(LOG_LEVELS)} (any case)")
+    return value.upper()
+
+
 class LogConfig(Section):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Log level of every role."""
+    level: Annotated[str, AfterValidator(_log_level)] = "INFO"
+    """Log level of every role: DEBUG, INFO, WARNING or ERROR, in any case (``debug`` is ``DEBUG``)."""
 
 
 class OperatorConfig(Section):
@@ -938,7 +1022,8 @@ class TrinityConfig(BaseSettings):
     checkpoint_root_dir: str = "./checkpoints"
     """Root of checkpoints, logs, monitor files and the embedded NATS store."""
     continue_from_checkpoint: bool = True
-    """Resume from the latest checkpoint; false renames the run to ``<name>_<timestamp>``."""
+    """Resume from the latest checkpoint; false renames the run to ``<name>_<timestamp>``
+    (how the trainer starts: ``trainer.resume_mode``)."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Algorithm and its parts."""
     model: ModelConfig = Field(default_factory=ModelConfig)

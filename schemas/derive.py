@@ -18,9 +18,14 @@ one way (the loader imports this module, never the reverse).
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from schemas.config import UNUSED_FIELDS, ExperienceBufferConfig, TrinityConfig, ceil_div
+
+#: The name of a checkpoint folder (``storage.checkpoints.STEP_DIR_RE``; not imported: this
+#: module stays free of torch).
+STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
 
 #: ``sources`` label of a value nobody set.
 DEFAULT = "default"
@@ -277,6 +282,18 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
         put(tr, "grad_clip", opt.clip_grad, "trainer.grad_clip")
     if user_set("critic.optim.clip_grad") and not user_set("critic.grad_clip"):
         put(cfg.critic, "grad_clip", cfg.critic.optim.clip_grad, "critic.grad_clip")
+    # resume: the folder's existence is checked with the other inputs (roles/checks.py), its
+    # form here, so a config printed on a machine without the checkpoint still loads
+    if tr.resume_mode == "resume_path":
+        if not tr.resume_from_path:
+            problems.append("trainer.resume_from_path: required when trainer.resume_mode is 'resume_path' "
+                            "(a global_step_N checkpoint folder)")
+        elif not STEP_FOLDER.match(os.path.basename(os.path.normpath(tr.resume_from_path))):
+            problems.append(f"trainer.resume_from_path: {tr.resume_from_path!r} is not a global_step_N "
+                            "checkpoint folder")
+    elif tr.resume_from_path:
+        warnings.append(f"trainer.resume_from_path is ignored: trainer.resume_mode is {tr.resume_mode!r} "
+                        "(set resume_mode: resume_path to load it)")
     if tr.param_offload and not tr.deepspeed.offload_param:
         put(tr.deepspeed, "offload_param", True, "trainer.deepspeed.offload_param")
     if tr.optimizer_offload and not tr.deepspeed.offload_optimizer:

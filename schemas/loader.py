@@ -33,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource
 
-from schemas.config import IGNORED_PATHS, VERL_FIELDS, TrinityConfig
+from schemas.config import IGNORED_PATHS, IGNORED_QUIET_VALUES, VERL_FIELDS, TrinityConfig
 from schemas.derive import DEFAULT, derive
 from schemas.derive import DERIVED as DERIVED  # roles read the provenance labels from here
 from schemas.redact import REDACTED, SECRET_KEY, redact_secrets, redact_url
@@ -418,11 +418,18 @@ def _explain(
 # --------------------------------------------------------------------------------------------
 
 
-def _read_verl(raw: dict[str, Any], sources: dict[str, str]) -> None:
+def _read_verl(raw: dict[str, Any], sources: dict[str, str], warnings: list[str], prefix: str = "") -> None:
     """Move the veRL settings trinity has (:data:`VERL_FIELDS`) to trinity's fields, at the
-    top level and inside ``trainer.trainer_config``; trinity's own name wins when both are set."""
+    top level and inside ``trainer.trainer_config``.
+
+    The first value set wins: trinity's own name, then the top level, then ``trainer_config``
+    (in :data:`VERL_FIELDS` order); a later one that differs is named in a warning, since two
+    values for one setting is a mistake the user should see. A null veRL value asks for
+    nothing and is dropped."""
     for root in ((), ("trainer", "trainer_config")):
         for verl, native in VERL_FIELDS.items():
+            if not root and verl == native:
+                continue  # veRL's top-level trainer section is trinity's: the field is there
             path = [*root, *verl.split(".")]
             node: Any = raw
             for part in path[:-1]:
@@ -432,14 +439,20 @@ def _read_verl(raw: dict[str, Any], sources: dict[str, str]) -> None:
             value = node.pop(path[-1])
             dotted = ".".join(path)
             _prune_empty(raw, path[:-1])
+            origin = sources.pop(dotted, "file")
+            if value is None:
+                continue
             target: Any = raw
             *parents, leaf = native.split(".")
             for part in parents:
                 target = target.setdefault(part, {})
             if leaf not in target:
                 target[leaf] = value
-                sources[native] = f"{sources.get(dotted, 'file')} as {dotted}"
-            sources.pop(dotted, None)
+                sources[native] = f"{origin} as {dotted}"
+            elif target[leaf] != value:
+                won = sources.get(native)
+                warnings.append(f"{prefix}{dotted} ({value!r}, from {origin}) is overridden by {native} "
+                                f"({target[leaf]!r}{f', from {won}' if won else ''})")
 
 
 def _prune_empty(raw: dict[str, Any], path: list[str]) -> None:
@@ -456,14 +469,19 @@ def _prune_empty(raw: dict[str, Any], path: list[str]) -> None:
 def _drop_ignored(
     raw: dict[str, Any], sources: dict[str, str], warnings: list[str], prefix: str = ""
 ) -> None:
-    for dotted, why in IGNORED_PATHS.items():
+    """Remove the :data:`IGNORED_PATHS` from ``raw``, warning once for each one set to
+    something (not empty, not its :data:`IGNORED_QUIET_VALUES` value). Deepest paths first,
+    so a key with its own reason inside an ignored section gets that reason, not the section's."""
+    for dotted, why in sorted(IGNORED_PATHS.items(), key=lambda item: -item[0].count(".")):
         node: Any = raw
         parts = dotted.split(".")
         for part in parts[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict) and parts[-1] in node:
             value = node.pop(parts[-1])
-            if value not in (None, {}, [], ""):
+            _prune_empty(raw, parts[:-1])
+            quiet = dotted in IGNORED_QUIET_VALUES and value == IGNORED_QUIET_VALUES[dotted]
+            if value not in (None, {}, [], "") and not quiet:
                 where = sources.get(dotted) or next(
                     (s for p, s in sources.items() if p.startswith(dotted + ".")), ""
                 )
@@ -471,6 +489,41 @@ def _drop_ignored(
                 warnings.append(f"{prefix}{dotted} is ignored{origin}: {why}")
             for p in [p for p in sources if p == dotted or p.startswith(dotted + ".")]:
                 del sources[p]
+
+
+def _drop_empty_sections(raw: dict[str, Any], model: type[BaseModel], sources: dict[str, str], prefix: str = "") -> None:
+    """Read a section left empty as not set: ``trainer:`` whose keys are all commented out
+    (the guide's overview writes every section so) is null in YAML, and means "the defaults",
+    not "a null section". So is an empty list (``eval_tasksets:``). A named entry of a dict
+    of sections (``auxiliary_buffers: {sft:}``) becomes an entry with the defaults."""
+    for key in list(raw):
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            continue
+        path = f"{prefix}{key}"
+        inner = _unwrap(field.annotation)
+        origin = typing.get_origin(field.annotation)
+        is_model = isinstance(inner, type) and issubclass(inner, BaseModel)
+        if raw[key] is None and not field.is_required() and (is_model or origin is list):
+            if field.default is not None or field.default_factory is not None:
+                del raw[key]
+                sources.pop(path, None)
+            continue
+        if not is_model:
+            continue
+        value = raw[key]
+        if origin is dict and isinstance(value, dict):
+            for name in list(value):
+                if value[name] is None:
+                    value[name] = {}
+                elif isinstance(value[name], dict):
+                    _drop_empty_sections(value[name], inner, sources, f"{path}.{name}.")
+        elif origin is list and isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    _drop_empty_sections(item, inner, sources, f"{path}[{i}].")
+        elif isinstance(value, dict):
+            _drop_empty_sections(value, inner, sources, f"{path}.")
 
 
 Resolver = Callable[[TrinityConfig, dict[str, str]], list[str]]
@@ -483,8 +536,9 @@ def _validate(
     prefix: str = "",
     resolver: Resolver | None = None,
 ) -> TrinityConfig:
-    _read_verl(raw, sources)
+    _read_verl(raw, sources, warnings, prefix)
     _drop_ignored(raw, sources, warnings, prefix)
+    _drop_empty_sections(raw, TrinityConfig, sources)
     try:
         cfg = TrinityConfig.model_validate(raw)
     except ValidationError as e:
@@ -551,6 +605,8 @@ def load_config(
             merged = copy.deepcopy(base_raw)
             stage_sources = dict(sources)
             _drop_parts_of_other_algorithm(merged, stage.algorithm, stage_sources)
+            if i > 0:
+                _drop_resume_settings(merged, stage_sources)
             for section in (
                 "algorithm",
                 "buffer",
@@ -612,6 +668,26 @@ def _drop_parts_of_other_algorithm(
                 del sources[p]
     glob.pop("loss_agg_mode", None)
     sources.pop("algorithm.loss_agg_mode", None)
+
+
+#: Where the trainer's resume settings may be written (trinity's/veRL's top-level ``trainer``
+#: section, veRL's inside ``trainer.trainer_config``).
+_RESUME_SETTINGS = tuple(f"{section}.{key}" for section in ("trainer", "trainer.trainer_config.trainer")
+                         for key in ("resume_mode", "resume_from_path"))
+
+
+def _drop_resume_settings(merged: dict[str, Any], sources: dict[str, str]) -> None:
+    """A stage after the first does not inherit the global ``trainer.resume_mode`` and
+    ``resume_from_path``: it starts from the previous stage's weights, and resuming every
+    stage from one checkpoint would throw them away. Its own ``trainer`` section may set them."""
+    for dotted in _RESUME_SETTINGS:
+        *parents, leaf = dotted.split(".")
+        node: Any = merged
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+            sources.pop(dotted, None)
 
 
 def _validate_stage_list(stage_raw: list[Any], sources: dict[str, str]) -> list[Any]:

@@ -754,6 +754,47 @@ def save_state_dict_checkpoint(
     return out
 
 
+ResumeMode = Literal["auto", "disable", "resume_path"]
+
+
+def resume_point(
+    job: str | Path, mode: ResumeMode, resume_from_path: str = "", session: float | None = None
+) -> tuple[Path, int] | None:
+    """The checkpoint a starting trainer loads, as (the job dir holding it, its step); None:
+    start from the model at step 0.
+
+    ``mode`` is ``trainer.resume_mode``: ``auto`` the job's latest committed checkpoint (None
+    when there is none), ``disable`` none, ``resume_path`` the ``global_step_N`` folder
+    ``resume_from_path`` names (CheckpointError if it is not one, or has no ``actor/``).
+
+    Why ``session``: a trainer that ``trinity run`` restarts after a crash must go on from
+    where it got, not go back to the model or to ``resume_from_path`` and redo (or lose) the
+    steps since: the modes choose where a run starts. So when the job's latest checkpoint was
+    committed by this session (``trainer_meta.json`` names the session and that step, see
+    :func:`roles.settings.session_start`), it is resumed in every mode. The step must match
+    too: the meta file is written just before the commit, and a crash between the two leaves
+    a meta of this session beside a latest checkpoint of an older run."""
+    job = Path(job)
+    own = read_latest(job, "checkpoint")
+    if own is not None and session is not None:
+        meta = read_meta(job, "trainer") or {}
+        if meta.get("session") == session and meta.get("latest_iteration") == own:
+            return job, own
+    if mode == "auto":
+        return (job, own) if own is not None else None
+    if mode == "disable":
+        return None
+    if mode != "resume_path":
+        raise ValueError(f"mode: expected 'auto', 'disable' or 'resume_path', got {mode!r}")
+    path = Path(resume_from_path).expanduser()
+    m = STEP_DIR_RE.match(path.name)
+    if not m:
+        raise CheckpointError(f"trainer.resume_from_path: {resume_from_path!r} is not a global_step_N folder")
+    if not (path / "actor").is_dir():
+        raise CheckpointError(f"trainer.resume_from_path: {path}: no actor/ checkpoint folder in it")
+    return path.parent, int(m.group(1))
+
+
 @dataclass
 class LoadedCheckpoint:
     """What :func:`load_checkpoint` found for one step."""

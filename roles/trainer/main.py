@@ -5,6 +5,8 @@ crash), train on it, publish the step's metrics, record the model version, check
 ``save_interval`` steps (then tell the buffer that every batch up to N is final), and give the
 synchronizer client its chance to move weights. Resuming loads the latest checkpoint's model,
 optimizer, scheduler, RNG and step, so a SIGKILLed trainer redoes exactly the steps after it.
+Where a run starts is ``trainer.resume_mode`` (the latest checkpoint, the model, or a given
+``global_step_N`` folder); a restart within the run always resumes its own checkpoints.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import bus
 from ops.algorithms import AlgorithmSpec
 from roles import keys
 from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchReply, BatchRequest
-from roles.settings import algorithm_spec
+from roles.settings import algorithm_spec, session_start
 from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
 from schemas.data import Metric
@@ -86,6 +88,33 @@ def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str) -> An
     return TorchEngine(model, cfg.algorithm.optimizer, total_steps=steps, grad_clip=cfg.trainer.grad_clip)
 
 
+def mini_batch_rows(cfg: TrinityConfig) -> int | None:
+    """Experiences per optimizer update: ``trainer.ppo_mini_batch_size`` tasks times
+    ``repeat_times``; None: the whole batch (``buffer.train_batch_size``), one update per pass,
+    as in Trinity-RFT (veRL's own ``ppo_mini_batch_size`` never sets it: the loader warns)."""
+    size = cfg.trainer.ppo_mini_batch_size
+    return size * cfg.algorithm.repeat_times if size else None
+
+
+def resume_point(cfg: TrinityConfig, job: Path, session: float) -> tuple[Path, int] | None:
+    """The checkpoint this trainer starts from (job dir, step), or None: the model at step 0
+    (``trainer.resume_mode``; :func:`storage.checkpoints.resume_point` says how a restart in
+    the same session is told apart). ``continue_from_checkpoint: false`` makes ``auto`` mean
+    ``disable``, as it did before ``resume_mode`` existed. Starting elsewhere than the job's
+    own latest checkpoint is logged: the explorer and buffer of that job keep their progress."""
+    mode = cfg.trainer.resume_mode
+    if mode == "auto" and not cfg.continue_from_checkpoint:
+        mode = "disable"
+    point = ckpt.resume_point(job, mode, cfg.trainer.resume_from_path, session)
+    own = ckpt.read_latest(job, "checkpoint")
+    if own is not None and point != (job, own):
+        log.warning("job_checkpoint_not_resumed", job=str(job), latest=own, resume_mode=mode,
+                    starts_from=str(ckpt.step_dir(*point)) if point else cfg.model.model_path,
+                    why="the explorer, buffer and KV of this job keep their progress; "
+                        "continue_from_checkpoint: false starts the whole experiment afresh")
+    return point
+
+
 class Trainer:
     """Engine + step runner + checkpoints; the process loop lives in :func:`run_trainer`."""
 
@@ -103,23 +132,23 @@ class Trainer:
             raise NotImplementedError(
                 f"algorithm {self.spec.algorithm_type!r} needs a critic, which trains in one process; "
                 f"run the trainer as one process (WORLD_SIZE={world})")
+        self.session = session_start()  # once: under honcho it is this process's start
         loaded = None
-        if cfg.continue_from_checkpoint:
-            latest = ckpt.read_latest(self.job, "checkpoint")
-            if latest is not None:
-                safe = []
-                if engine_kind(cfg) == "deepspeed":
-                    from .deepspeed_engine import checkpoint_safe_globals
+        point = resume_point(cfg, self.job, self.session)
+        if point is not None:
+            safe = []
+            if engine_kind(cfg) == "deepspeed":
+                from .deepspeed_engine import checkpoint_safe_globals
 
-                    safe = checkpoint_safe_globals()
-                with torch.serialization.safe_globals(safe):
-                    loaded = ckpt.load_checkpoint(self.job, latest, rank=rank, world_size=world)
-                if loaded is not None and loaded.trainer_state is None:
-                    saved_by = ckpt.saved_trainer_states(loaded.actor_dir)
-                    if saved_by:  # the optimizer partitions are per rank: they do not re-split
-                        raise ValueError(
-                            f"{loaded.actor_dir}: saved by a trainer of another size ({', '.join(saved_by)}); "
-                            f"this one has {world} process(es): resume with as many as saved it")
+                safe = checkpoint_safe_globals()
+            with torch.serialization.safe_globals(safe):
+                loaded = ckpt.load_checkpoint(point[0], point[1], rank=rank, world_size=world)
+            if loaded is not None and loaded.trainer_state is None:
+                saved_by = ckpt.saved_trainer_states(loaded.actor_dir)
+                if saved_by:  # the optimizer partitions are per rank: they do not re-split
+                    raise ValueError(
+                        f"{loaded.actor_dir}: saved by a trainer of another size ({', '.join(saved_by)}); "
+                        f"this one has {world} process(es): resume with as many as saved it")
         self.engine = build_engine(cfg, self.spec, cfg.model.model_path)
         # several processes: rank 0 leads (see ranks.py), the others follow its commands
         self.dp = DataParallel() if world > 1 else None
@@ -147,7 +176,7 @@ class Trainer:
             max_token_len=t.max_token_len_per_gpu, micro_batch_size=t.micro_batch_size_per_gpu,
             pad_token_id=self.tokenizer.pad_token_id or 0, balance_batch=t.balance_batch,
             ppo_epochs=t.ppo_epochs, shuffle=t.ppo_shuffle,
-            mini_batch_rows=t.ppo_mini_batch_size and t.ppo_mini_batch_size * cfg.algorithm.repeat_times,
+            mini_batch_rows=mini_batch_rows(cfg),
             bypass_old_logprobs=cfg.algorithm.bypass_old_logprobs,
         )
         if lora.is_lora(self.engine.model):
@@ -259,7 +288,7 @@ class Trainer:
                 self.job, self.step, state_dict=weights, config=self.engine.model.config,
                 tokenizer=self.tokenizer, trainer_state=state, save_hf=hf,
                 max_checkpoints_to_keep=t.max_checkpoints_to_keep,
-                trainer_meta={"latest_iteration": self.step, "consumed": self.consumed},
+                trainer_meta={"latest_iteration": self.step, "consumed": self.consumed, "session": self.session},
                 world_size=world,
             )
         self.engine.barrier()  # and it is committed when save returns on any rank
@@ -386,6 +415,8 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
                 prefetch = (asyncio.ensure_future(fetch_batch(nc, cfg.run_id, step + 1, n, trainer.step, read_timeout)),
                             nc.stats["reconnects"])
                 await sync.after_step(step, trainer)
+            elif not done and await explorer_follows(cfg, state, step):
+                await sync.offer(step, trainer)  # weights on disk for an explore run beside this one
         if done:
             if saved != trainer.step or not trainer.has_hf_checkpoint():
                 await save(trainer, nc, cfg.run_id, final=True)
@@ -400,6 +431,23 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
         await sync.close()
         await bus.disconnect(nc)
     return done
+
+
+#: Seconds since its last heartbeat within which an explorer counts as following.
+FOLLOWER_AGE_S = 30.0
+
+
+async def explorer_follows(cfg: TrinityConfig, state: Any, step: int) -> bool:
+    """``mode: train`` under ``sync_method: checkpoint``, at a sync step, with a live explorer
+    on this run: an ``explore`` run beside this one loads the weights this step writes
+    (``roles/explorer/follow.py``). Without one, nothing is written (an SFT stage would leave
+    a weights folder per step)."""
+    s = cfg.synchronizer
+    if cfg.mode != "train" or s.sync_method != "checkpoint" or step % (s.trainer_sync_interval or s.sync_interval):
+        return False
+    beats = await state.heartbeats()
+    return any((name.startswith("explorer") or name == cfg.explorer.name) and v["age"] < FOLLOWER_AGE_S
+               for name, v in beats.items())
 
 
 async def save(trainer: Trainer, nc: Any, run_id: str, final: bool) -> None:

@@ -302,13 +302,19 @@ def test_verl_actor_settings_map_to_trinitys_and_lose_to_them(tmp_path):
     """)
     loaded = load(p)
     t = loaded.config.trainer
-    assert (t.ppo_epochs, t.ppo_mini_batch_size, t.ppo_shuffle, t.grad_clip) == (3, 4, True, 0.5)
+    assert (t.ppo_epochs, t.ppo_shuffle, t.grad_clip) == (3, True, 0.5)
     assert (t.micro_batch_size_per_gpu, t.use_dynamic_bsz) == (2, False)
     assert loaded.config.algorithm.optimizer.lr == 2.0e-5
-    assert loaded.sources["trainer.ppo_mini_batch_size"].endswith(
-        "as trainer.trainer_config.actor_rollout_ref.actor.ppo_mini_batch_size")
+    assert loaded.sources["trainer.ppo_shuffle"].endswith("as trainer.trainer_config.actor_rollout_ref.actor.shuffle")
     assert loaded.sources["trainer.ppo_epochs"].startswith("file")  # trinity's own name won
-    assert not [w for w in loaded.warnings if "trainer_config" in w]  # nothing left ignored
+    # veRL's mini-batch size is overridden by buffer.train_batch_size (the FAQ): one update per batch
+    assert t.ppo_mini_batch_size is None
+    verl = [w for w in loaded.warnings if "trainer_config" in w]
+    assert len(verl) == 2, verl
+    assert verl[0].startswith("trainer.trainer_config.actor_rollout_ref.actor.ppo_epochs (2, from file")
+    assert "is overridden by trainer.ppo_epochs (3, from file" in verl[0]
+    assert verl[1].startswith("trainer.trainer_config.actor_rollout_ref.actor.ppo_mini_batch_size is ignored")
+    assert "overridden by buffer.train_batch_size" in verl[1]
 
 
 def test_model_level_settings_reach_the_engines_and_datasets(tmp_path):

@@ -72,9 +72,10 @@ def test_epochs_and_mini_batches_make_several_updates_from_one_old_policy(tmp_pa
     one = Trainer(_cfg(tmp_path / "a", tiny_model))
     m1 = one.train(_batch(logprobs=False), 1)
     assert m1["updates"] == 1.0 and one.engine.optimizer.state_dict()["state"][0]["step"] == 1
-    # veRL's names, as a migrated Trinity-RFT config writes them, mean the same
-    cfg = _cfg(tmp_path / "b", tiny_model, trainer={"trainer_config": {"actor_rollout_ref": {"actor": {
-        "ppo_epochs": 2, "ppo_mini_batch_size": 1, "shuffle": True}}}})
+    # veRL's names, as a migrated Trinity-RFT config writes them, mean the same; the mini-batch
+    # size is trinity's own (veRL's is overridden by buffer.train_batch_size: tests/schemas)
+    cfg = _cfg(tmp_path / "b", tiny_model, trainer={"ppo_mini_batch_size": 1, "trainer_config": {
+        "actor_rollout_ref": {"actor": {"ppo_epochs": 2, "shuffle": True}}}})
     assert (cfg.trainer.ppo_epochs, cfg.trainer.ppo_mini_batch_size, cfg.trainer.ppo_shuffle) == (2, 1, True)
     many = Trainer(cfg)
     assert many.runner.mini_batch_rows == 4  # 1 task x repeat_times 4
