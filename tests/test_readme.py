@@ -43,6 +43,12 @@ RUN_ELSEWHERE = {
     ".venv/bin/python examples/algorithms/prepare.py && .venv/bin/trinity run --config "
     "examples/algorithms/on_policy_distill.yaml":
         "tests/run/test_algorithms_e2e.py (prepare.py, and every example config for 3 steps)",
+    # a GPU node's set-up: CI has no GPU; the extras' names are checked by
+    # tests/roles/test_extras.py, the plan by tests/run/test_placement.py
+    "python3 -m venv .venv && source .venv/bin/activate": "tests/roles/test_extras.py (GPU node only)",
+    'pip install -e ".[vllm,dev]"': "tests/roles/test_extras.py (GPU node only)",
+    'pip install "flash-attn==2.8.3" --no-build-isolation': "tests/roles/test_extras.py (GPU node only)",
+    "trinity run --config examples/grpo_gsm8k/gsm8k.yaml": "tests/run/test_placement.py (GPU node only: the plan)",
     "trinity debug --config FILE --module workflow --output-file exps.json "
     "--set explorer.rollout_model.engine_type=transformers": "tests/explorer/test_engines_workflows.py",
 }
