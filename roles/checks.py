@@ -295,6 +295,26 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
     return out
 
 
+def check_stage_settings(stages: list[TrinityConfig], i: int, where: str, needs: frozenset[str]) -> list[str]:
+    """Settings of stage ``i`` that would only fail (or do nothing) once running: the monitor's
+    ``monitor_args`` for its backend (the explorer and trainer open a monitor), and a trainer
+    stage with ``save_hf_checkpoint: never`` that a later stage starts from (it would leave
+    nothing to start from: the run would die between the stages)."""
+    from roles.monitor import monitor_args_problems
+    from roles.stages import ROLES_BY_MODE
+
+    s = stages[i]
+    out = []
+    if i == 0 and needs & {"explorer", "trainer"}:  # a global section: stages do not override it
+        out += monitor_args_problems(s.monitor)
+    if (i + 1 < len(stages) and "trainer" in ROLES_BY_MODE[s.mode]
+            and s.trainer.save_hf_checkpoint == "never"):
+        nxt = stages[i + 1].name.rsplit("/", 1)[-1]
+        out.append(f"{where}trainer.save_hf_checkpoint: 'never', but stage {nxt!r} starts from this "
+                   "stage's final Hugging Face checkpoint; use 'last'")
+    return out
+
+
 def check_lora(cfg: TrinityConfig, where: str) -> list[str]:
     """``model.lora_configs[0]`` against the trainer's engine and model: ZeRO-3 (merged weights
     need whole tensors), an adapter ``path`` that is no PEFT folder, ``target_modules`` that
@@ -342,6 +362,7 @@ def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], li
         elif "explorer" in needs:  # a later stage's model is its predecessor's checkpoint
             missing += [p for p in _missing_requirements(s, where, needs) if "model_path" not in p]
         problems += [p for p in check_names(s, where, needs) if p not in problems]
+        problems += [p for p in check_stage_settings(stages, i, where, needs) if p not in problems]
         for item in _inputs(s, i == 0, where):
             if not item.readers & needs or not item.path:
                 continue

@@ -200,9 +200,12 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
         and not user_set(f"{ebp}.storage_type")
     ):
         put(eb, "storage_type", "file", f"{ebp}.storage_type")
-    if eb.storage_type == "queue" and eb.path and "://" in eb.path:
+    if eb.storage_type == "queue" and eb.path and ("://" in eb.path or eb.path.endswith((".db", ".json", ".jsonl"))):
+        # Trinity-RFT backs its queue up to a SQLite database or a JSON file named here
         warnings.append(
-            f"{ebp}.path {eb.path!r}: SQL/remote queue backups are not implemented; the replay store lives under the run directory"
+            f"{ebp}.path {eb.path!r}: queue backups to SQL databases or JSON files are not implemented; "
+            f"the replay store lives under the run directory (<job>/buffer/{eb.name}), and every "
+            "experience stays on the run's stream (trinity inspect --tail 5 --stream exp)"
         )
         put(eb, "path", None, f"{ebp}.path")
     if eb.storage_type == "file" and not eb.path:

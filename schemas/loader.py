@@ -624,10 +624,9 @@ def load_config(
             if stage.mode:
                 merged["mode"] = stage.mode
             merged["name"] = f"{cfg.name}/{stage.stage_name}"
-            # each stage writes an HF checkpoint so the next stage can start from its weights
-            trainer = merged.setdefault("trainer", {})
-            if trainer.get("save_hf_checkpoint") != "always":
-                trainer["save_hf_checkpoint"] = "last"
+            # the next stage starts from this one's final HF checkpoint: a stage set to
+            # ``save_hf_checkpoint: never`` before another is refused by roles/checks.py
+            # (check_stage_settings), never silently changed
             stages.append(
                 _validate(merged, stage_sources, warnings, f"stages[{i}].", algorithm_resolver)
             )

@@ -354,3 +354,33 @@ def test_a_plugin_that_fails_to_import_is_a_config_error_naming_the_file(tmp_pat
     monkeypatch.setenv("TRINITY_PLUGIN_DIRS", str(tmp_path / "nowhere"))
     rc, out, err = config(extra=("--config", cfg))
     assert rc == 2 and "is not a folder" in err, err
+
+
+def test_monitor_args_a_backend_cannot_take_exit_2_before_any_role(config):
+    rc, _, err = config("monitor.monitor_type=wandb", "monitor.monitor_args={base_url: http://x, bogus: 1}")
+    assert rc == 2 and "monitor.monitor_args.bogus: not an argument of monitor_type wandb" in err
+    rc, _, err = config("monitor.monitor_type=mlflow", "monitor.monitor_args={uri: 'file:///tmp/m', username: u}")
+    assert rc == 0, err
+
+
+def test_a_stage_that_saves_no_hf_checkpoint_for_the_next_one_exits_2(tmp_path):
+    from storage.tiny import build_arithmetic_taskset, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m")
+    data = build_arithmetic_taskset(tmp_path / "d", n_train=6, n_eval=2)
+    fmt = {"prompt_type": "plaintext", "prompt_key": "question", "response_key": "answer"}
+    cfg = {"model": {"model_path": str(model)}, "checkpoint_root_dir": str(tmp_path / "ckpt"),
+           "buffer": {"explorer_input": {"taskset": {"path": str(data), "format": fmt}}},
+           "stages": [{"stage_name": "sft", "mode": "train", "algorithm": {"algorithm_type": "sft"},
+                       "trainer": {"save_hf_checkpoint": "never"},
+                       "buffer": {"trainer_input": {"experience_buffer": {
+                           "storage_type": "file", "path": str(data), "format": fmt}}}},
+                      {"stage_name": "grpo", "mode": "both"}]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    r = trinity("config", "--config", str(tmp_path / "c.yaml"))
+    assert r.returncode == 2, r.stderr
+    assert ("stages[0] (sft).trainer.save_hf_checkpoint: 'never', but stage 'grpo' starts from this "
+            "stage's final Hugging Face checkpoint") in r.stderr
+    cfg["stages"][0]["trainer"]["save_hf_checkpoint"] = "last"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    assert trinity("config", "--config", str(tmp_path / "c.yaml")).returncode == 0

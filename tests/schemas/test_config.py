@@ -344,3 +344,12 @@ def test_model_level_settings_reach_the_engines_and_datasets(tmp_path):
     bad = write(tmp_path, "model: {model_path: /m, chat_template_path: /nowhere.jinja}", "bad.yaml")
     with pytest.raises(ConfigError, match="model.chat_template_path: /nowhere.jinja: cannot read"):
         load(bad)
+
+
+@pytest.mark.parametrize("path", ["sqlite:///gsm8k.db", "gsm8k.db", "backup.jsonl", "backup.json"])
+def test_a_queue_backup_path_is_warned_not_silently_dropped(path):
+    loaded = load(overrides=[f"buffer.trainer_input.experience_buffer.path={path}"])
+    eb = loaded.config.buffer.trainer_input.experience_buffer
+    assert eb.path is None  # the replay store lives under the run directory
+    assert any(w.startswith(f"buffer.trainer_input.experience_buffer.path {path!r}: queue backups")
+               for w in loaded.warnings), loaded.warnings
