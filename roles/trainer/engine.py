@@ -71,12 +71,26 @@ def config_overrides(m: ModelConfig) -> dict[str, Any]:
     return {"rope_scaling": m.rope_scaling, "rope_theta": m.rope_theta}
 
 
+def attn_implementation() -> str | None:
+    """``flash_attention_2`` on a GPU where the ``flash_attn`` package (the ``flash_attn``
+    extra) is installed, else None (transformers' default, SDPA). Why only then: FlashAttention
+    kernels are CUDA-only and the package is an optional build; the trainer's GPU path casts
+    the model to bf16 (DeepSpeed), which they need."""
+    import importlib.util
+
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return None
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,
                overrides: dict[str, Any] | None = None) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = override_rope(AutoConfig.from_pretrained(str(path)), **(overrides or {}))
-    model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype)
+    attn = attn_implementation()
+    kw = {"attn_implementation": attn} if attn else {}
+    model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype, **kw)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model

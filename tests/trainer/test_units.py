@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from ops.algorithms import resolve
 from roles.buffer.pipeline import Pipeline, drop_equal_reward_groups, reward_shaping
@@ -161,3 +162,21 @@ def test_trainer_processes_follow_the_cluster_split(tmp_path):
         ranks(cfg(cluster={"gpu_per_node": 8, "node_num": 2}))
     with pytest.raises(ValueError, match="trainer.trainer_type: 'pytorch' trains in one process"):
         launch_trainer_ranks([cfg(mode="train", trainer={"trainer_type": "pytorch"})])
+
+
+def test_flash_attention_only_on_a_gpu_with_the_package():
+    from roles.trainer.engine import attn_implementation
+
+    if not torch.cuda.is_available():
+        assert attn_implementation() is None  # SDPA: FlashAttention kernels are CUDA-only
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_the_trainer_loads_flash_attention_when_installed(tmp_path):
+    pytest.importorskip("flash_attn")
+    from roles.trainer.engine import load_model
+    from storage.tiny import build_tiny_model
+
+    model = load_model(build_tiny_model(tmp_path / "m"), dtype=torch.bfloat16)
+    assert model.config._attn_implementation == "flash_attention_2"
