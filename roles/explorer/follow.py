@@ -1,4 +1,7 @@
-"""``mode: explore`` under ``sync_method: checkpoint``: follow a trainer's checkpoints on disk.
+"""The explorer's sync clients when no synchronizer runs: :class:`NoSync` (``bench`` mode,
+``trinity debug``, tests of the explorer alone) and :class:`CheckpointFollower`.
+
+``mode: explore`` under ``sync_method: checkpoint`` follows a trainer's checkpoints on disk.
 
 Why: Trinity-RFT's decoupled set-up runs a ``train`` run and an ``explore`` run on one job
 (same ``checkpoint_root_dir``, ``project`` and ``name``). No synchronizer referees between
@@ -32,8 +35,35 @@ def newest_weights(job: str | Path) -> tuple[int, Path] | None:
     return None
 
 
-class CheckpointFollower:
-    """The explorer's sync client in ``explore`` mode (see the module doc)."""
+class NoSync:
+    """No synchronizer: never waits, never loads weights."""
+
+    async def before_step(self, step: int, engines: list[Any]) -> None:
+        return None
+
+    async def after_step(self, step: int) -> None:
+        return None
+
+    async def final(self, engines: list[Any]) -> None:
+        return None
+
+    async def catch_up(self, engines: list[Any], floor: int) -> int:
+        return floor
+
+    def assist(self, name: str) -> None:
+        return None
+
+    async def take_lead(self) -> None:
+        return None
+
+    async def leave(self) -> None:
+        return None
+
+
+class CheckpointFollower(NoSync):
+    """The explorer's sync client in ``explore`` mode (see the module doc): the newest
+    checkpoint at every ``sync_interval``-th step, before a task that needs newer weights,
+    and before the final evaluation; nothing else."""
 
     def __init__(self, cfg: Any) -> None:
         self.job = cfg.checkpoint_job_dir
@@ -54,20 +84,8 @@ class CheckpointFollower:
         if step % self.interval == 0:
             await self.load_newest(engines)
 
-    async def after_step(self, step: int) -> None:
-        return None
-
     async def final(self, engines: list[Any]) -> None:
         await self.load_newest(engines)
 
     async def catch_up(self, engines: list[Any], floor: int) -> int:
         return await self.load_newest(engines)
-
-    def assist(self, name: str) -> None:
-        return None
-
-    async def take_lead(self) -> None:
-        return None
-
-    async def leave(self) -> None:
-        return None

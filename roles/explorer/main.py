@@ -35,6 +35,7 @@ import bus
 from roles import keys
 from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
 from roles.explorer.eval import evaluate, group_metrics
+from roles.explorer.follow import CheckpointFollower, NoSync
 from roles.explorer.lease import (
     JOIN_KEY,
     LEASE_S,
@@ -80,39 +81,11 @@ class SyncClient(Protocol):
     async def leave(self) -> None: ...
 
 
-class NoSync:
-    """No synchronizer: never waits, never loads weights. Used in ``bench`` mode, by
-    ``trinity debug`` and by tests that run the explorer alone."""
-
-    async def before_step(self, step: int, engines: list[RolloutEngine]) -> None:
-        return None
-
-    async def after_step(self, step: int) -> None:
-        return None
-
-    async def final(self, engines: list[RolloutEngine]) -> None:
-        return None
-
-    async def catch_up(self, engines: list[RolloutEngine], floor: int) -> int:
-        return floor
-
-    def assist(self, name: str) -> None:
-        return None
-
-    async def take_lead(self) -> None:
-        return None
-
-    async def leave(self) -> None:
-        return None
-
-
 async def make_sync(cfg: TrinityConfig, nc: Any, state: bus.RunState, pub: bus.Publisher) -> SyncClient:
     """The synchronizer's client; in ``explore`` mode a follower of the trainer's checkpoints
     (``roles/explorer/follow.py``: a ``train`` run beside it writes them); :class:`NoSync` in
     ``bench`` mode, which loads every checkpoint itself (:meth:`Explorer.bench`)."""
     if cfg.mode == "explore":
-        from roles.explorer.follow import CheckpointFollower
-
         return CheckpointFollower(cfg)
     if cfg.mode == "bench":
         return NoSync()
