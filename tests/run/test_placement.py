@@ -156,3 +156,12 @@ def test_roles_started_alone_take_their_share_or_keep_a_given_one(tmp_path, tiny
     assert "CUDA_VISIBLE_DEVICES='1'" in _first_devices_line("trainer", c, {})
     assert "CUDA_VISIBLE_DEVICES=''" in _first_devices_line("buffer", c, {})
     assert "CUDA_VISIBLE_DEVICES='5'" in _first_devices_line("trainer", c, {"CUDA_VISIBLE_DEVICES": "5"})
+
+
+def test_the_node_variable_is_no_config_value(tmp_path):
+    from roles.placement import NODE_ENV
+    from schemas.loader import NON_CONFIG_VARS
+
+    assert NODE_ENV in NON_CONFIG_VARS  # a .env may hold it beside config values (honcho's does)
+    (tmp_path / ".env").write_text(f"{NODE_ENV}=1\n")
+    assert _cli("config", "--config", str(GSM8K), "--dotenv", str(tmp_path / ".env"), env={}).returncode == 0
