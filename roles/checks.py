@@ -297,16 +297,22 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
 
 def check_stage_settings(stages: list[TrinityConfig], i: int, where: str, needs: frozenset[str]) -> list[str]:
     """Settings of stage ``i`` that would only fail (or do nothing) once running: the monitor's
-    ``monitor_args`` for its backend (the explorer and trainer open a monitor), and a trainer
+    ``monitor_args`` for its backend (the explorer and trainer open a monitor), the device
+    plan, and a trainer
     stage with ``save_hf_checkpoint: never`` that a later stage starts from (it would leave
     nothing to start from: the run would die between the stages)."""
     from roles.monitor import monitor_args_problems
+    from roles.placement import PlanError, device_plan
     from roles.stages import ROLES_BY_MODE
 
     s = stages[i]
     out = []
-    if i == 0 and needs & {"explorer", "trainer"}:  # a global section: stages do not override it
+    if i == 0 and needs & {"explorer", "trainer"}:  # global sections: stages do not override them
         out += monitor_args_problems(s.monitor)
+        try:  # every GPU process's share (colocate and plans that do not fit are refused)
+            device_plan(stages)
+        except PlanError as e:
+            out.append(str(e))
     if (i + 1 < len(stages) and "trainer" in ROLES_BY_MODE[s.mode]
             and s.trainer.save_hf_checkpoint == "never"):
         nxt = stages[i + 1].name.rsplit("/", 1)[-1]

@@ -384,3 +384,10 @@ def test_a_stage_that_saves_no_hf_checkpoint_for_the_next_one_exits_2(tmp_path):
     cfg["stages"][0]["trainer"]["save_hf_checkpoint"] = "last"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     assert trinity("config", "--config", str(tmp_path / "c.yaml")).returncode == 0
+
+
+def test_colocate_and_a_plan_that_does_not_fit_exit_2_naming_the_fields(config):
+    rc, _, err = config("mode=colocate")
+    assert rc == 2 and "mode: colocate" in err and "not implemented" in err
+    rc, _, err = config("cluster.gpu_per_node=1")
+    assert rc == 2 and "cluster.gpu_per_node: 1" in err and "none to the trainer" in err
