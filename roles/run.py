@@ -333,7 +333,7 @@ def role_args(args: argparse.Namespace) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     """``trinity run``: see the module doc. Exit 0 done, 1 a role failed, 2 config, 130 stopped."""
     from bus.server import default_store_dir, ensure_server
-    from roles.placement import describe, device_plan, trainer_ranks
+    from roles.placement import child_env, describe, device_plan, trainer_ranks
     from roles.settings import load
     from roles.stages import roles_needed
 
@@ -352,6 +352,8 @@ def main(args: argparse.Namespace) -> int:
                 print(line)
         if "trainer" in roles_needed(stages):
             trainer_ranks(plan)  # refuses a trainer that trinity run cannot start
+        for role in roles_needed(stages):  # a CUDA_VISIBLE_DEVICES too short for the plan
+            child_env(plan, role, os.environ)
     except ValueError as e:
         raise ConfigError([str(e)]) from e
     if args.plan:
