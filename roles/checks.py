@@ -302,8 +302,7 @@ def check_stage_settings(stages: list[TrinityConfig], i: int, where: str, needs:
     stage with ``save_hf_checkpoint: never`` that a later stage starts from (it would leave
     nothing to start from: the run would die between the stages)."""
     from roles.monitor import monitor_args_problems
-    from roles.placement import PlanError, device_plan
-    from roles.stages import ROLES_BY_MODE
+    from roles.placement import TRAINER_MODES, PlanError, device_plan
 
     s = stages[i]
     out = []
@@ -313,7 +312,7 @@ def check_stage_settings(stages: list[TrinityConfig], i: int, where: str, needs:
             device_plan(stages)
         except PlanError as e:
             out.append(str(e))
-    if (i + 1 < len(stages) and "trainer" in ROLES_BY_MODE[s.mode]
+    if (i + 1 < len(stages) and s.mode in TRAINER_MODES
             and s.trainer.save_hf_checkpoint == "never"):
         nxt = stages[i + 1].name.rsplit("/", 1)[-1]
         out.append(f"{where}trainer.save_hf_checkpoint: 'never', but stage {nxt!r} starts from this "
