@@ -133,8 +133,8 @@ VERL_FIELDS: dict[str, str] = {
 #: Fields trinity accepts (Trinity-RFT configs set them) but that change nothing here, with why.
 #: ``[]`` stands for any list item, ``{}`` for any dict key. A source setting one of them to
 #: something other than its default gets one warning naming the field (``schemas/derive.py``);
-#: ``tests/schemas/test_field_coverage.py`` fails for a field that is neither read by the code
-#: nor listed here.
+#: ``tests/schemas/test_field_effects.py`` fails for a field that changes nothing the roles do
+#: and is not listed here, and for a field listed here that does change something.
 UNUSED_FIELDS: dict[str, str] = {
     "model.trust_remote_code": "trinity loads only architectures transformers ships; it never runs a model folder's own code",
     "trainer.name": "the trainer's heartbeat and log are named 'trainer'",
@@ -159,6 +159,23 @@ UNUSED_FIELDS: dict[str, str] = {
 }
 UNUSED_FIELDS["model.lora_configs[].base_model_name"] = (
     "the adapter's base is always model.model_path; an adapter of another model fails to load, naming its path")
+UNUSED_FIELDS["model.lora_configs[].name"] = (
+    "the adapter is always peft's 'default' one: checkpoints, weight syncs and engines name it so")
+for _opt in ("algorithm.optimizer", "critic.optim"):
+    UNUSED_FIELDS[f"{_opt}.optimizer_type"] = (
+        "adam and adamw are both torch.optim.AdamW (decoupled weight decay), as in Trinity-RFT")
+UNUSED_FIELDS["explorer.auxiliary_models[].enable_history"] = (
+    "only the rollout model's calls are recorded (explorer.rollout_model.enable_history); an auxiliary "
+    "model's handle keeps no history")
+UNUSED_FIELDS["explorer.auxiliary_models[].enable_openai_api"] = (
+    "every auxiliary model gets an OpenAI API whenever the explorer serves one "
+    "(explorer.rollout_model.enable_openai_api, mode serve), and none otherwise")
+UNUSED_FIELDS["explorer.auxiliary_models[].weight_sync_buffer_size"] = (
+    "auxiliary models are fixed: no weights are ever sent to them")
+UNUSED_FIELDS["buffer.trainer_input.auxiliary_buffers{}.format.chosen_key"] = (
+    "an auxiliary buffer is read as SFT data (expert demonstrations); chosen/rejected are DPO columns")
+UNUSED_FIELDS["buffer.trainer_input.auxiliary_buffers{}.format.rejected_key"] = (
+    UNUSED_FIELDS["buffer.trainer_input.auxiliary_buffers{}.format.chosen_key"])
 UNUSED_FIELDS["model.logprobs"] = ("the sampled token's log-prob is always recorded; top-k "
                                    "alternatives are not stored in experiences")
 for _ts in ("buffer.explorer_input.taskset", "buffer.explorer_input.eval_tasksets[]"):
@@ -325,7 +342,8 @@ class LoraConfig(Section):
     """One LoRA adapter trained instead of the full weights (Trinity-RFT's ``lora_configs``)."""
 
     name: str | None = None
-    """The adapter's name (logs, the PEFT folder's adapter name); None: ``default``."""
+    """Accepted for compatibility: the adapter is always peft's ``default`` (in checkpoints,
+    weight syncs and engines)."""
     path: str | None = None
     """A PEFT adapter folder to start from (``adapter_config.json`` + weights), trained on
     ``model.model_path``'s model; None: a fresh adapter (B = 0, so training starts at the base)."""
@@ -347,7 +365,8 @@ class ModelConfig(Section):
     model_path: str = ""
     """Path of the model being trained (a Hugging Face folder)."""
     trust_remote_code: bool = False
-    """Allow custom modelling code from the model folder."""
+    """Accepted for compatibility: trinity loads only architectures transformers ships and
+    never runs a model folder's own code."""
     critic_model_path: str = ""
     """Critic model path for PPO. Empty: ``model_path``."""
     custom_chat_template: str | None = None
