@@ -115,11 +115,13 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
     # algorithm
     if alg.algorithm_type == "dpo" and alg.repeat_times != 2:
         put(alg, "repeat_times", 2, "algorithm.repeat_times")
-    opt = alg.optimizer
-    if opt.warmup_style is not None:
-        warnings.append("algorithm.optimizer.warmup_style is deprecated; use lr_scheduler_type")
-        if not user_set("algorithm.optimizer.lr_scheduler_type"):
-            put(opt, "lr_scheduler_type", opt.warmup_style, "algorithm.optimizer.lr_scheduler_type")
+    # the deprecated alias fills lr_scheduler_type (what the train engines read) unless the
+    # user set that too, which then wins: what `trinity config` shows is what trains
+    for o, where in ((alg.optimizer, "algorithm.optimizer"), (cfg.critic.optim, "critic.optim")):
+        if o.warmup_style is not None:
+            warnings.append(f"{where}.warmup_style is deprecated; use lr_scheduler_type")
+            if not user_set(f"{where}.lr_scheduler_type"):
+                put(o, "lr_scheduler_type", o.warmup_style, f"{where}.lr_scheduler_type")
 
     # buffer sizes and steps
     if buf.train_batch_size == 0:
@@ -282,7 +284,7 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
         )
     # the optimizer's clip_grad is Trinity-RFT's other spelling of trainer.grad_clip
     if user_set("algorithm.optimizer.clip_grad") and not user_set("trainer.grad_clip"):
-        put(tr, "grad_clip", opt.clip_grad, "trainer.grad_clip")
+        put(tr, "grad_clip", alg.optimizer.clip_grad, "trainer.grad_clip")
     if user_set("critic.optim.clip_grad") and not user_set("critic.grad_clip"):
         put(cfg.critic, "grad_clip", cfg.critic.optim.clip_grad, "critic.grad_clip")
     # resume: the folder's existence is checked with the other inputs (roles/checks.py), its

@@ -79,7 +79,7 @@ class DeepSpeedEngine:
         self.zero_stage = zero_stage
         optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opt)
         ws = warmup_steps(opt, total_steps)
-        sched = opt.warmup_style or opt.lr_scheduler_type
+        sched = opt.lr_scheduler_type  # derive() folded the deprecated warmup_style in
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: lr_factor(s, total_steps=total_steps, warmup_steps=ws, scheduler=sched,
                                            min_lr_ratio=opt.min_lr_ratio))

@@ -108,7 +108,7 @@ class TorchEngine:
         self.grad_clip = grad_clip
         self.optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opt)
         ws = warmup_steps(opt, total_steps)
-        sched = opt.warmup_style or opt.lr_scheduler_type
+        sched = opt.lr_scheduler_type  # derive() folded the deprecated warmup_style in
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_factor(s, total_steps=total_steps, warmup_steps=ws, scheduler=sched,

@@ -353,3 +353,13 @@ def test_a_queue_backup_path_is_warned_not_silently_dropped(path):
     assert eb.path is None  # the replay store lives under the run directory
     assert any(w.startswith(f"buffer.trainer_input.experience_buffer.path {path!r}: queue backups")
                for w in loaded.warnings), loaded.warnings
+
+
+@pytest.mark.parametrize("section", ["algorithm.optimizer", "critic.optim"])
+def test_the_deprecated_warmup_style_fills_lr_scheduler_type_unless_that_is_set(section):
+    alone = load(overrides=[f"{section}.warmup_style=cosine"])
+    both = load(overrides=[f"{section}.warmup_style=constant", f"{section}.lr_scheduler_type=cosine"])
+    for loaded, expected in ((alone, "cosine"), (both, "cosine")):  # what the engines read
+        opt = loaded.config.algorithm.optimizer if section == "algorithm.optimizer" else loaded.config.critic.optim
+        assert opt.lr_scheduler_type == expected
+        assert f"{section}.warmup_style is deprecated; use lr_scheduler_type" in loaded.warnings
