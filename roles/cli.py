@@ -243,31 +243,30 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
 
 
-def launch_trainer_ranks(stages: list[Any]) -> None:
-    """Start one trainer process per GPU it has (see ``roles/trainer/ranks.py``) by becoming
-    ``torchrun`` over them; nothing when one process is enough or a launcher started this one
-    (``RANK`` is set)."""
+def launch_trainer_ranks(stages: list[Any], plan: Any) -> None:
+    """Start one trainer process per GPU the device ``plan`` gives it (see
+    ``roles/trainer/ranks.py``) by becoming ``torchrun`` over them; nothing when one process
+    is enough or a launcher started this one (``RANK`` is set)."""
     if "RANK" in os.environ:
         return
-    from roles.placement import device_plan, trainer_ranks
+    from roles.placement import trainer_ranks
     from roles.trainer.main import require_engine_for
     from roles.trainer.ranks import exec_ranks
 
-    n = trainer_ranks(device_plan(stages))
+    n = trainer_ranks(plan)
     if n == 1:
         return
     require_engine_for(stages[0], n, f"cluster.gpu_per_node gives the trainer {n} GPUs")
     exec_ranks(n, sys.argv[1:])
 
 
-def take_devices(role: str, stages: list[Any]) -> None:
-    """This role's GPUs of the device plan (``roles/placement.py``), before anything starts
+def take_devices(role: str, plan: Any) -> None:
+    """This role's GPUs of the device ``plan`` (``roles/placement.py``), before anything starts
     CUDA: a role started alone (honcho) sets ``CUDA_VISIBLE_DEVICES`` to its share when it is
     unset; under ``trinity run`` or torchrun it is already set and kept. Printed, so that every
     process says which devices it has."""
-    from roles.placement import device_plan, take_share
+    from roles.placement import take_share
 
-    plan = device_plan(stages)
     if plan.gpu_per_node == 0:
         return
     value = take_share(plan, role)
@@ -290,10 +289,13 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
     cfg = loaded.config
     stages = loaded.stages or [cfg]
     preflight(stages, role)  # the inputs this role reads, as trinity run checks them
+    from roles.placement import device_plan
+
     try:
-        take_devices(role, stages)
+        plan = device_plan(stages)
+        take_devices(role, plan)
         if role == "trainer":
-            launch_trainer_ranks(stages)
+            launch_trainer_ranks(stages, plan)
     except ValueError as e:  # the device plan does not fit: the config's fault
         print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
         return 2

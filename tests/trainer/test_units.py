@@ -161,7 +161,8 @@ def test_trainer_processes_follow_the_cluster_split(tmp_path):
     with pytest.raises(ValueError, match="cluster.node_num"):
         ranks(cfg(cluster={"gpu_per_node": 8, "node_num": 2}))
     with pytest.raises(ValueError, match="trainer.trainer_type: 'pytorch' trains in one process"):
-        launch_trainer_ranks([cfg(mode="train", trainer={"trainer_type": "pytorch"})])
+        c = cfg(mode="train", trainer={"trainer_type": "pytorch"})
+        launch_trainer_ranks([c], device_plan([c]))
 
 
 def test_flash_attention_only_on_a_gpu_with_the_package():
