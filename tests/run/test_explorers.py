@@ -38,6 +38,21 @@ def arith48(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_arithmetic_taskset(tmp_path_factory.mktemp("arith48"), n_train=TASKS, n_eval=6)
 
 
+@pytest.fixture(scope="module")
+def arith96(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Twice the tasks, for the test whose explorers join one after the other: each must
+    run tasks before the run ends, however fast this machine's steps are."""
+    from storage.tiny import build_arithmetic_taskset
+
+    return build_arithmetic_taskset(tmp_path_factory.mktemp("arith96"), n_train=2 * TASKS, n_eval=6)
+
+
+def _ran_a_task(url: str, run_id: str, pid: int) -> bool:
+    """Has explorer process ``pid`` run a task of the run yet (a notice on its done stream)?"""
+    done = asyncio.run(read_groups(NatsConfig(url=url), run_id, expect=0, timeout=1.0, kind="done"))
+    return any(_pid_of(d.explorer) == pid for d in done)
+
+
 def _config(tmp_path: Path, model: Path, data: Path, url: str, **extra) -> Path:
     return tiny_run_config(tmp_path / "c.yaml", model=model, data=data, port=0, stages=False, extra={
         "nats.url": url, "nats.embedded": False, "nats.ack_wait": 5,
@@ -46,25 +61,26 @@ def _config(tmp_path: Path, model: Path, data: Path, url: str, **extra) -> Path:
         "buffer.explorer_input.default_workflow_type": "slow_math_workflow", **extra})
 
 
-def _who_ran(url: str, run_id: str) -> dict[tuple[int, int], str]:
+def _who_ran(url: str, run_id: str, tasks: int = TASKS) -> dict[tuple[int, int], str]:
     """``(step, index) -> explorer`` from the run's ``done`` stream (one notice per task)."""
-    done = asyncio.run(read_groups(NatsConfig(url=url), run_id, expect=TASKS, kind="done"))
+    done = asyncio.run(read_groups(NatsConfig(url=url), run_id, expect=tasks, kind="done"))
     return {(d.step, d.index): d.explorer for d in done}
 
 
-def _stored_once(url: str, run_id: str) -> None:
-    groups = asyncio.run(read_groups(NatsConfig(url=url), run_id, expect=TASKS))
+def _stored_once(url: str, run_id: str, tasks: int = TASKS) -> None:
+    groups = asyncio.run(read_groups(NatsConfig(url=url), run_id, expect=tasks))
     ids = [g.group_id for g in groups]
-    assert len(ids) == len(set(ids)) == TASKS, f"{len(ids)} groups, {len(set(ids))} distinct, {TASKS} tasks"
+    assert len(ids) == len(set(ids)) == tasks, f"{len(ids)} groups, {len(set(ids))} distinct, {tasks} tasks"
 
 
 def _pid_of(name: str) -> int:
     return int(name.rsplit("-", 1)[1])
 
 
-def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny_model, arith48, nats_server_factory):
+def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny_model, arith96, nats_server_factory):
+    tasks = 2 * TASKS
     server = nats_server_factory()
-    cfg = _config(tmp_path, tiny_model, arith48, server.url)
+    cfg = _config(tmp_path, tiny_model, arith96, server.url)
     job = tmp_path / "ckpt/t/r"
     log = tmp_path / "run.log"
     run = trinity("run", "--config", str(cfg), log=log, env_extra=PLUGINS)
@@ -72,8 +88,11 @@ def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny
     try:
         wait_for("train step 1", lambda: any(e["step"] >= 1 for e in steps_log(job)), run, log)
         helpers.append(trinity("explorer", "--config", str(cfg), log=tmp_path / "a.log", env_extra=PLUGINS))
+        # each joins before the next step of the test (a start takes seconds, a step one)
+        wait_for("the first to join runs a task", lambda: _ran_a_task(server.url, "t.r", helpers[0].pid), run, log)
         wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), run, log)
         helpers.append(trinity("explorer", "--config", str(cfg), log=tmp_path / "b.log", env_extra=PLUGINS))
+        wait_for("the second to join runs a task", lambda: _ran_a_task(server.url, "t.r", helpers[1].pid), run, log)
         wait_for("train step 7", lambda: any(e["step"] >= 7 for e in steps_log(job)), run, log)
         assert helpers[0].poll() is None, (tmp_path / "a.log").read_text()[-3000:]
         helpers[0].send_signal(signal.SIGKILL)  # mid-step: tasks are always running
@@ -86,10 +105,10 @@ def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny
                 p.kill()
     assert run.returncode == 0, log.read_text()[-4000:]
     assert helpers[1].returncode == 0, (tmp_path / "b.log").read_text()[-4000:]
-    trained_exactly_once(job, STEPS, BATCH * REPEAT)
-    _stored_once(server.url, "t.r")
-    ran = _who_ran(server.url, "t.r")
-    assert len(ran) == TASKS
+    trained_exactly_once(job, tasks // BATCH, BATCH * REPEAT)
+    _stored_once(server.url, "t.r", tasks)
+    ran = _who_ran(server.url, "t.r", tasks)
+    assert len(ran) == tasks
     pids = {_pid_of(n) for n in ran.values()}
     assert helpers[0].pid in pids and helpers[1].pid in pids and len(pids) == 3, pids
     late = [s for (s, _), n in ran.items() if _pid_of(n) == helpers[1].pid]
