@@ -43,6 +43,7 @@ from schemas.loader import ConfigError, LoadedConfig
 
 if TYPE_CHECKING:
     from bus.server import EmbeddedServer
+    from roles.placement import DevicePlan
 
 #: Seconds a role gets between SIGTERM and SIGKILL when the run stops.
 STOP_GRACE = 30.0
@@ -142,11 +143,9 @@ class Progress:
 
 class Supervisor:
     def __init__(self, loaded: LoadedConfig, role_args: list[str], max_restarts: int,
-                 server: EmbeddedServer | None = None) -> None:
-        from roles.placement import device_plan
-
+                 plan: DevicePlan, server: EmbeddedServer | None = None) -> None:
         self.stages = loaded.stages or [loaded.config]
-        self.plan = device_plan(self.stages)
+        self.plan = plan  # each role's GPUs (roles/placement.py)
         self.server = server
         self.server_restarts = 0
         self.cfg = loaded.config
@@ -363,7 +362,7 @@ def main(args: argparse.Namespace) -> int:
     server = ensure_server(cfg.nats, cfg.nats.store_dir or default_store_dir(cfg.nats, cfg.checkpoint_root_dir))
     if server is not None:
         print(f"trinity run: embedded nats-server at {server.url} (store {server.store_dir})")
-    sup = Supervisor(loaded, role_args(args), args.max_restarts, server)
+    sup = Supervisor(loaded, role_args(args), args.max_restarts, plan, server)
     try:
         rc = asyncio.run(sup.run(roles_needed(stages)))
     finally:
