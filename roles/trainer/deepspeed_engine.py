@@ -177,9 +177,12 @@ class DeepSpeedEngine:
         """Take down the process group DeepSpeed started, after the last collective. Why: a
         process that exits with gloo's worker threads still alive dies in interpreter teardown
         (SIGABRT, "terminate called without an active exception"; pytorch#190489), which turns
-        a finished run into a failed exit code. Only on a clean end: after an error another
+        a finished run into a failed exit code. The barrier first: a rank that tears its pairs
+        down while a peer still finishes the last collective's sends aborts that peer the same
+        way (seen once in CI, ZeRO-3 over two ranks). Only on a clean end: after an error another
         rank may still be inside a collective, and the process exits anyway."""
         if torch.distributed.is_initialized():
+            torch.distributed.barrier()
             torch.distributed.destroy_process_group()
 
     def optimizer_state(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow
 
 TASKS, BATCH, REPEAT = 48, 3, 4
 STEPS = TASKS // BATCH
+RUNNERS = 1  # explorer.runner_per_model in _config, one engine: the tasks an explorer runs at once
 PLUGINS = {"TRINITY_PLUGIN_DIRS": str(Path(__file__).parent / "plugins")}
 
 
@@ -56,7 +57,7 @@ def _ran_a_task(url: str, run_id: str, pid: int) -> bool:
 def _config(tmp_path: Path, model: Path, data: Path, url: str, **extra) -> Path:
     return tiny_run_config(tmp_path / "c.yaml", model=model, data=data, port=0, stages=False, extra={
         "nats.url": url, "nats.embedded": False, "nats.ack_wait": 5,
-        "synchronizer.sync_method": "checkpoint", "explorer.runner_per_model": 1,
+        "synchronizer.sync_method": "checkpoint", "explorer.runner_per_model": RUNNERS,
         "explorer.eval_on_startup": False,
         "buffer.explorer_input.default_workflow_type": "slow_math_workflow", **extra})
 
@@ -67,10 +68,16 @@ def _who_ran(url: str, run_id: str, tasks: int = TASKS) -> dict[tuple[int, int],
     return {(d.step, d.index): d.explorer for d in done}
 
 
-def _stored_once(url: str, run_id: str, tasks: int = TASKS) -> None:
+def _stored_once(url: str, run_id: str, tasks: int = TASKS, rerun_at_most: int = 0) -> None:
+    """Every task's group is on the exp stream, once. ``rerun_at_most``: an explorer killed
+    between publishing a group and acking its task has that task run again elsewhere, at a
+    later model version, so the stream holds the group twice (another ``Nats-Msg-Id``); the
+    buffer keeps the first (``trained_exactly_once`` checks that). At most one per task the
+    killed explorer was running."""
     groups = asyncio.run(read_groups(NatsConfig(url=url), run_id, expect=tasks))
     ids = [g.group_id for g in groups]
-    assert len(ids) == len(set(ids)) == tasks, f"{len(ids)} groups, {len(set(ids))} distinct, {tasks} tasks"
+    assert len(set(ids)) == tasks, f"{len(set(ids))} distinct groups, {tasks} tasks"
+    assert len(ids) - tasks <= rerun_at_most, f"{len(ids)} groups for {tasks} tasks (at most {rerun_at_most} re-run)"
 
 
 def _pid_of(name: str) -> int:
@@ -106,7 +113,7 @@ def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny
     assert run.returncode == 0, log.read_text()[-4000:]
     assert helpers[1].returncode == 0, (tmp_path / "b.log").read_text()[-4000:]
     trained_exactly_once(job, tasks // BATCH, BATCH * REPEAT)
-    _stored_once(server.url, "t.r", tasks)
+    _stored_once(server.url, "t.r", tasks, rerun_at_most=RUNNERS)
     ran = _who_ran(server.url, "t.r", tasks)
     assert len(ran) == tasks
     pids = {_pid_of(n) for n in ran.values()}
