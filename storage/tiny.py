@@ -56,15 +56,26 @@ TOOL_CHAT_TEMPLATE = (
 )
 
 
+#: Space and newline as byte-level BPE spells them (GPT-2's byte alphabet; every other
+#: character of :data:`CHARS` is its own byte-level symbol).
+BYTE_LEVEL = {" ": "\u0120", "\n": "\u010a"}
+
+
 def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
-    """The character-level tokenizer (deterministic: the same vocab on every machine)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    """The character-level tokenizer (deterministic: the same vocab on every machine).
+
+    Why a byte-level BPE with no merges rather than a word-level split: transformers 5 loads a
+    saved tokenizer of a ``qwen2`` model as ``Qwen2Tokenizer``, which keeps the vocabulary but
+    puts its own byte-level pre-tokenizer and decoder in front of it. A vocabulary holding
+    ``" "`` and ``"\n"`` then loses every space and newline on load (the model trained and
+    sampled on text without them); spelled ``Ġ`` and ``Ċ``, both pipelines give the same ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    vocab = {BYTE_LEVEL.get(t, t): i for i, t in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<pad>",
