@@ -204,9 +204,11 @@ def read_metrics(job_dir: str | Path) -> list[dict[str, Any]]:
 def summary(stages: list[TrinityConfig]) -> list[str]:
     """Eval accuracy at the start and the end of every stage that evaluated: the lines
     ``trinity run`` prints at the end, and the explorer does when honcho runs the roles."""
-    out = []
+    out, flags = [], []
     for s in stages:
-        evals = [r for r in read_metrics(s.checkpoint_job_dir) if r["kind"] == "eval"]
+        records = read_metrics(s.checkpoint_job_dir)
+        flags += no_signal(s.name.rsplit("/", 1)[-1], records)
+        evals = [r for r in records if r["kind"] == "eval"]
         if not evals:
             continue
         # per eval taskset: its first evaluation, and its final one when that is another
@@ -223,4 +225,23 @@ def summary(stages: list[TrinityConfig]) -> list[str]:
             out.append(f"  {s.name.rsplit('/', 1)[-1]:<16} {when:<5} step {r['step']:<4} "
                        f"weights v{int(v.get('model_version', 0)):<4} {r['taskset'] or '':<10} "
                        f"accuracy {100 * v.get('accuracy', float('nan')):5.1f}%")
-    return ["eval accuracy (each stage starts from the previous stage's final weights):", *out] if out else []
+    head = ["eval accuracy (each stage starts from the previous stage's final weights):", *out] if out else []
+    return head + flags
+
+
+def no_signal(stage: str, records: list[dict[str, Any]]) -> list[str]:
+    """The warning for a stage whose rollouts never gave the trainer anything to learn from:
+    at no step did the episodes of one task get different rewards (``groups_with_signal`` 0
+    throughout), so every group-relative advantage was 0. Empty when the stage had signal or
+    ran no grouped rollouts."""
+    steps = [r for r in records if r["kind"] == "rollout" and "groups_with_signal" in r["values"]]
+    if not steps or any(r["values"]["groups_with_signal"] > 0 for r in steps):
+        return []
+    rewards = [r["values"].get("reward_mean", float("nan")) for r in steps]
+    return [
+        f"WARNING {stage}: no learning signal: in all {len(steps)} steps every task's episodes got "
+        f"the same reward (reward mean {min(rewards):.3f}-{max(rewards):.3f}), so every advantage "
+        "was 0 and training changed nothing. The policy gets every task right or every one wrong: "
+        "check that the warm-up taught the answer format, that the reward function scores what "
+        "you expect (trinity debug), or raise repeat_times or the rollout temperature."
+    ]

@@ -42,6 +42,9 @@ def group_metrics(results: list[TaskResult], detailed: bool = False) -> dict[str
         out["reward_std"] = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
         acc = [float(e.info["accuracy"]) for e in firsts if "accuracy" in e.info]
         out["accuracy"] = sum(acc) / len(acc) if acc else sum(r > 0 for r in rewards) / len(rewards)
+    signal = groups_with_signal(results)
+    if signal is not None:
+        out["groups_with_signal"] = signal
     if exps:
         out["response_length_mean"] = sum(e.response_length for e in exps) / len(exps)
         out["prompt_truncated"] = float(sum(e.prompt_truncated for e in exps))
@@ -54,6 +57,21 @@ def group_metrics(results: list[TaskResult], detailed: bool = False) -> dict[str
                 out.update({f"{name}_max": max(xs), f"{name}_min": min(xs),
                             f"{name}_std": math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))})
     return out
+
+
+def groups_with_signal(results: list[TaskResult]) -> float | None:
+    """The fraction of groups (tasks of several episodes) whose episodes got different rewards.
+    Why: a group-relative advantage is 0 for every episode of a group whose rewards are all
+    equal, so a step where this is 0 teaches nothing, whatever its reward mean. None when no
+    group has two episodes (an eval, ``repeat_times: 1``)."""
+    flags = []
+    for r in results:
+        if r.group is None:
+            continue
+        firsts = {e.episode_key: e.reward for e in r.group.experiences if e.reward is not None}
+        if len(firsts) > 1:
+            flags.append(max(firsts.values()) - min(firsts.values()) > 1e-9)
+    return sum(flags) / len(flags) if flags else None
 
 
 def episode_metrics(exps: list[Any]) -> dict[str, float]:

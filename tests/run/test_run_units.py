@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from roles.monitor import Monitor, read_metrics
@@ -92,6 +93,38 @@ def test_monitor_writes_jsonl_and_tensorboard_and_the_summary_reads_it(tmp_path)
     lines = summary([cfg])
     assert "start step 0" in lines[1] and "25.0%" in lines[1]
     assert "end   step 5" in lines[2] and "weights v5" in lines[2] and "75.0%" in lines[2]
+
+
+def test_the_summary_flags_a_stage_whose_groups_never_differed(tmp_path):
+    """No learning signal: every step's groups had equal rewards, so the summary says so and
+    why; one step with a group that differed is enough to stay quiet."""
+    cfg = _cfg(tmp_path, name="n/grpo")
+    mon = Monitor(cfg, "explorer")
+    for step in (1, 2, 3):
+        mon.log(Metric(role="explorer", step=step, kind="rollout",
+                       values={"reward_mean": 0.0, "groups_with_signal": 0.0}))
+    mon.close()
+    lines = summary([cfg])
+    assert len(lines) == 1 and "WARNING grpo: no learning signal: in all 3 steps" in lines[0]
+    mon = Monitor(cfg, "explorer")
+    mon.log(Metric(role="explorer", step=4, kind="rollout", values={"reward_mean": 0.1, "groups_with_signal": 0.25}))
+    mon.close()
+    assert summary([cfg]) == []
+
+
+def test_groups_with_signal_counts_groups_whose_episode_rewards_differ():
+    from roles.explorer.eval import groups_with_signal
+    from roles.explorer.runner import TaskResult
+    from schemas.data import Experience, ExperienceGroup
+
+    def group(gid: str, rewards: list[float]) -> ExperienceGroup:
+        exps = [Experience(id=f"{gid}/{i}", task_id=gid, group_id=gid, run_id="r", tokens=np.arange(4, dtype=np.int32),
+                           prompt_length=2, reward=r) for i, r in enumerate(rewards)]
+        return ExperienceGroup(group_id=gid, task_id=gid, run_id="r", experiences=exps)
+
+    same, mixed = group("a", [1.0, 1.0]), group("b", [0.0, 1.0])
+    assert groups_with_signal([TaskResult(task=None, group=same), TaskResult(task=None, group=mixed)]) == 0.5
+    assert groups_with_signal([TaskResult(task=None, group=group("c", [1.0]))]) is None
 
 
 async def test_exit_markers_count_only_this_sessions_done(nats_cfg, run_id):
