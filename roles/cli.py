@@ -189,21 +189,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def share_cpu() -> None:
-    """Give this role process ``cores // 4`` torch threads (at least 1) unless
-    ``OMP_NUM_THREADS`` says otherwise.
-
-    Why: up to four role processes share a CPU machine, and torch's default of one thread per
-    core in every process oversubscribes it; OpenMP threads then spin waiting for each other.
-    Measured on 2 cores with the roles running: a tiny trainer step took 9.0 s with 2 threads
-    and 0.7 s with 1. GPU work is not affected (the threads only run CPU ops)."""
-    if os.environ.get("OMP_NUM_THREADS"):
-        return
-    import torch
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 4))
-
-
 def freeze_heap() -> None:
     """Take every object alive now out of the cyclic garbage collector's full passes.
 
@@ -301,6 +286,8 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         return 2
     rank = int(os.environ.get("RANK", "0"))  # a trainer rank other than 0 logs to its own file
     setup_logging(role if rank == 0 else f"{role}_rank{rank}", cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
+    from roles.stages import share_cpu
+
     share_cpu()
     freeze_heap()
     keep_freed_memory()

@@ -134,6 +134,26 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
     return 0
 
 
+def share_cpu(mode: str = "both") -> None:
+    """Give this role process its share of the CPU's cores as torch threads, unless
+    ``OMP_NUM_THREADS`` says otherwise: ``cores // 4`` (at least 1) while the roles run
+    together, every core for the trainer of a ``train`` stage, where it is the only one at work.
+
+    Why: up to four role processes share a CPU machine, and torch's default of one thread per
+    core in every process oversubscribes it; OpenMP threads then spin waiting for each other.
+    Measured on 2 cores with the roles running: a tiny trainer step took 9.0 s with 2 threads
+    and 0.7 s with 1. In a ``train`` stage (SFT, DPO) the explorer idles and the buffer works
+    only while the trainer waits for its batch: the calculator example's SFT step took 0.90 s
+    with 1 thread and 0.57 s with 2. Called at start and again at every stage's start (the
+    processes live through all stages). GPU work is not affected (the threads only run CPU ops)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
+
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(cores if mode == "train" else max(1, cores // 4))
+
+
 async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminate: asyncio.Event) -> int:
     """The stages as ``role``: 0 when SIGTERM ends it, -1 when every stage was walked."""
     import bus
@@ -155,6 +175,8 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
                 continue
             if role in ROLES_BY_MODE[cfg.mode]:
                 log.info("stage_start", stage=cfg.name, mode=cfg.mode, model=cfg.model.model_path)
+                if role == "trainer":
+                    share_cpu(cfg.mode)
                 stop = asyncio.Event()
                 watcher = asyncio.create_task(_watch_done(state, done_key, stop, terminate))
                 try:
