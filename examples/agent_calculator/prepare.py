@@ -75,7 +75,9 @@ def weak_teacher(rows: list[dict]) -> list[dict]:
     return out
 
 
-def prepare(out: Path, force: bool = False) -> Path:
+def prepare(out: Path, force: bool = False, seed: int = SEED) -> Path:
+    """Write the assets under ``out``; ``seed`` draws the model's initial weights (the data
+    stay the same for every seed, so figures over seeds compare like with like)."""
     from storage.datafiles import write_jsonl
     from storage.tiny import TOOL_CHAT_TEMPLATE, build_tiny_model
 
@@ -83,7 +85,7 @@ def prepare(out: Path, force: bool = False) -> Path:
     if done.exists() and not force:
         print(f"calculator assets already in {out}")
         return out
-    build_tiny_model(out / "model", seed=SEED, max_position_embeddings=384, chat_template=TOOL_CHAT_TEMPLATE)
+    build_tiny_model(out / "model", seed=seed, max_position_embeddings=384, chat_template=TOOL_CHAT_TEMPLATE)
     train, test = sums()
     for path, rows in (("data/train", train), ("data/test", test), ("sft/train", weak_teacher(train))):
         write_jsonl(out / f"{path}.jsonl", rows)
@@ -96,5 +98,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / "_build"))
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
+    ap.add_argument("--seed", type=int, default=SEED, help="seed of the model's initial weights")
     a = ap.parse_args()
-    prepare(Path(a.out), a.force)
+    prepare(Path(a.out), a.force, a.seed)

@@ -60,7 +60,9 @@ def teacher_game(secret: int, rng: random.Random) -> dict:
     return {"messages": msgs, "tools": [GUESS_TOOL]}
 
 
-def prepare(out: Path, force: bool = False) -> Path:
+def prepare(out: Path, force: bool = False, seed: int = SEED) -> Path:
+    """Write the assets under ``out``; ``seed`` draws the model's initial weights (the data
+    stay the same for every seed, so figures over seeds compare like with like)."""
     from storage.datafiles import write_jsonl
     from storage.tiny import TOOL_CHAT_TEMPLATE, build_tiny_model
 
@@ -68,7 +70,7 @@ def prepare(out: Path, force: bool = False) -> Path:
     if done.exists() and not force:
         print(f"guessing-game assets already in {out}")
         return out
-    build_tiny_model(out / "model", seed=SEED, max_position_embeddings=512, chat_template=TOOL_CHAT_TEMPLATE)
+    build_tiny_model(out / "model", seed=seed, max_position_embeddings=512, chat_template=TOOL_CHAT_TEMPLATE)
     rng = random.Random(SEED)
     train = [{"question": QUESTION, "secret": rng.randint(1, HIGH)} for _ in range(N_TRAIN)]
     test = [{"question": QUESTION, "secret": s} for s in range(1, HIGH + 1)]
@@ -84,5 +86,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / "_build"))
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
+    ap.add_argument("--seed", type=int, default=SEED, help="seed of the model's initial weights")
     a = ap.parse_args()
-    prepare(Path(a.out), a.force)
+    prepare(Path(a.out), a.force, a.seed)

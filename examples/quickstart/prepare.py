@@ -56,7 +56,9 @@ def weak_teacher(rows: list[dict]) -> list[dict]:
     return out
 
 
-def prepare(out: Path, force: bool = False) -> Path:
+def prepare(out: Path, force: bool = False, seed: int = SEED) -> Path:
+    """Write the assets under ``out``; ``seed`` draws the model's initial weights (the data
+    stay the same for every seed, so figures over seeds compare like with like)."""
     from storage.datafiles import write_jsonl
     from storage.tiny import build_tiny_model
 
@@ -64,7 +66,7 @@ def prepare(out: Path, force: bool = False) -> Path:
     if done.exists() and not force:
         print(f"quickstart assets already in {out}")
         return out
-    build_tiny_model(out / "model", seed=SEED, hidden_size=128, num_hidden_layers=2,
+    build_tiny_model(out / "model", seed=seed, hidden_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
                      max_position_embeddings=64)
     train, test = addition_rows()
@@ -79,5 +81,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / "_build"))
     ap.add_argument("--force", action="store_true", help="rebuild even if present")
+    ap.add_argument("--seed", type=int, default=SEED, help="seed of the model's initial weights")
     a = ap.parse_args()
-    prepare(Path(a.out), a.force)
+    prepare(Path(a.out), a.force, a.seed)
