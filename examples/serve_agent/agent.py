@@ -23,7 +23,7 @@ def episode(url: str, eid: str) -> dict:
     versions, calls = [], 0
     for turn in range(2):
         raw = client.chat.completions.with_raw_response.create(
-            model=model, messages=messages, tools=[ADD], temperature=0, max_tokens=64)
+            model=model, messages=messages, tools=[ADD], temperature=0, max_tokens=96)
         versions.append(int(raw.headers["x-trinity-model-version"]))
         msg = raw.parse().choices[0].message
         messages.append(msg.model_dump(exclude_none=True))

@@ -43,7 +43,7 @@ def test_sft_trains_every_assistant_turn_of_a_tool_conversation(tool_model, tmp_
     (last_turn,) = FileBuffer(cfgs[False], tok, batch_size=1).batch(1, 1)
     resp = all_turns.tokens[all_turns.prompt_length:]
     text = tok.decode(resp[all_turns.action_mask])
-    assert text == '<tool_call>{"name":"add","arguments":{"a":3,"b":4}}</tool_call></s>7</s>'
+    assert text == '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call></s>7</s>'
     assert "<tool_response>7</tool_response>" in tok.decode(resp[~all_turns.action_mask])
     assert "tools:" in tok.decode(all_turns.tokens[:all_turns.prompt_length])  # tools rendered
     # without the flag only the last assistant turn is the response
@@ -198,7 +198,7 @@ async def test_an_agent_whose_conversation_outgrows_the_model_stops_flagged(engi
         long_result = "7 " * 300  # the tool's answer alone outgrows max_model_len (512)
         trace = await asyncio.to_thread(
             react, client, [{"role": "user", "content": QUESTION}], [ADD_TOOL],
-            {"add": lambda a, b: long_result}, max_turns=4, max_tokens=64, temperature=0.0)
+            {"add": lambda a, b: long_result}, max_turns=4, max_tokens=96, temperature=0.0)
         exps = score(handle.extract_experience_from_history(), trace, 0.0)
     finally:
         await server.stop()

@@ -92,7 +92,7 @@ def test_serve_mode_trains_an_outside_agent_exactly_once(tmp_path, tool_model, a
                           stages=False, extra={
                               "mode": "serve",
                               "algorithm": {"algorithm_type": "reinforceplusplus", "optimizer": {"lr": 1e-4}},
-                              "model.max_model_len": 512, "model.max_response_tokens": 64,
+                              "model.max_model_len": 512, "model.max_response_tokens": 96,
                               "buffer.batch_size": batch, "buffer.total_steps": steps,
                               "buffer.explorer_input": {},
                               "explorer.openai_api": {"port": port, "enable_concatenated_multi_turn": True},

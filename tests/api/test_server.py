@@ -68,7 +68,7 @@ async def test_tool_call_is_parsed_and_the_tool_result_turn_is_rendered(api, eng
     tok = engine.tokenizer
     resp = exp.tokens[exp.prompt_length:]
     model_text = tok.decode(resp[exp.action_mask], skip_special_tokens=False)
-    assert model_text == '<tool_call>{"name":"add","arguments":{"a":3,"b":4}}</tool_call></s>7</s>'
+    assert model_text == '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call></s>7</s>'
     assert resp[exp.action_mask].tolist() == first.response_ids + second.response_ids
     # masked out: exactly what the template added between the turns (the tool result)
     between = second.prompt_ids[len(first.tokens):]
