@@ -10,7 +10,6 @@ another CPU.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -142,22 +141,22 @@ def run(example: Example, work: Path, seed: int, level: str, short: bool = False
     t0 = time.time()
     with open(log, "wb") as f:
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
-    text = log.read_text(errors="replace")
-    warnings = [line.strip() for line in text.splitlines() if line.strip().startswith("WARNING ") and "learning signal" in line]
+    from roles.monitor import no_signal, read_metrics
+
+    jobs = sorted(p.parent.parent for p in (work / "checkpoints").glob("**/monitor/metrics.jsonl"))
+    warnings = [w for job in jobs for w in no_signal(job.name, read_metrics(job))]
     return Outcome(rc, figures(work / "checkpoints"), warnings, time.time() - t0, log)
 
 
 def figures(checkpoints: Path) -> dict[str, float]:
     """``<stage>.<taskset>.start`` (the stage's first evaluation) and ``.end`` (its final
     one) -> accuracy, from every stage's ``monitor/metrics.jsonl`` under ``checkpoints``."""
+    from roles.monitor import eval_points, read_metrics
+
     out: dict[str, float] = {}
     for path in sorted(checkpoints.glob("**/monitor/metrics.jsonl")):
-        stage = path.parent.parent.name
-        evals = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "eval"]
-        for name in dict.fromkeys(r["taskset"] for r in evals):
-            mine = [r for r in evals if r["taskset"] == name]
-            out[f"{stage}.{name}.start"] = mine[0]["values"]["accuracy"]
-            final = [r for r in mine if r["values"].get("final")]
-            if final and final[-1] is not mine[0]:  # a bench stage's one evaluation is its start
-                out[f"{stage}.{name}.end"] = final[-1]["values"]["accuracy"]
+        job = path.parent.parent
+        evals = [r for r in read_metrics(job) if r["kind"] == "eval"]
+        for when, r in eval_points(evals):
+            out[f"{job.name}.{r['taskset']}.{when}"] = r["values"]["accuracy"]
     return out

@@ -211,14 +211,7 @@ def summary(stages: list[TrinityConfig]) -> list[str]:
         evals = [r for r in records if r["kind"] == "eval"]
         if not evals:
             continue
-        # per eval taskset: its first evaluation, and its final one when that is another
-        shown = []
-        for name in dict.fromkeys(r["taskset"] for r in evals):
-            mine = [r for r in evals if r["taskset"] == name]
-            final = [r for r in mine if r["values"].get("final")]
-            shown.append(("start", mine[0]))
-            if final and final[-1] is not mine[0]:
-                shown.append(("end", final[-1]))
+        shown = eval_points(evals)
         shown.sort(key=lambda x: x[0] == "end")  # every start line, then every end line
         for when, r in shown:
             v = r["values"]
@@ -227,6 +220,19 @@ def summary(stages: list[TrinityConfig]) -> list[str]:
                        f"accuracy {100 * v.get('accuracy', float('nan')):5.1f}%")
     head = ["eval accuracy (each stage starts from the previous stage's final weights):", *out] if out else []
     return head + flags
+
+
+def eval_points(evals: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """``("start", record)`` per eval taskset (its first evaluation) and ``("end", record)``
+    (its final one, when that is another: a bench stage's one evaluation is its start)."""
+    shown = []
+    for name in dict.fromkeys(r["taskset"] for r in evals):
+        mine = [r for r in evals if r["taskset"] == name]
+        final = [r for r in mine if r["values"].get("final")]
+        shown.append(("start", mine[0]))
+        if final and final[-1] is not mine[0]:
+            shown.append(("end", final[-1]))
+    return shown
 
 
 def no_signal(stage: str, records: list[dict[str, Any]]) -> list[str]:
