@@ -38,8 +38,10 @@ WORK = ROOT / ".bench" / "examples"
 def fingerprint(example: Example, short: bool) -> str:
     """What decides an example's figures besides the seed and the CPU."""
     h = hashlib.sha256(json.dumps(example.short, sort_keys=True).encode() if short else b"full")
+    # the agents (plugin folders) decide what an episode is, so they are part of the recipe
+    plugins = sorted(p for folder in example.plugins for p in (ROOT / folder).glob("*.py"))
     for p in (ROOT / "examples" / example.folder / example.config, ROOT / "examples" / example.folder / "prepare.py",
-              ROOT / "storage" / "tiny.py"):
+              ROOT / "storage" / "tiny.py", *plugins):
         h.update(p.read_bytes())
     return h.hexdigest()[:12]
 
@@ -145,6 +147,10 @@ def main() -> None:
     ap.add_argument("--short", action="store_true", help="the short versions CI runs")
     ap.add_argument("--render", action="store_true", help="only rewrite docs/examples.md from the records")
     a = ap.parse_args()
+    for arg, given, known in (("--examples", a.examples, EXAMPLES), ("--levels", a.levels, KERNEL_LEVELS)):
+        unknown = [x for x in given.split(",") if x not in known]
+        if unknown:
+            ap.error(f"{arg}: unknown {', '.join(unknown)} (known: {', '.join(known)})")
     if not a.render:
         measure(a.examples.split(","), [int(s) for s in a.seeds.split(",")], a.levels.split(","), a.short)
     REPORT.write_text(render())
