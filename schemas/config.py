@@ -731,7 +731,8 @@ class ExplorerConfig(Section):
     auxiliary_models: list[InferenceModelConfig] = Field(default_factory=list)
     """Extra models for custom workflows (e.g. a judge)."""
     eval_interval: int = Field(100, ge=0)
-    """Evaluate every this many explorer steps; 0: only at startup and at the end."""
+    """Evaluate every this many explorer steps; 0: only at startup and at the end. The last
+    step's evaluation is the one at the end, on the trainer's final weights."""
     eval_on_startup: bool = True
     """Evaluate the initial model at step 0 (not on restart)."""
     bench_on_latest_checkpoint: bool = False

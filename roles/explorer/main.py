@@ -340,7 +340,10 @@ class Explorer:
                 await self._step_metrics(results, time.monotonic() - t0)
                 await sync.after_step(self.step)
                 every = cfg.explorer.eval_interval
-                if every > 0 and self.step % every == 0 and cfg.buffer.explorer_input.eval_tasksets:
+                # after the last step _finish evaluates the final weights: an interval
+                # evaluation here would rate the weights before them, under the same step
+                last = reader.exhausted
+                if every > 0 and self.step % every == 0 and not last and cfg.buffer.explorer_input.eval_tasksets:
                     await until_stopped(evaluate(cfg, self.pool, self.step, self.report), self.stop)
             await self.pub.flush()
             if self.stop.is_set():

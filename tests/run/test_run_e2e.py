@@ -30,7 +30,7 @@ def test_run_two_stages_all_roles_exit_0(tmp_path, tiny_model, arith):
     # two "GPUs" on this CPU machine: the device plan's CUDA_VISIBLE_DEVICES reaches each
     # process (harmless without CUDA), the engine on GPU 0 and the trainer on GPU 1
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
-                          extra={"cluster.gpu_per_node": 2})
+                          extra={"cluster.gpu_per_node": 2, "explorer.eval_interval": 4})
     p = trinity("run", "--config", str(cfg))
     out, _ = p.communicate(timeout=900)
     text = out.decode()
@@ -52,6 +52,11 @@ def test_run_two_stages_all_roles_exit_0(tmp_path, tiny_model, arith):
     assert list((grpo / "monitor/tensorboard/trainer").glob("events.out.tfevents.*"))
     assert "eval accuracy" in text
     assert "grpo             start step 0" in text and f"grpo             end   step {STEPS}" in text
+    # evaluated at startup, every 4 steps, and once at the end: on the final weights, not
+    # also on the ones before them (step 8 is a multiple of eval_interval)
+    evals = [json.loads(line) for line in (grpo / "monitor/metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if r["kind"] == "eval"]
+    assert [(r["step"], bool(r["values"].get("final"))) for r in evals] == [(0, False), (4, False), (STEPS, True)]
 
 
 def test_run_survives_a_sigkilled_trainer(tmp_path, tiny_model, arith):
