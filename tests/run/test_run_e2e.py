@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bus.server import free_port
+from roles.monitor import read_metrics
 
 from .helpers import run_to_end, steps_log, tiny_run_config, trained_exactly_once, trinity, wait_for
 
@@ -54,8 +55,7 @@ def test_run_two_stages_all_roles_exit_0(tmp_path, tiny_model, arith):
     assert "grpo             start step 0" in text and f"grpo             end   step {STEPS}" in text
     # evaluated at startup, every 4 steps, and once at the end: on the final weights, not
     # also on the ones before them (step 8 is a multiple of eval_interval)
-    evals = [json.loads(line) for line in (grpo / "monitor/metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in evals if r["kind"] == "eval"]
+    evals = [r for r in read_metrics(grpo) if r["kind"] == "eval"]
     assert [(r["step"], bool(r["values"].get("final"))) for r in evals] == [(0, False), (4, False), (STEPS, True)]
 
 
