@@ -89,12 +89,14 @@ def label(fig: str) -> str:
 
 
 def _spread(xs: list[float], pct: bool = True) -> str:
-    f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v / 60:.1f} min")
+    """``median (min-max)``, as the README quotes it: ``98.0% (93.0-100.0%)``."""
+    num = (lambda v: f"{100 * v:.1f}") if pct else (lambda v: f"{v / 60:.1f}")
+    unit = "%" if pct else " min"
     if len(xs) == 1:
-        return f(xs[0])
+        return num(xs[0]) + unit
     if min(xs) == max(xs):
-        return f"{f(xs[0])} (all {len(xs)})"
-    return f"{f(statistics.median(xs))} ({f(min(xs))}-{f(max(xs))})"
+        return f"{num(xs[0])}{unit} (all {len(xs)})"
+    return f"{num(statistics.median(xs))}{unit} ({num(min(xs))}-{num(max(xs))}{unit})"
 
 
 def render() -> str:

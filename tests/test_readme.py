@@ -100,3 +100,22 @@ def test_readme_command(cmd, promised, tmp_path):
     else:
         assert r.returncode == 0, out
         assert "Traceback" not in out, out
+
+
+def test_the_examples_report_is_its_records_and_the_readme_quotes_it():
+    """``docs/examples.md`` is what ``bench/example_figures.py --render`` makes of the committed
+    records (a changed recipe drops its old records from it: measure again), and every
+    ``median (min-max)`` figure the README states is in it, so no example figure is typed in
+    by hand or outlives its recipe."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("example_figures", ROOT / "bench" / "example_figures.py")
+    assert spec and spec.loader
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    report = (ROOT / "docs" / "examples.md").read_text()
+    assert figures.render() == report, "docs/examples.md is stale: python bench/example_figures.py --render"
+    quoted = re.findall(r"\d+\.\d% \(\d+\.\d-\d+\.\d%\)", (ROOT / "README.md").read_text())
+    assert quoted, "the README quotes no example figure"
+    missing = [q for q in quoted if q not in report]
+    assert not missing, f"README figures not in docs/examples.md: {missing}"
