@@ -39,7 +39,7 @@ RUN_ELSEWHERE = {
         "tests/examples/test_learning.py (prepare.py, then the short version on two kernel levels; the full run: bench/example_figures.py)",
     ".venv/bin/python examples/agent_guess/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
     ".venv/bin/trinity run --config examples/agent_guess/guess.yaml":
-        "bench/example_figures.py (by hand: its short version is not in CI yet, Example.in_ci in examples/recipes.py)",
+        "tests/examples/test_learning.py (prepare.py, then the short version on two kernel levels; the full run: bench/example_figures.py)",
     ".venv/bin/python examples/algorithms/prepare.py && .venv/bin/trinity run --config "
     "examples/algorithms/on_policy_distill.yaml":
         "tests/run/test_algorithms_e2e.py (prepare.py, and every example config for 3 steps)",
