@@ -71,11 +71,12 @@ EXAMPLES: dict[str, Example] = {
         ),
         Example(
             "guess", "agent_guess", "guess.yaml", plugins=("examples/agents",),
-            # 10 RL steps after the whole warm-up (with a 100-step one the floors failed:
-            # sampled 33.9% -> 37.5%, greedy 3 of 7 throughout). The floors: the warm-up
-            # learned the game, and greedy RL beats the teacher's 3 of 7
+            # 10 RL steps after the whole warm-up (with a 100-step one, sampled success stayed
+            # at 33.9% -> 37.5%). The floors: the warm-up learned the game (random model: 0%),
+            # and RL kept it. Not RL's gain: greedy after 10 steps was 7, 5, 5 and 4 of 7 in four
+            # runs, too close to the teacher's 3 to be a floor; the full runs show the gain
             short={"stages.0": DROP, "buffer.total_steps": 10, "explorer.eval_interval": 10},
-            floors={"grpo.test_sampled.start": 0.3, "grpo.test.end": 4 / 7},
+            floors={"grpo.test_sampled.start": 0.3, "grpo.test.end": 3 / 7},
         ),
     )
 }
