@@ -4,7 +4,8 @@ picks here, and torch/MKL/oneDNN held to AVX2: a stand-in for another CPU) and m
 floors. A recipe that stops learning, or learns on one CPU only, fails here. The figures over
 seeds are ``bench/example_figures.py``'s (``docs/examples.md``).
 
-The runs go one after the other. Two side by side (one core and one torch thread each, tried
+The runs go one after the other, on one pytest worker, while the other worker runs the rest
+of the suite (mostly waiting on processes). Two runs side by side (one core and one torch thread each, tried
 2026-11-26) saved nothing: the guessing game's pair took 13 min against 11 one after the
 other, the calculator's AVX2 run 9.3 min against 6.0 alone; the SFT stages, most of each
 run, are slower on one thread and the roles of two runs contend."""
@@ -16,6 +17,8 @@ import pytest
 from bus.server import free_port
 from examples.recipes import DROP, EXAMPLES, run
 
+#: one worker runs them one after the other (``--dist loadfile`` in pyproject.toml: keep them
+#: in this one file): each takes both cores, two at once only contend
 pytestmark = pytest.mark.slow
 
 
