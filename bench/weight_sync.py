@@ -15,7 +15,6 @@ import argparse
 import multiprocessing as mp
 import os
 import queue
-import socket
 import sys
 import time
 
@@ -23,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from bus.server import free_port  # noqa: E402
 from roles.synchronizer.weights import Rendezvous, WeightReceiver, WeightSender  # noqa: E402
 
 
@@ -37,12 +37,6 @@ def model_shapes(params_m: float) -> list[tuple[str, tuple[int, ...]]]:
     with torch.device("meta"):
         model = Qwen2ForCausalLM(cfg)
     return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _raw(pg, nbytes: int, rank: int, dev) -> float:
@@ -112,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"two ranks on one GPU), this machine has {torch.cuda.device_count()}: use --backend gloo")
     shapes = model_shapes(a.params_m)
     n_params = sum(torch.Size(s).numel() for _, s in shapes)
-    rdv = Rendezvous("127.0.0.1", _free_port(), 2, a.backend).to_dict()
+    rdv = Rendezvous("127.0.0.1", free_port(), 2, a.backend).to_dict()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     dtypes = a.dtypes.split(",")

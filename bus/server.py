@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -70,9 +71,36 @@ def find_binary() -> str:
     )
 
 
+#: Lowest port :func:`free_port` picks: above the registered services most machines run.
+FREE_PORT_LOW = 20000
+
+
+def _ephemeral_low() -> int:
+    """The first port of the OS's ephemeral range (Linux's default when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (for tests and ad-hoc servers)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port that was free a moment ago, for a server about to listen on it (tests, ad-hoc
+    servers, a weight-sync group's rendezvous).
+
+    Why not port 0's pick: the OS takes it from its ephemeral range, the range it also hands to
+    every outgoing connection, so with tests running in parallel another process's client socket
+    could hold it by the time the server binds. A random port between :data:`FREE_PORT_LOW` and
+    that range is never given to a client, and two callers rarely draw the same one."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(FREE_PORT_LOW, max(FREE_PORT_LOW + 1, _ephemeral_low()))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # that range is full: the OS's pick
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import os
 import re
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 import structlog
 
 import bus
+from bus.server import free_port
 from roles import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
@@ -67,12 +67,6 @@ def helper_group(group_name: str, explorer: str) -> str:
     """The name of a non-leading explorer's own broadcast group (a KV key part: a host name's
     dots become ``_``)."""
     return re.sub(r"[^-\w=]", "_", f"{group_name}-{explorer}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 class _Side:
@@ -191,7 +185,7 @@ class TrainerSyncClient(_Side):
         try:
             if known is None:
                 host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")
-                rdv = Rendezvous(host, _free_port(), 1 + int(req.get("workers", 1)), "nccl" if _cuda() else "gloo",
+                rdv = Rendezvous(host, free_port(""), 1 + int(req.get("workers", 1)), "nccl" if _cuda() else "gloo",
                                  group)
                 sender, group_ts = await asyncio.to_thread(WeightSender, rdv, p.timeout), time.time()
                 await self.state.set_rendezvous(group, **rdv.to_dict(), ts=group_ts)
@@ -261,7 +255,7 @@ class TrainerSyncClient(_Side):
             # a group made now answers every hello said so far: its rendezvous is newer
             self.hello_served = max(self.hello_served, time.time())
             host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")  # a reachable address on multi-node
-            rdv = Rendezvous(host, _free_port(), 1 + self.receivers, backend, p.group_name)
+            rdv = Rendezvous(host, free_port(""), 1 + self.receivers, backend, p.group_name)
             self.sender = await asyncio.to_thread(WeightSender, rdv, p.timeout)
             await self.state.set_rendezvous(p.group_name, **rdv.to_dict())
         self.seq += 1

@@ -9,22 +9,15 @@ truncation flag, and errors that name the variable or the URL."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 from aiohttp import web
 
+from bus.server import free_port
 from roles.explorer.engines.base import EngineError
 from roles.explorer.engines.external import ExternalEngine
 from schemas.config import ExternalModelConfig, InferenceModelConfig
 from tests.explorer.helpers import teacher_logprobs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _server(model, tok, token_ids: bool) -> web.Application:
@@ -67,7 +60,7 @@ async def served(hf_model, tiny_model, monkeypatch):
     async def start(token_ids: bool) -> str:
         runner = web.AppRunner(_server(hf_model, tok, token_ids))
         await runner.setup()
-        port = _free_port()
+        port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         runners.append(runner)
         return f"http://127.0.0.1:{port}/v1"

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,14 +108,6 @@ def trained_exactly_once(job: Path, steps: int, per_step: int) -> dict[int, list
     return final
 
 
-def wait_for(what: str, cond: Callable[[], Any], p: subprocess.Popen, log: Path,
-             timeout: float = 600) -> None:
-    """Poll ``cond`` until true; fail with the run's log if the run ends or time runs out."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert p.poll() is None, log.read_text()[-4000:]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def _pids(match: Callable[[list[bytes]], bool]) -> int | None:

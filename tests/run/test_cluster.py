@@ -17,6 +17,7 @@ import pytest
 import bus
 from bus.server import free_port
 from schemas.config import NatsConfig
+from tests.helpers import wait_for
 
 from .helpers import (
     nats_server_pid,
@@ -24,7 +25,6 @@ from .helpers import (
     tiny_run_config,
     trained_exactly_once,
     trinity,
-    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -89,12 +89,12 @@ def test_a_run_survives_losing_a_cluster_node(tmp_path, tiny_model, arith):
         log = tmp_path / "run.log"
         p = trinity("run", "--config", str(cfg), log=log)
         try:
-            wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log)
+            wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log=log)
             # the node of the first URL, killed hard (its nats-server, not the trinity server
             # wrapping it, which would stop it cleanly)
             os.kill(nats_server_pid(nodes[0][1]), signal.SIGKILL)
             nodes[0][0].wait(30)
-            wait_for("train step 5", lambda: any(e["step"] >= 5 for e in steps_log(job)), p, log)
+            wait_for("train step 5", lambda: any(e["step"] >= 5 for e in steps_log(job)), p, log=log)
             first = nodes[0]
             nodes[0] = (trinity(*first[0].args[3:], log=tmp_path / "node0-again.log"), first[1], first[2])
             p.wait(timeout=600)

@@ -21,8 +21,9 @@ import bus
 from roles.explorer.lease import JOIN_KEY, LEADER_KEY
 from schemas.config import NatsConfig
 from tests.explorer.helpers import read_groups
+from tests.helpers import wait_for
 
-from .helpers import ROOT, steps_log, tiny_run_config, trained_exactly_once, trinity, wait_for
+from .helpers import ROOT, steps_log, tiny_run_config, trained_exactly_once, trinity
 
 pytestmark = pytest.mark.slow
 
@@ -93,14 +94,14 @@ def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny
     run = trinity("run", "--config", str(cfg), log=log, env_extra=PLUGINS)
     helpers: list[subprocess.Popen] = []
     try:
-        wait_for("train step 1", lambda: any(e["step"] >= 1 for e in steps_log(job)), run, log)
+        wait_for("train step 1", lambda: any(e["step"] >= 1 for e in steps_log(job)), run, log=log)
         helpers.append(trinity("explorer", "--config", str(cfg), log=tmp_path / "a.log", env_extra=PLUGINS))
         # each joins before the next step of the test (a start takes seconds, a step one)
-        wait_for("the first to join runs a task", lambda: _ran_a_task(server.url, "t.r", helpers[0].pid), run, log)
-        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), run, log)
+        wait_for("the first to join runs a task", lambda: _ran_a_task(server.url, "t.r", helpers[0].pid), run, log=log)
+        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), run, log=log)
         helpers.append(trinity("explorer", "--config", str(cfg), log=tmp_path / "b.log", env_extra=PLUGINS))
-        wait_for("the second to join runs a task", lambda: _ran_a_task(server.url, "t.r", helpers[1].pid), run, log)
-        wait_for("train step 7", lambda: any(e["step"] >= 7 for e in steps_log(job)), run, log)
+        wait_for("the second to join runs a task", lambda: _ran_a_task(server.url, "t.r", helpers[1].pid), run, log=log)
+        wait_for("train step 7", lambda: any(e["step"] >= 7 for e in steps_log(job)), run, log=log)
         assert helpers[0].poll() is None, (tmp_path / "a.log").read_text()[-3000:]
         helpers[0].send_signal(signal.SIGKILL)  # mid-step: tasks are always running
         run.wait(timeout=600)
@@ -206,7 +207,7 @@ def test_an_explorer_joins_a_run_under_a_weight_broadcast(tmp_path, tiny_model, 
     run = trinity("run", "--config", str(cfg), log=log, env_extra=PLUGINS)
     helper = None
     try:
-        wait_for("train step 1", lambda: any(e["step"] >= 1 for e in steps_log(job)), run, log)
+        wait_for("train step 1", lambda: any(e["step"] >= 1 for e in steps_log(job)), run, log=log)
         helper = trinity("explorer", "--config", str(cfg), log=helper_log, env_extra=PLUGINS)
         run.wait(timeout=600)
         helper.wait(timeout=120)

@@ -11,8 +11,9 @@ import time
 import pytest
 
 from bus.server import free_port
+from tests.helpers import wait_for
 
-from .helpers import nats_server_pid, role_pid, steps_log, tiny_run_config, trinity, wait_for
+from .helpers import nats_server_pid, role_pid, steps_log, tiny_run_config, trinity
 from .test_run_e2e import _trained_exactly_once
 
 pytestmark = pytest.mark.slow
@@ -25,11 +26,11 @@ def test_run_survives_a_killed_nats_server(tmp_path, tiny_model, arith):
     log = tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log)
     try:
-        wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log)
+        wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log=log)
         first = nats_server_pid(store)
         assert first is not None, "no embedded nats-server found"
         os.kill(first, signal.SIGKILL)
-        wait_for("a new nats-server", lambda: nats_server_pid(store) not in (None, first), p, log)
+        wait_for("a new nats-server", lambda: nats_server_pid(store) not in (None, first), p, log=log)
         p.wait(timeout=900)
     finally:
         if p.poll() is None:
@@ -52,7 +53,7 @@ def test_roles_ride_out_a_server_gone_for_a_minute(tmp_path, tiny_model, arith,
     job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log)
     try:
-        wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log)
+        wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log=log)
         server.proc.kill()
         server.proc.wait()
         time.sleep(60)
@@ -69,6 +70,14 @@ def test_roles_ride_out_a_server_gone_for_a_minute(tmp_path, tiny_model, arith,
     _trained_exactly_once(job)
 
 
+def stalls(log: str) -> list[str]:
+    """The waits that ran out in a run's ``log``: a weight sync that hit ``sync_timeout``, a
+    request nobody answered in time, a rendezvous never set. Why not the wall time since a kill:
+    a busy machine (the suite's parallel workers) slows a restart without any wait running out."""
+    return [line for line in log.splitlines()
+            if any(w in line for w in ("sync_timeout", "no reply on", "not set within"))]
+
+
 def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_model, arith):
     """The trainer restarts with no checkpoint (step 0) while the explorer is steps ahead and
     the batches it trained are committed (never served again). Before, the explorer waited
@@ -81,17 +90,15 @@ def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_
     job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log)
     try:
-        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), p, log)
+        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), p, log=log)
         victim = steps_log(job)[-1]["pid"]
         os.kill(victim, signal.SIGSTOP)  # hold it while its checkpoints disappear
         for d in job.glob("global_step_*"):
             shutil.rmtree(d)
         for f in job.glob("latest_*"):
             f.unlink()
-        killed = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         p.wait(timeout=900)
-        elapsed = time.monotonic() - killed
     finally:
         if p.poll() is None:
             p.kill()
@@ -100,9 +107,8 @@ def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_
     assert "trainer exited with -9; restart 1/2" in text
     after = [e for e in steps_log(job) if e["pid"] != victim]
     assert after and after[0]["step"] == 1, "the restarted trainer did not start from step 0"
-    # no wait for sync_timeout (60 s) anywhere after the rollback
-    assert elapsed < 60, f"the run took {elapsed:.0f}s after the rollback: a sync stalled"
-    assert "sync_timeout" not in text.split("trainer exited with -9")[-1], text[-4000:]
+    # no wait ran out anywhere after the rollback (sync_timeout is 60 s)
+    assert not stalls(text.split("trainer exited with -9")[-1]), text[-4000:]
     ids = [i for e in after for i in e["ids"]]
     assert len(ids) == len(set(ids)), "the restarted trainer trained an experience twice"
 
@@ -121,13 +127,11 @@ def test_a_killed_role_costs_seconds_not_a_sync_timeout(tmp_path, tiny_model, ar
     job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log)
     try:
-        wait_for("train step 3", lambda: any(e["step"] >= 3 for e in steps_log(job)), p, log)
+        wait_for("train step 3", lambda: any(e["step"] >= 3 for e in steps_log(job)), p, log=log)
         victim = role_pid(role, cfg)
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
-        killed = time.monotonic()
         p.wait(timeout=900)
-        elapsed = time.monotonic() - killed
     finally:
         if p.poll() is None:
             p.kill()
@@ -135,7 +139,7 @@ def test_a_killed_role_costs_seconds_not_a_sync_timeout(tmp_path, tiny_model, ar
     assert p.returncode == 0, text[-4000:]
     assert f"{role} exited with -9; restart 1/2" in text
     # (a sync the kill interrupts fails at once, "connection reset": that is no stall)
-    assert elapsed < 60, f"the run took {elapsed:.0f}s after the kill: a sync stalled"
+    assert not stalls(text.split(f"{role} exited with -9")[-1]), text[-4000:]
     # the restarted role counts its peers' "done" from the session's start, not its own: they
     # may have finished before it came back (it waited FINISH_WAIT for them before)
     assert "exit_without_them" not in text, text[-4000:]

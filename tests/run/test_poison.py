@@ -11,8 +11,9 @@ import pytest
 
 from bus.publish import H_ERROR, H_MSG_ID, H_ORIG_ID
 from bus.subjects import names
+from tests.helpers import wait_for
 
-from .helpers import steps_log, tiny_run_config, trinity, wait_for
+from .helpers import steps_log, tiny_run_config, trinity
 from .poison import poison_messages
 from .test_run_e2e import _trained_exactly_once
 
@@ -60,7 +61,7 @@ def test_poison_is_quarantined_and_the_run_finishes(
     poison = _poison()
     p = trinity("run", "--config", str(cfg), log=log)
     try:  # once the trainer has taken a step, the streams exist and the buffer consumes
-        wait_for("train step 1", lambda: steps_log(job), p, log)
+        wait_for("train step 1", lambda: steps_log(job), p, log=log)
         asyncio.run(_inject(server.url, poison))
         p.wait(timeout=900)
     finally:

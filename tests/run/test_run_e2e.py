@@ -14,8 +14,9 @@ from transformers import AutoModelForCausalLM
 
 from bus.server import free_port
 from roles.monitor import read_metrics
+from tests.helpers import wait_for
 
-from .helpers import run_to_end, steps_log, tiny_run_config, trained_exactly_once, trinity, wait_for
+from .helpers import run_to_end, steps_log, tiny_run_config, trained_exactly_once, trinity
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,7 @@ def test_run_survives_a_sigkilled_trainer(tmp_path, tiny_model, arith):
     log = tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log)
     try:
-        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), p, log)
+        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), p, log=log)
         victim = steps_log(job)[-1]["pid"]
         os.kill(victim, signal.SIGKILL)
         p.wait(timeout=900)

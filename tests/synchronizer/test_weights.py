@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 
 import pytest
 import torch
 
+from bus.server import free_port
 from roles.synchronizer.weights import Rendezvous, WeightReceiver, WeightSender, plan_buckets
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:
@@ -45,7 +39,7 @@ def _raw(t: torch.Tensor) -> bytes:
 
 def test_broadcast_to_two_receivers_is_bit_exact():
     """Version 7 goes tensor by tensor, version 8 in 1 MB buckets; both arrive bit for bit."""
-    rdv = Rendezvous("127.0.0.1", _free_port(), 3, "gloo")
+    rdv = Rendezvous("127.0.0.1", free_port(), 3, "gloo")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_receiver, args=(rdv.to_dict(), r, q)) for r in (1, 2)]

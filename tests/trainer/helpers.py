@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +44,6 @@ def stop_roles(*procs: subprocess.Popen) -> None:
             p.kill()
 
 
-def wait_for(pred: Any, timeout: float, what: str, procs: list[subprocess.Popen] = ()) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError(f"{what}: process {p.args[3]} exited with {p.returncode}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def groups(run_id: str, first: int, count: int, size: int = 4, vocab: int = 60, seed: int = 0) -> list[Any]:

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from storage.checkpoints import read_latest
+from tests.helpers import wait_for
 
-from .helpers import groups, publish, start_role, stop_roles, wait_for, write_config
+from .helpers import groups, publish, start_role, stop_roles, write_config
 
 STEPS, BATCH, GROUP = 5, 8, 4  # 2 groups of 4 per step
 
@@ -50,7 +51,7 @@ def test_sigkill_trainer_resumes_without_repeating_or_skipping(tmp_path, nats_cf
     try:
         # data for 4 steps only: the trainer checkpoints at 3, trains 4, then waits for step 5
         asyncio.run(publish(nats_cfg, run_id, all_groups[: 4 * BATCH // GROUP]))
-        wait_for(lambda: len(_steps(steps_log)) >= 4, 240, "4 train steps", [buffer, trainer])
+        wait_for("4 train steps", lambda: len(_steps(steps_log)) >= 4, buffer, trainer, timeout=240)
         assert read_latest(job) == 3
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(30)
