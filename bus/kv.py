@@ -76,6 +76,19 @@ async def open_bucket(js: JetStreamContext, run_id: str, replicas: int = 1) -> K
             raise BusError(f"cannot create KV bucket {bucket}: {e}{replicas_hint(replicas, e)}") from e
 
 
+def _decode(key: str, raw: bytes | None) -> Any | None:
+    """The JSON value ``raw`` of ``key``; None when absent, and when it is no JSON: a malformed
+    value (another program's, a hand-made ``nats kv put``) is logged, naming the key, and read as
+    absent, never fatal to the role reading it; the key's next write replaces it."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        log.warning("kv_malformed", key=key, error=str(e), value=raw[:80].decode("utf-8", "replace"))
+        return None
+
+
 class RunState:
     """Typed helpers over the run's KV bucket. Every operation waits out a server restart
     (:func:`bus.retry.ride_out`); a heartbeat that cannot be sent is skipped instead."""
@@ -159,9 +172,7 @@ class RunState:
             entry = await ride_out(lambda: self.kv.get(key), f"KV get {key}")
         except (KeyNotFoundError, NotFoundError):
             return None
-        if entry.value is None or entry.value == b"":
-            return None
-        return orjson.loads(entry.value)
+        return _decode(key, entry.value)
 
     async def delete(self, key: str) -> None:
         await ride_out(lambda: self.kv.delete(key), f"KV delete {key}")
@@ -173,8 +184,7 @@ class RunState:
             e = await ride_out(lambda: self.kv.get(key), f"KV get {key}")
         except (KeyNotFoundError, NotFoundError):
             return None, 0
-        value = orjson.loads(e.value) if e.value else None
-        return value, int(e.revision or 0)
+        return _decode(key, e.value), int(e.revision or 0)
 
     async def swap(self, key: str, value: Any, revision: int) -> int:
         """Store ``value`` only if ``key`` is still at ``revision`` (0: absent); returns the
@@ -206,9 +216,12 @@ class RunState:
         out: dict[str, Any] = {}
         for k in await self.keys():
             try:
-                value = await self.get(k)
-            except orjson.JSONDecodeError:
                 entry = await self.kv.get(k)
+            except (KeyNotFoundError, NotFoundError):
+                continue
+            try:  # a malformed value is shown as its text: inspecting is how it is found
+                value = orjson.loads(entry.value) if entry.value else None
+            except orjson.JSONDecodeError:
                 value = (entry.value or b"").decode("utf-8", "replace")
             if value is not None:
                 out[k] = value

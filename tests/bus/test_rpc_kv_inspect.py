@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+import structlog.testing
 from nats.js import api
 
 import bus
@@ -72,6 +73,23 @@ async def test_kv_run_state(nats_conn, nats_cfg, run_id) -> None:
         "heartbeat.trainer",
         "rendezvous.weights",
     }
+
+
+async def test_a_malformed_kv_value_reads_as_absent_and_is_named(nats_conn, nats_cfg, run_id) -> None:
+    """A value that is no JSON (another program's, a hand-made ``nats kv put``) must not end the
+    role that reads it: it reads as absent, a warning names the key, ``trinity inspect`` shows
+    its text, and the key's next write replaces it."""
+    js = bus.jetstream(nats_conn, nats_cfg)
+    st = await bus.RunState.open(js, run_id)
+    rev = await st.kv.put("version.trainer", b"\xff{not json")
+    with structlog.testing.capture_logs() as logs:
+        assert await st.get("version.trainer") is None
+        assert await st.model_version("trainer") is None
+        assert await st.entry("version.trainer") == (None, rev)
+    assert [e["key"] for e in logs if e["event"] == "kv_malformed"] == ["version.trainer"] * 3
+    assert (await st.snapshot())["version.trainer"] == "\ufffd{not json"
+    await st.set_model_version("trainer", 4)
+    assert await st.model_version("trainer") == 4
 
 
 async def test_kv_listing_is_complete_while_others_write(nats_conn, nats_cfg, run_id) -> None:
