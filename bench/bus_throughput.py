@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 import bus  # noqa: E402
 from bus.publish import describe  # noqa: E402
 from bus.server import EmbeddedServer, free_port  # noqa: E402
-from roles.cli import freeze_heap, keep_freed_memory  # noqa: E402
+from roles.tuning import freeze_heap, keep_freed_memory  # noqa: E402
 from schemas import codec  # noqa: E402
 from schemas.config import NatsConfig  # noqa: E402
 from schemas.data import Experience, ExperienceGroup  # noqa: E402
@@ -225,7 +225,7 @@ def ready(go: asyncio.Event) -> None:
 
 
 async def child(args: argparse.Namespace) -> None:
-    # as role processes do (roles.cli.freeze_heap), for both paths alike: a full collection
+    # as role processes do (roles.tuning.freeze_heap), for both paths alike: a full collection
     # then skips the imported modules (a consumer holding a batch of decoded groups triggers
     # one now and then; unfrozen it cost ~0.1 ms per group here)
     freeze_heap()

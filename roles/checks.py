@@ -39,6 +39,7 @@ from pathlib import Path
 
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError
+from schemas.modes import MODES
 from storage.hub import RepoType
 
 Check = Callable[[], None]
@@ -132,7 +133,7 @@ def path_fields(cfg: TrinityConfig, first: bool, where: str = "") -> list[PathFi
                                  "model", explorer if first else none))
     if ei.taskset is not None:
         out.append(PathField(f"{where}buffer.explorer_input.taskset.path", ei.taskset, "path", "dataset",
-                             explorer if cfg.mode in ("both", "colocate", "explore") else none))
+                             explorer if MODES[cfg.mode].reads_taskset else none))
     for j, ts in enumerate(ei.eval_tasksets):
         out.append(PathField(f"{where}buffer.explorer_input.eval_tasksets[{j}].path", ts, "path",
                              "dataset", explorer))
@@ -219,11 +220,11 @@ def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
             if getattr(n, name):
                 out.append(Input(f"nats.{name}", getattr(n, name), frozenset({"bus"})))
     resume = cfg.trainer.resume_from_path
-    if cfg.trainer.resume_mode == "resume_path" and resume and cfg.mode not in ("explore", "bench"):
+    if cfg.trainer.resume_mode == "resume_path" and resume and MODES[cfg.mode].trains:
         # absolute: a relative checkpoint folder is no hub id
         out.append(Input(f"{where}trainer.resume_from_path", str(Path(resume).expanduser().absolute()),
                          frozenset({"trainer"})))
-    if ei.taskset is not None and cfg.mode in ("both", "colocate", "explore"):
+    if ei.taskset is not None and MODES[cfg.mode].reads_taskset:
         ts = ei.taskset
         out.append(Input(f"{where}buffer.explorer_input.taskset.path", ts.path, explorer,
                          lambda ts=ts: check_taskset(ts), ident(ts, "task"), "dataset"))
@@ -249,9 +250,9 @@ def _missing_requirements(cfg: TrinityConfig, where: str, needs: frozenset[str])
         out.append(f"{where}model.model_path: not set")
     if "explorer" in needs:
         ei = cfg.buffer.explorer_input
-        if cfg.mode in ("both", "colocate", "explore") and ei.taskset is None:
+        if MODES[cfg.mode].reads_taskset and ei.taskset is None:
             out.append(f"{where}buffer.explorer_input.taskset: mode {cfg.mode} needs a taskset")
-        if cfg.mode == "bench" and not ei.eval_tasksets:
+        if MODES[cfg.mode].weights == "each" and not ei.eval_tasksets:
             out.append(f"{where}buffer.explorer_input.eval_tasksets: mode bench needs one")
     return out
 
@@ -268,7 +269,7 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
     if "explorer" in needs:
         from roles.explorer.workflows.registry import get_workflow
 
-        named = [("taskset", ei.taskset)] if cfg.mode in ("both", "colocate", "explore") else []
+        named = [("taskset", ei.taskset)] if MODES[cfg.mode].reads_taskset else []
         named += [(f"eval_tasksets[{j}]", ts) for j, ts in enumerate(ei.eval_tasksets)]
         for key, ts in named:
             if ts is None:
@@ -283,9 +284,9 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
                     ops.get("reward_fn", ts.default_reward_fn_type)
                 except ValueError as e:
                     out.append(f"{where}buffer.explorer_input.{key}.default_reward_fn_type: {e}")
-    if "trainer" in needs and cfg.model.lora_configs and cfg.mode != "explore":
+    if "trainer" in needs and cfg.model.lora_configs and MODES[cfg.mode].trains:
         out += check_lora(cfg, where)
-    if "buffer" in needs and cfg.mode in ("both", "colocate", "explore", "train", "serve"):
+    if "buffer" in needs and MODES[cfg.mode].stores_experience:
         from roles.buffer.pipeline import Pipeline
 
         try:
@@ -302,7 +303,7 @@ def check_stage_settings(stages: list[TrinityConfig], i: int, where: str, needs:
     stage with ``save_hf_checkpoint: never`` that a later stage starts from (it would leave
     nothing to start from: the run would die between the stages)."""
     from roles.monitor import monitor_args_problems
-    from roles.placement import TRAINER_MODES, PlanError, device_plan
+    from roles.placement import PlanError, device_plan
 
     s = stages[i]
     out = []
@@ -312,7 +313,7 @@ def check_stage_settings(stages: list[TrinityConfig], i: int, where: str, needs:
             device_plan(stages)
         except PlanError as e:
             out.append(str(e))
-    if (i + 1 < len(stages) and s.mode in TRAINER_MODES
+    if (i + 1 < len(stages) and MODES[s.mode].trains
             and s.trainer.save_hf_checkpoint == "never"):
         nxt = stages[i + 1].name.rsplit("/", 1)[-1]
         out.append(f"{where}trainer.save_hf_checkpoint: 'never', but stage {nxt!r} starts from this "

@@ -8,6 +8,7 @@ exactly what a role would run with.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -170,12 +171,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if missing:  # the same words as a config's missing path, before any work
         print("trinity convert: invalid arguments:\n  " + "\n  ".join(missing), file=sys.stderr)
         return 2
-    try:  # the trainer's allow-list: the few DeepSpeed classes a ZeRO optimizer state holds
+    # the trainer's allow-list: the few DeepSpeed classes a ZeRO optimizer state holds. Without
+    # deepspeed a ZeRO checkpoint's optimizer files are refused, named
+    allowed: list[Any] = []
+    if importlib.util.find_spec("deepspeed") is not None:
         from roles.trainer.deepspeed_engine import checkpoint_safe_globals
 
         allowed = checkpoint_safe_globals()
-    except ImportError:  # no deepspeed: a ZeRO checkpoint's optimizer files are refused, named
-        allowed = []
     try:
         results = convert_checkpoints(args.checkpoint_dir, args.base_model_dir, allowed_globals=allowed)
     except (CheckpointError, FileNotFoundError, ValueError) as e:
@@ -187,45 +189,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for r in results:
         print(f"{r.status:9} global_step_{r.step}: {r.hf_dir} ({r.source})")
     return 0
-
-
-def freeze_heap() -> None:
-    """Take every object alive now out of the cyclic garbage collector's full passes.
-
-    Why: a role process holds ~440k objects after its imports (torch, transformers, vLLM),
-    and a full collection walks all of them: 0.3-0.7 s measured here, during which the
-    role's event loop stands still (heartbeats, acks, batch replies). The buffer and explorer
-    allocate ~100 objects per experience group, so full collections do come round in a run.
-    Frozen objects are those that live for the whole process anyway (modules, classes); what
-    is created later is collected as usual."""
-    import gc
-
-    gc.freeze()
-
-
-def keep_freed_memory() -> bool:
-    """Let glibc keep the memory this process frees for reuse, instead of returning it to the
-    OS at once. Returns whether it applied (glibc only; elsewhere nothing changes).
-
-    Why: roles move ~64 KB messages through fresh buffers (the encoded message, the PUB
-    command, asyncio's join of everything pending on a socket, received payloads). glibc
-    serves a block over its mmap threshold (128 KiB at first) with a fresh mmap, and hands the
-    top of the heap back to the OS once 128 KiB are free there; either way the next buffer
-    lands on new pages, and the first touch of each page is a page fault: 11-20 us each on
-    these VMs (copying 64 KiB into fresh memory took 250 us and 16 faults, into reused memory
-    13 us). In the bus bench a producer took 2-20 thousand faults per 1500 messages. Now blocks
-    up to 32 MiB come from the heap, and up to 256 MiB of free heap stays mapped: the price is
-    an RSS that stays near its high-water mark."""
-    import ctypes
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's <malloc.h>; musl's stub returns 0
-    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
 
 
 def launch_trainer_ranks(stages: list[Any], plan: Any) -> None:
@@ -286,23 +249,25 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         return 2
     rank = int(os.environ.get("RANK", "0"))  # a trainer rank other than 0 logs to its own file
     setup_logging(role if rank == 0 else f"{role}_rank{rank}", cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
-    from roles.stages import share_cpu
+    from roles.tuning import tune_process
 
-    share_cpu()
-    freeze_heap()
-    keep_freed_memory()
+    tune_process(cfg.cluster.cpu_tuning, cfg.cluster.gpu_per_node)
     from bus.errors import BusConnectError
 
+    log = logging.getLogger(f"trinity.{role}")
     try:
         return asyncio.run(run_stages(role, stages, runner_for(role)))
-    except (ValueError, KeyError, FileNotFoundError, NotImplementedError) as e:
-        logging.getLogger(f"trinity.{role}").error("%s failed: %s", role, e)
-        print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
-        return 2
     except BusConnectError as e:  # 2: a wrong token or TLS file; 1: no server (yet)
-        logging.getLogger(f"trinity.{role}").error("%s failed: %s", role, e)
+        log.error("%s failed: %s", role, e)
         print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
         return connect_exit_code(e)
+    except Exception:  # noqa: BLE001 - mid-run: exit 1 with the traceback, so trinity run restarts it
+        # Exit 2 ("your config is wrong, a restart cannot help") belongs to config loading and
+        # the pre-start checks above. Past them, an error is a bug or a broken input met late
+        # (a value on the bus, a file that changed): the role resumes from its checkpoint and
+        # the bus, and --max-restarts bounds an error that comes back every time.
+        log.exception("%s failed mid-run (exit 1: trinity run restarts it)", role)
+        return 1
 
 
 

@@ -31,6 +31,8 @@ and ``nats kv ls trinity_<run>`` show them):
   and ``bus/kv.py``.
 """
 
+from schemas.modes import MODES
+
 EXPLORER_CURSOR = "cursor.explorer"
 EXPLORER_FINISHED = "finished.explorer"
 TRAINER_FINISHED = "finished.trainer"
@@ -41,4 +43,4 @@ EXIT_PREFIX = "exit."
 
 def run_done(mode: str) -> str:
     """The key that says a stage of ``mode`` is complete (see the module doc)."""
-    return f"{RUN_DONE}.{mode}" if mode in ("train", "explore", "bench") else RUN_DONE
+    return f"{RUN_DONE}.{mode}" if MODES[mode].own_done_key else RUN_DONE

@@ -25,15 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from schemas.config import InferenceModelConfig, TrinityConfig
+from schemas.modes import MODES
 
 #: Environment variable a process started alone reads to know which node it is on (default:
 #: the first node the plan puts that process on).
 NODE_ENV = "TRINITY_NODE_RANK"
 #: The processes that may get GPUs; the others get ``CUDA_VISIBLE_DEVICES=""``.
 GPU_PROCESSES = ("explorer", "trainer")
-#: Modes whose stage runs an explorer / a trainer (``roles.stages.ROLES_BY_MODE``).
-EXPLORER_MODES = ("both", "explore", "bench", "serve")
-TRAINER_MODES = ("both", "train", "serve")
 
 
 class PlanError(ValueError):
@@ -104,8 +102,8 @@ def device_plan(stages: Sequence[TrinityConfig]) -> DevicePlan:
             "mode: colocate (trainer and rollout engine taking turns on one GPU with vLLM's sleep "
             "mode) is not implemented; use mode: both with cluster.gpu_per_node >= 2 (on a CPU "
             "machine, mode: both already shares the cores)")
-    explorer_cfgs = [s for s in stages if s.mode in EXPLORER_MODES]
-    has_trainer = any(s.mode in TRAINER_MODES for s in stages)
+    explorer_cfgs = [s for s in stages if MODES[s.mode].explores]
+    has_trainer = any(MODES[s.mode].trains for s in stages)
     # the stage whose explorer needs the most GPUs decides the explorer's share
     best = max(explorer_cfgs, key=_explorer_gpu_count, default=None)
     world = _weight_sync_world(stages)
@@ -252,7 +250,7 @@ def describe(plan: DevicePlan, stages: Sequence[TrinityConfig], roles: Sequence[
                     if p.process == role and p.node == node]
             lines.append(f"  {role:<13} {node:<5} {shown:<21} {'; '.join(runs) or '-'}")
     lines.append(f"bus: {cfg.nats.url} ({'embedded server if none listens' if cfg.nats.embedded else 'external'})")
-    if any(s.explorer.rollout_model.enable_openai_api or s.mode == "serve" for s in stages):
+    if any(s.explorer.rollout_model.enable_openai_api or MODES[s.mode].serves_api for s in stages):
         api = cfg.explorer.openai_api
         lines.append(f"OpenAI API: http://{api.host}:{api.port}/v1 (explorer)")
     if plan.weight_sync_world:

@@ -15,8 +15,10 @@ What it does, in order:
 5. A role that dies (a crash, a kill) is restarted, up to ``--max-restarts`` times: every
    role resumes (trainer from its checkpoint, explorer from its KV cursor, buffer from the
    durable consumer). When every role exits 0 the run is complete: print the evaluation summary
-   and exit 0. A role that keeps dying, or exits 2 (its config or data is wrong: a restart
-   cannot help), stops the run with its last output and exit code 1.
+   and exit 0. A role that keeps dying, or exits 2 (its config failed to load or a pre-start
+   check failed: a restart cannot help), stops the run with its last output and exit code 1.
+   Exit codes of a role: 0 done, 2 config/pre-start, anything else (1: an error mid-run,
+   logged with its traceback; a signal) is restarted.
    Ctrl-C / SIGTERM stops every role cleanly (SIGTERM, then a kill after a grace period).
 
 Honcho runs the same role processes from the Procfile; this command adds the supervision.
@@ -261,7 +263,7 @@ class Supervisor:
                     self.say(f"trinity run: {c.role} finished")
                     continue
                 await asyncio.sleep(0.2)  # let the pump print the last lines
-                if rc == 2 or c.restarts >= self.max_restarts:  # 2: its config/data is wrong
+                if rc == 2 or c.restarts >= self.max_restarts:  # 2: its config or a pre-start check
                     self.say(f"trinity run: {c.role} failed for good (exit {rc}); last output:")
                     for line in list(c.tail)[-10:]:
                         self.say(f"  {line}")

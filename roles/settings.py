@@ -20,6 +20,7 @@ from ops.algorithms import CONFIG_FIELDS, AlgorithmSpec, resolve
 from roles.plugins import PLUGIN_DIRS_ENV, PluginError, load_plugin_dirs
 from schemas.config import TrinityConfig
 from schemas.loader import DEFAULT, DERIVED, ConfigError, LoadedConfig, dotenv_value, load_config
+from schemas.modes import MODES
 
 
 def resolve_algorithm(cfg: TrinityConfig, sources: dict[str, str]) -> list[str]:
@@ -44,7 +45,7 @@ def resolve_algorithm(cfg: TrinityConfig, sources: dict[str, str]) -> list[str]:
         if getattr(alg, f) is None or (f == "repeat_times" and value != alg.repeat_times):
             setattr(alg, f, value)
             sources[f"algorithm.{f}"] = DERIVED
-    if spec.use_teacher and not cfg.explorer.auxiliary_models and cfg.mode in ("both", "colocate", "explore", "serve"):
+    if spec.use_teacher and not cfg.explorer.auxiliary_models and MODES[cfg.mode].makes_experience:
         return [f"explorer.auxiliary_models: algorithm {alg.algorithm_type!r} (advantage_fn {spec.advantage_fn!r}) "
                 "learns from a teacher's log-probs of the student's samples: list the teacher as "
                 "auxiliary model 0 (model_path, engine_type vllm or transformers)"]
@@ -61,7 +62,7 @@ def serve_problems(cfg: TrinityConfig, sources: dict[str, str], user_repeat: boo
     """``mode: serve`` publishes every rewarded episode as its own group of one rollout: an
     advantage that compares rollouts within a group would make every advantage 0 (nothing
     learned, silently), and ``repeat_times`` counts one rollout per episode."""
-    if cfg.mode != "serve":
+    if not MODES[cfg.mode].serves_api:
         return []
     from ops.advantages import GROUP_ADVANTAGE_FNS
 

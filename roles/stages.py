@@ -33,26 +33,11 @@ import structlog
 
 from roles import keys
 from roles.signals import ignore_signals_from_now, stop_on_signals, until_stopped
+from roles.tuning import share_cpu, tuning_on
 from schemas.config import TrinityConfig
+from schemas.modes import MODES
 
 log = structlog.get_logger(__name__)
-
-#: The roles each mode runs (``colocate`` is refused by the device plan). ``explore`` runs the
-#: explorer alone: its experience waits on the run's durable stream for whichever buffer
-#: serves a trainer of the run (a ``train`` run beside it, or a later one), as Trinity-RFT's
-#: explore mode writes to an experience buffer that a train run reads.
-ROLES_BY_MODE: dict[str, tuple[str, ...]] = {
-    "both": ("buffer", "synchronizer", "trainer", "explorer"),
-    "colocate": ("buffer", "synchronizer", "trainer", "explorer"),
-    "train": ("buffer", "trainer"),
-    "explore": ("explorer",),
-    "bench": ("explorer",),
-    "serve": ("buffer", "synchronizer", "trainer", "explorer"),
-}
-
-#: The role whose completion completes a stage.
-FINISHER = {"both": "explorer", "colocate": "explorer", "train": "trainer", "explore": "explorer", "bench": "explorer",
-            "serve": "explorer"}
 
 Runner = Callable[[TrinityConfig, asyncio.Event], Awaitable[bool]]
 
@@ -66,7 +51,7 @@ MARKER_LEASE = 20.0
 def roles_needed(stages: list[TrinityConfig]) -> list[str]:
     """Every role some stage needs, in start order (buffer first: the others talk to it)."""
     order = ("buffer", "synchronizer", "trainer", "explorer")
-    need = {r for s in stages for r in ROLES_BY_MODE[s.mode]}
+    need = {r for s in stages for r in MODES[s.mode].roles}
     return [r for r in order if r in need]
 
 
@@ -85,7 +70,7 @@ def chain(cfg: TrinityConfig, prev: TrinityConfig | None) -> TrinityConfig:
     """Stage ``cfg`` starting from the final weights of the stage before it."""
     if prev is None:
         return cfg
-    src = final_hf_dir(prev) if "trainer" in ROLES_BY_MODE[prev.mode] else prev.model.model_path
+    src = final_hf_dir(prev) if MODES[prev.mode].trains else prev.model.model_path
     if src is None:
         raise FileNotFoundError(
             f"stage {cfg.name}: the previous stage ({prev.name}) left no Hugging Face checkpoint "
@@ -134,26 +119,6 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
     return 0
 
 
-def share_cpu(mode: str = "both") -> None:
-    """Give this role process its share of the CPU's cores as torch threads, unless
-    ``OMP_NUM_THREADS`` says otherwise: ``cores // 4`` (at least 1) while the roles run
-    together, every core for the trainer of a ``train`` stage, where it is the only one at work.
-
-    Why: up to four role processes share a CPU machine, and torch's default of one thread per
-    core in every process oversubscribes it; OpenMP threads then spin waiting for each other.
-    Measured on 2 cores with the roles running: a tiny trainer step took 9.0 s with 2 threads
-    and 0.7 s with 1. In a ``train`` stage (SFT, DPO) the explorer idles and the buffer works
-    only while the trainer waits for its batch: the calculator example's SFT step took 0.90 s
-    with 1 thread and 0.57 s with 2. Called at start and again at every stage's start (the
-    processes live through all stages). GPU work is not affected (the threads only run CPU ops)."""
-    if os.environ.get("OMP_NUM_THREADS"):
-        return
-    import torch
-
-    cores = os.cpu_count() or 1
-    torch.set_num_threads(cores if mode == "train" else max(1, cores // 4))
-
-
 async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminate: asyncio.Event) -> int:
     """The stages as ``role``: 0 when SIGTERM ends it, -1 when every stage was walked."""
     import bus
@@ -173,9 +138,9 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
             if await state.get(done_key):
                 log.info("stage_already_done", stage=cfg.name)
                 continue
-            if role in ROLES_BY_MODE[cfg.mode]:
+            if role in MODES[cfg.mode].roles:
                 log.info("stage_start", stage=cfg.name, mode=cfg.mode, model=cfg.model.model_path)
-                if role == "trainer":
+                if role == "trainer" and tuning_on(cfg.cluster.cpu_tuning, cfg.cluster.gpu_per_node):
                     share_cpu(cfg.mode)
                 stop = asyncio.Event()
                 watcher = asyncio.create_task(_watch_done(state, done_key, stop, terminate))
@@ -189,7 +154,7 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
                     await bus.stop_tasks(watcher)
                 if terminate.is_set():
                     return 0
-                if completed and role == FINISHER[cfg.mode]:
+                if completed and role == MODES[cfg.mode].finisher:
                     await state.put(done_key, {"by": role, "ts": time.time()})
                     log.info("stage_done", stage=cfg.name)
                     continue

@@ -183,3 +183,30 @@ def test_the_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
 @pytest.mark.parametrize("pkg", PACKAGES)
 def test_every_package_is_in_the_layers(pkg: str) -> None:
     assert (ROOT / pkg / "__init__.py").is_file() and pkg in ALLOWED
+
+
+def _imports_own_module(node: ast.AST) -> bool:
+    for n in ast.walk(node):
+        names = [n.module or ""] if isinstance(n, ast.ImportFrom) and not n.level else \
+            [a.name for a in n.names] if isinstance(n, ast.Import) else []
+        if any(name.split(".")[0] in PACKAGES for name in names) or (isinstance(n, ast.ImportFrom) and n.level):
+            return True
+    return False
+
+
+def test_no_import_error_of_trinitys_own_modules_is_swallowed():
+    """An ``except ImportError`` around an import of trinity's own modules must raise: a broken
+    module is a bug to see at once. The explorer once caught one around its sync client and
+    explored on without weight sync, on weights that never changed. (An optional third-party
+    package, ``deepspeed`` or ``wandb``, may still be tried and fall back.)"""
+    swallowed = []
+    for path, _ in find_modules(ROOT, PACKAGES).values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Try) or not _imports_own_module(ast.Module(node.body, [])):
+                continue
+            for h in node.handlers:
+                caught = {n.id for n in ast.walk(h.type) if isinstance(n, ast.Name)} if h.type else {"*"}
+                if caught & {"ImportError", "ModuleNotFoundError", "Exception", "*"} and \
+                        not any(isinstance(n, ast.Raise) for n in ast.walk(h)):
+                    swallowed.append(f"{path.relative_to(ROOT)}:{h.lineno}")
+    assert not swallowed, f"ImportError of trinity's own modules swallowed at {swallowed}"

@@ -48,8 +48,10 @@ from roles.explorer.lease import (
 from roles.explorer.queue import TaskQueue, TaskWorker
 from roles.explorer.runner import RunnerPool, TaskResult
 from roles.signals import stop_on_signals, until_stopped
+from roles.synchronizer.client import ExplorerSyncClient
 from schemas.config import TrinityConfig
 from schemas.data import Metric
+from schemas.modes import MODES
 from storage.tasksets import TaskReader
 
 log = logging.getLogger("trinity.explorer")
@@ -85,14 +87,10 @@ async def make_sync(cfg: TrinityConfig, nc: Any, state: bus.RunState, pub: bus.P
     """The synchronizer's client; in ``explore`` mode a follower of the trainer's checkpoints
     (``roles/explorer/follow.py``: a ``train`` run beside it writes them); :class:`NoSync` in
     ``bench`` mode, which loads every checkpoint itself (:meth:`Explorer.bench`)."""
-    if cfg.mode == "explore":
+    weights = MODES[cfg.mode].weights
+    if weights == "follow":
         return CheckpointFollower(cfg)
-    if cfg.mode == "bench":
-        return NoSync()
-    try:
-        from roles.synchronizer.client import ExplorerSyncClient  # type: ignore[import-not-found]
-    except ImportError:
-        log.warning("roles.synchronizer.client is not available: exploring without weight sync")
+    if weights == "each":
         return NoSync()
     return ExplorerSyncClient(cfg, nc, state, pub)
 
@@ -112,7 +110,7 @@ def make_pool(cfg: TrinityConfig, engines: list[RolloutEngine], auxiliary: list[
     scoring rollouts with the teacher (auxiliary model 0) when the algorithm distills."""
     from roles.settings import algorithm_spec
 
-    teacher = cfg.mode != "bench" and algorithm_spec(cfg).use_teacher
+    teacher = MODES[cfg.mode].makes_experience and algorithm_spec(cfg).use_teacher
     return RunnerPool(engines, cfg.explorer, cfg.run_id, auxiliary=auxiliary, api=api, teacher=teacher)
 
 
@@ -200,7 +198,7 @@ class Explorer:
         from roles.explorer.api import ApiServer, GatedEngine, WeightGate
 
         gate = WeightGate()
-        publish = self._publish_episode if self.cfg.mode == "serve" else None
+        publish = self._publish_episode if MODES[self.cfg.mode].serves_api else None
         self.api = ApiServer(self.cfg.explorer.openai_api, self.engines, served_model_name(self.cfg),
                              self.cfg.run_id, publish, gate)
         self.pool.api = self.api
@@ -545,7 +543,7 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) ->
         auxiliary = await create_auxiliary(cfg.explorer.auxiliary_models, cfg.model.external_model, aux_gpus)
         nc = await bus.connect(cfg.nats, name=cfg.explorer.name)
         explorer = Explorer(cfg, engines, nc, auxiliary=auxiliary)
-        if cfg.mode == "serve" or cfg.explorer.rollout_model.enable_openai_api:
+        if MODES[cfg.mode].serves_api or cfg.explorer.rollout_model.enable_openai_api:
             await explorer.start_api()
         forward = None
         if stop is None:

@@ -30,6 +30,7 @@ from roles.settings import algorithm_spec, session_start
 from roles.signals import stop_on_signals
 from schemas.config import TrinityConfig
 from schemas.data import Metric
+from schemas.modes import MODES
 from storage import checkpoints as ckpt
 from storage import lora
 
@@ -182,7 +183,7 @@ class Trainer:
         if lora.is_lora(self.engine.model):
             trainable, total = lora.trainable_share(self.engine.model)
             log.info("lora", trainable=trainable, total=total, share=round(trainable / total, 5))
-            if lora.adapter_sync(cfg) is None and cfg.mode in ("both", "colocate", "serve"):
+            if lora.adapter_sync(cfg) is None and MODES[cfg.mode].weights == "live":
                 log.warning("lora_merged_sync", engine_type=cfg.explorer.rollout_model.engine_type,
                             sync_method=cfg.synchronizer.sync_method,
                             why="weight syncs send the merged model: only a broadcast into a transformers "
@@ -377,7 +378,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
     monitor = Monitor(cfg, "trainer")
     done = last is not None and trainer.step >= last
     # mode train has no explorer: offering weights there only wrote a checkpoint per step
-    explorer_takes_weights = cfg.mode in ("both", "colocate", "serve")
+    explorer_takes_weights = MODES[cfg.mode].weights == "live"
     # the next step's batch request, sent before the weight sync of this one: the sync waits
     # for the explorer and the broadcast, the request for the buffer, and neither needs the other
     prefetch: tuple[asyncio.Future, int] | None = None  # (request, reconnects when sent)
@@ -395,7 +396,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
                 await asyncio.sleep(1.0)
                 continue
             if not reply.items:
-                if reply.exhausted or (cfg.mode == "train" and trainer.spec.schema != "experience"):
+                if reply.exhausted or (not MODES[cfg.mode].explores and trainer.spec.schema != "experience"):
                     log.info("input_exhausted", step=trainer.step)
                     done = True
                 continue

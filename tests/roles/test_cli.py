@@ -93,7 +93,7 @@ def test_convert_reports_a_missing_dir(tmp_path):
 def test_freeze_heap_takes_live_objects_out_of_full_collections() -> None:
     import gc
 
-    from roles.cli import freeze_heap
+    from roles.tuning import freeze_heap
 
     before = gc.get_freeze_count()
     try:
@@ -106,8 +106,59 @@ def test_freeze_heap_takes_live_objects_out_of_full_collections() -> None:
 def test_keep_freed_memory_applies_on_glibc() -> None:
     import platform
 
-    from roles.cli import keep_freed_memory
+    from roles.tuning import keep_freed_memory
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt's thresholds are glibc's")
     assert keep_freed_memory() and keep_freed_memory()  # idempotent
+
+
+#: A role process (``trinity <role>``) whose stages are replaced by ``stages``: what runs once
+#: config loading, the pre-start checks and the process tuning are done.
+ROLE_WITH_STAGES = """
+import gc, sys
+import roles.stages
+
+async def stages(*args, **kwargs):
+    {stages}
+
+roles.stages.run_stages = stages
+from roles.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_role(role: str, stages: str, tmp_path: Path, *sets: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_") and k != "OMP_NUM_THREADS"}
+    return subprocess.run([sys.executable, "-c", ROLE_WITH_STAGES.format(stages=stages), role, "--config", GSM8K,
+                           "--set", f"checkpoint_root_dir={tmp_path}", *(a for s in sets for a in ("--set", s))],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("error", ["KeyError('version')", "ValueError('bad value')", "FileNotFoundError('x.bin')"])
+def test_a_role_that_fails_mid_run_exits_1_with_its_traceback(tmp_path, error):
+    """The error taxonomy: exit 2 ("the config is wrong, a restart cannot help": ``trinity run``
+    stops the run) is only for config loading and the pre-start checks. Past them, any error (a
+    ``KeyError`` from a malformed value once ended a run with a mislabelled "config error") exits
+    1 with its traceback in the role's log, and ``trinity run`` restarts the role."""
+    r = run_role("synchronizer", f"raise {error}", tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "synchronizer failed mid-run" in r.stderr and "Traceback" in r.stderr
+    assert error.split("(")[0] in r.stderr
+    log = next(tmp_path.glob("**/log/synchronizer.log")).read_text()
+    assert "Traceback" in log and error.split("(")[0] in log
+
+
+@pytest.mark.parametrize(("setting", "gpus", "tuned"), [("auto", 0, True), ("auto", 1, False), ("off", 0, False),
+                                                        ("on", 1, True)])
+def test_cpu_tuning_applies_where_the_setting_says(tmp_path, setting, gpus, tuned):
+    """``cluster.cpu_tuning``: a role process tunes itself for a small shared CPU machine (a
+    frozen import heap, one torch thread per 4 cores) on CPU nodes by default, where it was
+    measured to help, and on GPU nodes only when asked."""
+    r = run_role("synchronizer", "import torch; print('tuning', gc.get_freeze_count() > 0, torch.get_num_threads())",
+                 tmp_path, f"cluster.cpu_tuning={setting}", f"cluster.gpu_per_node={gpus}")
+    assert r.returncode == 0, r.stderr
+    frozen, threads = r.stdout.split("tuning ", 1)[1].split()[:2]
+    assert frozen == str(tuned)
+    if tuned:  # untuned: torch's own default, whatever this machine makes it
+        assert int(threads) == max(1, (os.cpu_count() or 1) // 4)

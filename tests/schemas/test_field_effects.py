@@ -1403,6 +1403,7 @@ def observe(cfg: TrinityConfig) -> dict[str, Any]:
 #: retries, reconnects, servers), each with the test that exercises that effect. The test is
 #: checked to exist and to mention the field.
 RUNTIME_EFFECTS: dict[str, str] = {
+    "cluster.cpu_tuning": "tests/roles/test_cli.py::test_cpu_tuning_applies_where_the_setting_says",
     "explorer.max_retry_times":
         "tests/explorer/test_engines_workflows.py::test_failing_workflow_is_counted_and_others_published",
     "explorer.over_rollout.wait_after_min":
