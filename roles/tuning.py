@@ -4,7 +4,7 @@ among the role processes, a frozen import heap, glibc keeping freed memory.
 Why a setting: each was measured to help on the 2-core CPU VMs trinity's CPU path runs on (the
 figures are in each function's docstring), and none was measured on a GPU node, where the
 trainer's and engines' work is on the GPU and memory is plentiful. ``auto`` (the default)
-applies them where there is no GPU (``cluster.gpu_per_node: 0``); ``on``/``off`` decide
+applies them where there is no GPU (``cluster.gpu_per_node: 0``); true/false decide
 everywhere. ``OMP_NUM_THREADS`` set by hand still wins over the thread share.
 """
 
@@ -14,12 +14,12 @@ import os
 import sys
 
 
-def tuning_on(setting: str, gpu_per_node: int) -> bool:
+def tuning_on(setting: bool | str, gpu_per_node: int) -> bool:
     """Whether ``cluster.cpu_tuning`` = ``setting`` applies on a node with ``gpu_per_node`` GPUs."""
-    return setting == "on" or (setting == "auto" and gpu_per_node == 0)
+    return setting is True or (setting == "auto" and gpu_per_node == 0)
 
 
-def tune_process(setting: str, gpu_per_node: int) -> bool:
+def tune_process(setting: bool | str, gpu_per_node: int) -> bool:
     """At a role process's start: the thread share of a process whose roles run together, the
     frozen heap and glibc's thresholds, if the setting applies here; returns whether it did."""
     if not tuning_on(setting, gpu_per_node):
