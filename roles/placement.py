@@ -162,7 +162,7 @@ def _place_explorer(cfg: TrinityConfig, free: list[tuple[int, int]]) -> list[Pla
             f"explorer: {need} GPU(s) (explorer.rollout_model.engine_num x tensor_parallel_size, plus "
             f"explorer.auxiliary_models) do not fit one node of cluster.gpu_per_node: {c.gpu_per_node}; "
             "the explorer is one process on one node: use fewer or smaller engines, or several "
-            "explorer processes (README: Several explorers on one run)")
+            "explorer processes (docs/running.md: Several explorers on one run)")
     out = []
     models = [("rollout engine", cfg.explorer.rollout_model)]
     models += [(f"auxiliary {i} engine", m) for i, m in enumerate(cfg.explorer.auxiliary_models)]

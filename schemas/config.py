@@ -2,7 +2,7 @@
 
 Every section and field of the seeds' configuration guide that trinity implements lives here
 with the same name and default, so a YAML file written for Trinity-RFT loads unchanged. Each
-field's docstring is its documentation (``trinity config --sources`` and the README draw on it).
+field's docstring is its documentation (``trinity config --sources`` and docs/configuration.md draw on it).
 
 Why pydantic models with ``extra="forbid"``: a misspelled key is the most common config bug,
 and it must fail loudly with its dotted path, not be silently ignored. Derived defaults (those
@@ -409,7 +409,7 @@ class ModelConfig(Section):
     lora_configs: list[LoraConfig] | None = Field(None, max_length=1)
     """Train a LoRA adapter instead of every weight (one adapter: Trinity-RFT's limit too).
     Checkpoints hold the adapter in PEFT layout under ``actor/`` and the merged model in
-    ``actor/huggingface/``; weight syncs send the merged weights (see README, LoRA)."""
+    ``actor/huggingface/``; weight syncs send the merged weights (see docs/lora.md)."""
 
 
 # --------------------------------------------------------------------------------------------
