@@ -261,6 +261,10 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         log.error("%s failed: %s", role, e)
         print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
         return connect_exit_code(e)
+    except ConfigError as e:  # a pre-start check that needs the run (an explorer joining it)
+        log.error("%s failed: %s", role, e)
+        print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
+        return 2
     except Exception:  # noqa: BLE001 - mid-run: exit 1 with the traceback, so trinity run restarts it
         # Exit 2 ("your config is wrong, a restart cannot help") belongs to config loading and
         # the pre-start checks above. Past them, an error is a bug or a broken input met late

@@ -21,6 +21,8 @@ from typing import Any
 
 import structlog
 
+from schemas.loader import ConfigError
+
 log = structlog.get_logger(__name__)
 
 LEADER_KEY = "explorer.leader"
@@ -48,14 +50,15 @@ def join_fingerprint(cfg: Any) -> dict[str, Any]:
 
 def check_joining(cfg: Any, theirs: Any) -> None:
     """Refuse to join a run whose leading explorer runs other settings, naming the first
-    that differs."""
+    that differs: a pre-start check against the run (a :class:`ConfigError`, exit 2: a restart
+    with the same config cannot help)."""
     mine = join_fingerprint(cfg)
     if isinstance(theirs, dict):
         for key, value in mine.items():
             if key in theirs and theirs[key] != value:
-                raise ValueError(
+                raise ConfigError([
                     f"{key}: this explorer has {value!r}, the leading explorer of run {cfg.run_id} has "
-                    f"{theirs[key]!r}; an explorer joins a run only with the run's own config")
+                    f"{theirs[key]!r}; an explorer joins a run only with the run's own config"])
 
 
 class LeaseLost(RuntimeError):
