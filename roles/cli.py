@@ -257,14 +257,12 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
     log = logging.getLogger(f"trinity.{role}")
     try:
         return asyncio.run(run_stages(role, stages, runner_for(role)))
-    except BusConnectError as e:  # 2: a wrong token or TLS file; 1: no server (yet)
+    # 2: a wrong token or TLS file, or a pre-start check that needs the run (an explorer
+    # joining it: ConfigError); 1: no server (yet)
+    except (BusConnectError, ConfigError) as e:
         log.error("%s failed: %s", role, e)
         print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
         return connect_exit_code(e)
-    except ConfigError as e:  # a pre-start check that needs the run (an explorer joining it)
-        log.error("%s failed: %s", role, e)
-        print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
-        return 2
     except Exception:  # noqa: BLE001 - mid-run: exit 1 with the traceback, so trinity run restarts it
         # Exit 2 ("your config is wrong, a restart cannot help") belongs to config loading and
         # the pre-start checks above. Past them, an error is a bug or a broken input met late
@@ -277,7 +275,7 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
 
 
 def connect_exit_code(e: Exception) -> int:
-    """The exit code for a :class:`bus.errors.BusConnectError`: 2 when retrying cannot help
+    """The exit code for a :class:`bus.errors.BusConnectError` (or a ConfigError: 2): 2 when retrying cannot help
     (``trinity run`` then does not restart the role: see ``roles/run.py``), 1 when it can."""
     return 1 if getattr(e, "retryable", False) else 2
 

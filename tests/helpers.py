@@ -1,5 +1,5 @@
-"""Helpers every test tier shares. One way to wait: :func:`wait_for`; one way to pick a port:
-:func:`bus.server.free_port` (re-exported here)."""
+"""Helpers every test tier shares. One way to wait: :func:`wait_for` (one way to pick a port is
+:func:`bus.server.free_port`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from bus.server import free_port
-
-__all__ = ["free_port", "wait_for"]
+__all__ = ["wait_for"]
 
 T = TypeVar("T")
 
