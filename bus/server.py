@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 import structlog
 
 from schemas.config import NatsConfig
@@ -50,10 +51,14 @@ MAX_PAYLOAD_CEILING = 8 * 1024 * 1024
 #: Per-client outbound buffer on the server; a consumer that falls further behind is cut off.
 MAX_PENDING = 64 * 1024 * 1024
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", ""})
-#: Seconds ``serve_forever(until=...)`` keeps serving after the run is over: the roles saw it
-#: at the same moment (they poll every 0.2 s) and close their connections within this time;
-#: well inside the 5 s honcho gives every process between SIGTERM and SIGKILL.
+#: Seconds ``serve_forever(until=...)`` keeps serving after the run is over and its last client
+#: has left: the roles' processes, off the bus by then, end within this time (process teardown),
+#: so the server's process is the last to stop, inside the 5 s honcho gives every process
+#: between SIGTERM and SIGKILL.
 LINGER = 2.0
+#: At most this many seconds ``serve_forever(until=...)`` waits for the clients to leave after the
+#: run is over (the roles leave within a second or two; a ``nats`` CLI left open would not).
+CLIENTS_WAIT = 30.0
 
 
 def find_binary() -> str:
@@ -432,7 +437,8 @@ class EmbeddedServer:
     @property
     def monitor_url(self) -> str | None:
         """HTTP monitoring endpoint (``/jsz``, ``/connz``), if enabled."""
-        return f"http://{self.host}:{self.monitor_port}" if self.monitor_port else None
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.monitor_port}" if self.monitor_port else None
 
     @property
     def running(self) -> bool:
@@ -613,10 +619,14 @@ def serve_forever(
 
     ``until`` (``trinity server --until-done``): once this coroutine returns (it runs in a
     thread of its own, as a client of this server), the server stops by itself ``linger``
-    seconds later, after its clients have left, and a SIGTERM in that time is ignored:
-    honcho sends one as soon as the first role exits, and the server must stop last.
+    seconds after its last client has left (the server's monitoring endpoint counts them; one
+    is opened on a free port when ``monitor_port`` is not given), and from then on SIGTERM and
+    SIGINT are ignored, even once the server has stopped: honcho sends one as soon as the first
+    role exits, and the server must stop last, with exit code 0.
     ``cluster``: ``cluster_port``, ``routes``, ``server_name`` of a cluster node (render_config).
     """
+    if until is not None and not monitor_port:
+        monitor_port = free_port(host if host not in (None, "", "0.0.0.0") else "127.0.0.1")
     server = EmbeddedServer.from_config(
         cfg, store_dir, host=host, port=port, monitor_port=monitor_port, **cluster
     )
@@ -655,18 +665,21 @@ def serve_forever(
             config=str(server.config_path),
         )
         if until is not None:
-            threading.Thread(target=_stop_after, args=(until, linger, finishing, proc),
+            threading.Thread(target=_stop_after, args=(until, linger, finishing, server),
                              name="until-done", daemon=True).start()
         return proc.wait()
     finally:
         for s, h in old.items():
-            signal.signal(s, h)
+            # stopped by itself: honcho's SIGTERM may still be on its way, and a Python handler
+            # would be reset to the default (death by SIGTERM) while the interpreter exits
+            signal.signal(s, signal.SIG_IGN if finishing.is_set() else h)
 
 
 def _stop_after(until: Callable[[], Awaitable[None]], linger: float, finishing: threading.Event,
-                proc: subprocess.Popen) -> None:
-    """Wait for ``until()``, then ``linger`` seconds, then stop the server cleanly. A failure
-    of ``until`` (e.g. it cannot connect) is logged and leaves the server running."""
+                server: EmbeddedServer) -> None:
+    """Wait for ``until()``, then for the clients to leave, then ``linger`` seconds, then stop
+    the server cleanly. A failure of ``until`` (e.g. it cannot connect) is logged and leaves
+    the server running."""
     import asyncio
 
     try:
@@ -675,7 +688,32 @@ def _stop_after(until: Callable[[], Awaitable[None]], linger: float, finishing: 
         log.warning("until_done_failed", error=f"{type(e).__name__}: {e}")
         return
     finishing.set()
-    log.info("run_finished_stopping", seconds=linger)
+    log.info("run_finished_waiting_for_clients", most_seconds=CLIENTS_WAIT)
+    clients = _wait_for_no_clients(server, CLIENTS_WAIT)
+    log.info("run_finished_stopping", seconds=linger, clients=clients)
     time.sleep(linger)
+    assert server.proc is not None
     with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(signal.SIGTERM)
+
+
+def _wait_for_no_clients(server: EmbeddedServer, timeout: float) -> int | None:
+    """Poll the server's ``/varz`` until it has no client connection, at most ``timeout`` s;
+    return the count it last saw (``None``: the endpoint did not answer)."""
+    import urllib.request
+
+    url = f"{server.monitor_url}/varz"
+    deadline = time.monotonic() + timeout
+    count: int | None = None
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                count = int(orjson.loads(r.read())["connections"])
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("clients_unknown", url=url, error=f"{type(e).__name__}: {e}")
+            return None
+        if count == 0 or time.monotonic() > deadline:
+            if count:
+                log.warning("clients_still_connected", clients=count, seconds=timeout)
+            return count
+        time.sleep(0.1)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -252,5 +254,58 @@ def test_serve_forever_runs_until_sigterm(nats_binary, tmp_path: Path, slow_read
         assert p.wait(10) == 0
         assert not is_listening("127.0.0.1", port)
     finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_serve_until_done_stops_after_its_last_client_and_ignores_a_late_sigterm(
+        nats_binary, tmp_path: Path) -> None:
+    """``trinity server --until-done`` under honcho: the run is over (``until`` returned) while a
+    role is still connected; the server serves it until it leaves, then stops by itself with exit
+    0, and honcho's SIGTERM (sent when the first role exits, so before or after the server
+    stopped) changes nothing."""
+    port, over = free_port(), tmp_path / "over"
+    code = (
+        "import sys; from bus.server import serve_forever; from schemas.config import NatsConfig\n"
+        "import asyncio, os\n"
+        f"async def over():\n    while not os.path.exists({str(over)!r}): await asyncio.sleep(0.05)\n"
+        f"sys.exit(serve_forever(NatsConfig(url='nats://127.0.0.1:{port}'), {str(tmp_path)!r},"
+        " until=over, linger=0.5))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True).start()
+
+    def logged(event: str) -> bool:
+        deadline = time.monotonic() + 15
+        while not any(event in line for line in list(lines)):
+            if p.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    role: socket.socket | None = None
+    try:
+        assert logged("nats_server_serving"), "".join(lines)
+        role = socket.create_connection(("127.0.0.1", port), timeout=5)  # a client that has not left
+        role.recv(4096)  # the server's INFO
+        role.sendall(b'CONNECT {"verbose":false}\r\nPING\r\n')
+        assert b"PONG" in role.recv(4096)
+        over.touch()  # the run is over
+        assert logged("run_finished_waiting_for_clients"), "".join(lines)
+        p.send_signal(signal.SIGTERM)  # honcho: a role exited
+        time.sleep(2)
+        assert p.poll() is None and is_listening("127.0.0.1", port), "stopped while a client was on it"
+        role.close()
+        assert logged("run_finished_stopping"), "".join(lines)
+        assert "clients=0" in next(line for line in lines if "run_finished_stopping" in line)
+        time.sleep(0.6)  # the linger: honcho's SIGTERM again, racing the server's own exit
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(10) == 0, "".join(lines)
+    finally:
+        if role is not None:
+            role.close()
         if p.poll() is None:
             p.kill()

@@ -1,5 +1,5 @@
 """``honcho start`` on the quickstart, through the repository's Procfile, ends clean: exit 0,
-every process ``rc=0`` (the roles leave together, the NATS server last), no traceback and no
+every process ``rc=0`` (the roles leave together, the NATS server once they have left it), no traceback and no
 ``Exception ignored in`` line, and the explorer prints the eval summary ``trinity run`` prints.
 
 Short settings: the quickstart's own config with 5 SFT steps and 2 GRPO steps (vLLM, gloo
@@ -68,8 +68,10 @@ def test_honcho_start_on_the_quickstart_ends_clean(tmp_path):
     assert rcs == {p: "0" for p in PROCESSES}, out[-6000:]
     assert "Traceback" not in out, out[out.index("Traceback") - 2000:][:6000]
     assert "Exception ignored in" not in out
-    stopped = [m.group(1) for m in re.finditer(r"\| (\w+)\.1 stopped", out)]
-    assert stopped[-1] == "nats", f"the NATS server must stop last: {stopped}"
+    # the server stops once the run is over and its last client has left (not by honcho's order:
+    # a role's line reads "stopped" only when every process holding its output is gone, and
+    # vLLM's resource tracker can hold the explorer's for seconds after the explorer exited)
+    assert re.search(r"nats\.1 +\| .*run_finished_stopping +clients=0 ", out), out[-6000:]
     explorer = [line.split("| ", 1)[1] for line in out.splitlines() if re.search(r"explorer\.1\s+\|", line)]
     assert "eval accuracy (each stage starts from the previous stage's final weights):" in explorer
     assert any(re.match(r"\s+grpo\s+end\s+step 2 ", line) for line in explorer), "\n".join(explorer[-20:])
