@@ -15,10 +15,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pytest
+# One OpenMP thread per process, in the test processes and every process they start (set before
+# torch loads its OpenMP runtime, which reads it once; a test that needs the default removes it).
+# The suite runs one pytest worker per core (pyproject.toml), so more threads only oversubscribe
+# the cores, and waiting OpenMP threads spin: measured on 2 cores with one core busy elsewhere
+# (the other worker), the quickstart's short version (AVX2) took 249 s and 264 CPU-s with torch's
+# default of 2 threads, 137 s and 150 CPU-s with 1.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from schemas.config import NatsConfig
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from schemas.config import NatsConfig  # noqa: E402
 
 # No test reaches a model hub (these machines have none): every hub id resolves from a cache a
 # test builds, and the processes tests start inherit this. Set before huggingface_hub is

@@ -5,10 +5,11 @@ floors. A recipe that stops learning, or learns on one CPU only, fails here. The
 seeds are ``bench/example_figures.py``'s (``docs/examples.md``).
 
 The runs go one after the other, on one pytest worker, while the other worker runs the rest
-of the suite (mostly waiting on processes). Two runs side by side (one core and one torch thread each, tried
-2026-11-26) saved nothing: the guessing game's pair took 13 min against 11 one after the
-other, the calculator's AVX2 run 9.3 min against 6.0 alone; the SFT stages, most of each
-run, are slower on one thread and the roles of two runs contend."""
+of the suite; every process has one OpenMP thread (``tests/conftest.py``: with the default of
+one per core, the SFT stages' threads spin against the other worker's processes, and a run took
+twice the time). Two runs side by side (one core and one torch thread each, tried 2026-11-26)
+saved nothing: the guessing game's pair took 13 min against 11 one after the other, the
+calculator's AVX2 run 9.3 min against 6.0 alone."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from bus.server import free_port
 from examples.recipes import DROP, EXAMPLES, run
 
 #: one worker runs them one after the other (``--dist loadfile`` in pyproject.toml: keep them
-#: in this one file): each takes both cores, two at once only contend
+#: in this one file): two at once only contend
 pytestmark = pytest.mark.slow
 
 
