@@ -6,8 +6,9 @@ A reader in any language needs only a msgpack library and this page.
 
     {"schema": str, "version": int, "payload": map}
 
-``schema`` names the type: ``"task"``, ``"experience"``, ``"experience_group"``,
-``"sync_event"`` or ``"metric"``. ``version`` is :data:`schemas.data.SCHEMA_VERSION` (3);
+``schema`` names the type: a key of :data:`schemas.data.SCHEMAS` (``"task"``, ``"experience"``,
+``"experience_group"``, ``"sync_event"``, ``"metric"``, ``"task_order"``, ``"task_done"``,
+``"batch_request"``, ``"batch_reply"``, ``"commit"``). ``version`` is :data:`schemas.data.SCHEMA_VERSION` (3);
 readers refuse any version they do not know rather than misread it (this build also reads
 version 1, whose layout is the same; version 2 put arrays in a side table and is refused with
 a "re-run" error). ``payload`` maps the field names of that dataclass in ``schemas/data.py``
@@ -52,7 +53,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .data import SCHEMA_VERSION, SCHEMAS
+from .data import SCHEMA_VERSION, SCHEMAS, ExperienceGroup, TaskOrder
 
 __all__ = ["CodecError", "decode", "decode_array", "encode", "encode_array", "schema_name"]
 
@@ -280,10 +281,10 @@ _ARRAYS = {
 def _check_plain_fields(obj: Any, where: str) -> None:
     for name in _PLAIN[type(obj)]:
         _check_plain(getattr(obj, name), f"{where}.{name}")
-    for i, e in enumerate(getattr(obj, "experiences", ())):  # an ExperienceGroup's
+    for i, e in enumerate(obj.experiences if isinstance(obj, ExperienceGroup) else ()):
         if type(e) in _PLAIN:
             _check_plain_fields(e, f"{where}.experiences[{i}]")
-    task = getattr(obj, "task", None)  # a TaskOrder's
+    task = obj.task if isinstance(obj, TaskOrder) else None
     if type(task) in _PLAIN:
         _check_plain_fields(task, f"{where}.task")
 
@@ -305,7 +306,7 @@ def _unpack_fields(obj: Any, where: str) -> None:
             setattr(obj, name, _unpack(v.code, v.data))
         except CodecError as e:
             raise CodecError(f"{where}.{name}: {e}") from None
-    for i, e in enumerate(getattr(obj, "experiences", ())):
+    for i, e in enumerate(obj.experiences if isinstance(obj, ExperienceGroup) else ()):
         _unpack_fields(e, f"{where}.experiences[{i}]")
 
 
@@ -348,7 +349,7 @@ def _field_error(e: Exception, where: str) -> CodecError:
 
 
 def encode(obj: Any) -> bytes:
-    """Encode a schema instance (Task, Experience, ExperienceGroup, SyncEvent, Metric).
+    """Encode a schema instance (any class of :data:`schemas.data.SCHEMAS`).
 
     Runs every check :func:`decode` runs (field types, plain data, ``validate()``), so a bad
     message fails at its producer rather than at a consumer. Raises CodecError naming the

@@ -1,4 +1,5 @@
-"""The messages that flow between roles: Task, Experience, ExperienceGroup, SyncEvent, Metric.
+"""The messages that flow between roles: Task, Experience, ExperienceGroup, SyncEvent, Metric,
+the task queue's TaskOrder/TaskDone, and the trainer-buffer RPC's BatchRequest/BatchReply/Commit.
 
 They are plain ``@dataclass(slots=True)`` classes rather than pydantic models because the hot
 path (an explorer publishing thousands of experiences a second, a buffer decoding them) must
@@ -383,6 +384,70 @@ class TaskDone:
         _check_slot("TaskDone", self.step, self.index)
 
 
+@dataclass(slots=True, eq=False)
+class BatchRequest:
+    """The trainer asks the buffer for train step ``step``'s batch of ``n`` experiences
+    (``trinity.<run>.rpc.batch``). ``trainer_version``: the weights the trainer holds (staleness
+    limits); ``timeout``: how long the buffer may wait for enough experience (None: its own
+    default)."""
+
+    step: int
+    n: int
+    trainer_version: int = 0
+    timeout: float | None = None
+
+    def validate(self) -> None:
+        if self.step < 1 or self.n < 1:
+            raise ValueError(f"BatchRequest: step {self.step} and n {self.n} must be >= 1")
+        if self.timeout is not None and not (math.isfinite(self.timeout) and self.timeout >= 0):
+            raise ValueError(f"BatchRequest.timeout: must be a finite number >= 0, got {self.timeout}")
+
+
+@dataclass(slots=True, eq=False)
+class BatchReply:
+    """The buffer's answer to a :class:`BatchRequest`: the step's experiences, each as its stored
+    codec bytes (the buffer does not re-encode them), with how often each has been served."""
+
+    step: int
+    items: list[bytes]
+    use_counts: list[int]
+    requested: int
+    #: No more experience will come (the explorer finished and everything is served, or a
+    #: dataset's epochs are done): the trainer trains on what it got and finishes.
+    exhausted: bool = False
+
+    @property
+    def partial(self) -> bool:
+        return len(self.items) < self.requested
+
+    def experiences(self) -> list[Experience]:
+        """The decoded experiences, each with its ``info["use_count"]``."""
+        from .codec import decode  # the codec imports this module
+
+        out = []
+        for raw, uc in zip(self.items, self.use_counts, strict=True):
+            e = decode(raw, Experience)
+            e.info["use_count"] = uc
+            out.append(e)
+        return out
+
+    def validate(self) -> None:
+        if len(self.items) != len(self.use_counts):
+            raise ValueError(f"BatchReply.use_counts: {len(self.use_counts)} counts for {len(self.items)} items")
+
+
+@dataclass(slots=True, eq=False)
+class Commit:
+    """The trainer tells the buffer that every step up to ``upto`` is checkpointed
+    (``trinity.<run>.rpc.commit``): those batches can never be asked for again."""
+
+    upto: int
+
+    def validate(self) -> None:
+        if self.upto < 0:
+            raise ValueError(f"Commit.upto: must be >= 0, got {self.upto}")
+
+
 #: Wire name of each schema. Experience is also encodable on its own (e.g. in the replay store).
 SCHEMAS: dict[str, type] = {
     "task": Task,
@@ -392,4 +457,7 @@ SCHEMAS: dict[str, type] = {
     "metric": Metric,
     "task_order": TaskOrder,
     "task_done": TaskDone,
+    "batch_request": BatchRequest,
+    "batch_reply": BatchReply,
+    "commit": Commit,
 }

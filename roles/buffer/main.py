@@ -12,20 +12,20 @@ import os
 import time
 from typing import Any
 
-import msgpack
 import structlog
 
 import bus
 from bus.rpc import Message
 from roles import keys
 from roles.signals import stop_on_signals
+from schemas import codec
 from schemas.config import TrinityConfig
 from schemas.data import ExperienceGroup, Metric
 from storage.replay import ReplayStore
 
 from .files import FileBuffer
 from .pipeline import Pipeline
-from .protocol import BATCH_RPC, COMMIT_RPC, BatchRequest
+from .protocol import BATCH_RPC, COMMIT_RPC, BatchRequest, Commit
 from .service import BufferService, vocab_size
 
 log = structlog.get_logger(__name__)
@@ -100,15 +100,16 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
     state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
 
     async def on_batch(m: Message) -> bytes:
-        req = BatchRequest.unpack(m.data)
+        req = codec.decode(m.data, BatchRequest)
         reply = await service.batch(req)
         log.info("batch_served", step=req.step, n=len(reply.items), wanted=req.n)
-        return reply.pack()
+        return codec.encode(reply)
 
     async def on_commit(m: Message) -> bytes:
-        upto = int(msgpack.unpackb(m.data)["upto"])
-        done = await asyncio.to_thread(service.commit, upto)
-        return msgpack.packb({"committed": done})
+        req = codec.decode(m.data, Commit)
+        done = await asyncio.to_thread(service.commit, req.upto)
+        log.info("batches_committed", upto=req.upto, batches=len(done))
+        return codec.encode(req)  # the acknowledgement: every step up to req.upto is committed
 
     subs = [await bus.serve(nc, names.rpc(BATCH_RPC), on_batch),
             await bus.serve(nc, names.rpc(COMMIT_RPC), on_commit)]

@@ -18,16 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import structlog
 import torch
 
 import bus
 from ops.algorithms import AlgorithmSpec
 from roles import keys
-from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchReply, BatchRequest
+from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchReply, BatchRequest, Commit
 from roles.settings import algorithm_spec, session_start
 from roles.signals import stop_on_signals
+from schemas import codec
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from schemas.modes import MODES
@@ -299,8 +299,8 @@ class Trainer:
 async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, timeout: float) -> BatchReply:
     """Ask the buffer for step ``step``'s batch (waits up to ``timeout`` for a full one)."""
     req = BatchRequest(step, n, version, timeout)
-    msg = await bus.request(nc, bus.names(run_id).rpc(BATCH_RPC), req.pack(), timeout=timeout + 30)
-    return BatchReply.unpack(msg.data)
+    msg = await bus.request(nc, bus.names(run_id).rpc(BATCH_RPC), codec.encode(req), timeout=timeout + 30)
+    return codec.decode(msg.data, BatchReply)
 
 
 async def _fetch_serving_hellos(
@@ -463,7 +463,7 @@ async def save(trainer: Trainer, nc: Any, run_id: str, final: bool) -> None:
     deadline = time.monotonic() + RIDE_OUT
     while True:
         try:
-            await bus.request(nc, bus.names(run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": trainer.step}), timeout=30)
+            await bus.request(nc, bus.names(run_id).rpc(COMMIT_RPC), codec.encode(Commit(trainer.step)), timeout=30)
             return
         except (bus.RequestTimeout, bus.NoResponders) as e:
             if time.monotonic() > deadline:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-import msgpack
 import pytest
 
 import bus
 from roles.buffer.main import run_buffer
-from roles.buffer.protocol import COMMIT_RPC
+from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchRequest, Commit
 from roles.trainer.main import fetch_batch
+from schemas import codec
 from schemas.config import TrinityConfig
 
 from .helpers import groups
@@ -53,7 +53,7 @@ async def _with_buffer(cfg, body):
         deadline = loop.time() + 300  # the buffer loads a tokenizer first; slow on a busy machine
         while True:  # until the rpc endpoints answer
             try:
-                await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": 0}), timeout=1)
+                await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), codec.encode(Commit(0)), timeout=1)
                 break
             except (bus.NoResponders, bus.RequestTimeout):
                 if task.done() or loop.time() > deadline:
@@ -83,12 +83,19 @@ async def test_partial_batch_retake_and_commit(tmp_path, nats_cfg, run_id):
         assert all(e.advantages is not None for e in exps)  # grpo advantages computed in the buffer
         again = await fetch_batch(nc, cfg.run_id, 1, 8, 0, 1.0)
         assert [e.id for e in again.experiences()] == [e.id for e in exps]
-        await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), msgpack.packb({"upto": 1}), timeout=5)
+        await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), codec.encode(Commit(1)), timeout=5)
         # asked again after the commit (a trainer that rolled back past it): a fresh batch,
         # of which none is ready yet, never the committed one
         assert (await fetch_batch(nc, cfg.run_id, 1, 8, 0, 1.0)).items == []
         for g in groups(cfg.run_id, 1, 2):
             await pub.publish_group(g)
+        # a malformed request is refused with an error naming the record and field, and the
+        # buffer goes on serving: nothing it holds is lost
+        bad = codec.encode(BatchRequest(2, 8)).replace(b"\xa1n\x08", b"\xa1n\xa1x")
+        with pytest.raises(bus.RemoteError, match="BatchRequest.n: expected int, got str"):
+            await bus.request(nc, bus.names(cfg.run_id).rpc(BATCH_RPC), bad, timeout=5)
+        with pytest.raises(bus.RemoteError, match="expected a Commit, got a BatchRequest"):
+            await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), codec.encode(BatchRequest(2, 8)), timeout=5)
         second = await fetch_batch(nc, cfg.run_id, 2, 8, 1, 5.0)
         assert not second.partial and {e.group_id for e in second.experiences()} == {"g1", "g2"}
 

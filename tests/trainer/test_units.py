@@ -9,7 +9,7 @@ import torch
 
 from ops.algorithms import resolve
 from roles.buffer.pipeline import Pipeline, drop_equal_reward_groups, reward_shaping
-from roles.buffer.protocol import BatchReply, BatchRequest
+from roles.buffer.protocol import BatchReply, BatchRequest, Commit
 from roles.synchronizer.main import missing_roles, overdue
 from roles.synchronizer.policy import explorer_requests, required_version, trainer_offers
 from roles.trainer.batch import collate, micro_batches, padding_fraction
@@ -114,16 +114,30 @@ def test_collate_aligns_response_positions_and_dpo_pairs():
 
 
 def test_batch_protocol_round_trip_and_errors():
-    req = BatchRequest.unpack(BatchRequest(3, 8, 2, 1.5).pack())
-    assert (req.step, req.n, req.trainer_version, req.timeout) == (3, 8, 2, 1.5)
-    with pytest.raises(ValueError, match="batch request"):
-        BatchRequest.unpack(b"\x01garbage")
+    """The trainer-buffer RPC bodies are codec records: they round-trip, and a malformed one is
+    refused naming the record and field."""
     from schemas import codec
+    from schemas.codec import CodecError
+
+    req = codec.decode(codec.encode(BatchRequest(3, 8, 2, 1.5)), BatchRequest)
+    assert (req.step, req.n, req.trainer_version, req.timeout) == (3, 8, 2, 1.5)
+    with pytest.raises(CodecError, match="message: expected object, got int"):
+        codec.decode(b"\x01garbage", BatchRequest)
+    with pytest.raises(CodecError, match="BatchRequest: step 0 and n 8 must be >= 1"):
+        codec.encode(BatchRequest(0, 8))
+    with pytest.raises(CodecError, match=r"BatchRequest.n: expected int, got str"):
+        codec.decode(codec.encode(BatchRequest(3, 8)).replace(b"\xa1n\x08", b"\xa1n\xa1x"), BatchRequest)
+    with pytest.raises(CodecError, match="expected a BatchRequest, got a Commit"):
+        codec.decode(codec.encode(Commit(2)), BatchRequest)
+    with pytest.raises(CodecError, match="Commit.upto: must be >= 0"):
+        codec.encode(Commit(-1))
 
     e = _group([1.0]).experiences[0]
-    rep = BatchReply.unpack(BatchReply(3, [codec.encode(e)], [2], 8).pack())
+    rep = codec.decode(codec.encode(BatchReply(3, [codec.encode(e)], [2], 8)), BatchReply)
     assert rep.partial and rep.experiences()[0].id == e.id and rep.experiences()[0].info["use_count"] == 2
     assert np.array_equal(rep.experiences()[0].tokens, e.tokens)
+    with pytest.raises(CodecError, match="BatchReply.use_counts: 2 counts for 1 items"):
+        codec.encode(BatchReply(3, [codec.encode(e)], [2, 1], 8))
 
 
 def test_shard_rows_splits_by_tokens_keeps_pairs_and_covers_every_row():
