@@ -3,7 +3,8 @@
 Why KV and not a stream: these are *current values* (the explorer's model version now, when
 did the trainer last beat), read by key, not a history to consume. Values are JSON so
 ``nats kv get trinity_<run> version.trainer`` is readable. Keys: ``version.<role>``,
-``heartbeat.<role>``, ``rendezvous.<name>``.
+``heartbeat.<role>``, ``rendezvous.<name>`` here, and every other one the roles use: all are
+declared in :mod:`schemas.keys`.
 
 Waiting for a value: a role reads the key until the value it waits for is there, and between
 reads sleeps until *any* key of the bucket changes (:meth:`RunState.changed`: a KV watch sets
@@ -34,6 +35,8 @@ from nats.js.errors import (
     NotFoundError,
 )
 from nats.js.kv import KeyValue
+
+from schemas import keys
 
 from .errors import BusError, RequestTimeout, replicas_hint
 from .retry import TRANSIENT, ride_out
@@ -240,10 +243,10 @@ class RunState:
 
     async def set_model_version(self, role: str, version: int, **extra: Any) -> None:
         """Record the model version a role now holds (explorer after a sync, trainer after a step)."""
-        await self.put(_key("version", role), {"version": int(version), "ts": time.time(), **extra})
+        await self.put(_key(keys.VERSION, role), {"version": int(version), "ts": time.time(), **extra})
 
     async def model_version(self, role: str) -> int | None:
-        v = await self.get(_key("version", role))
+        v = await self.get(_key(keys.VERSION, role))
         return None if v is None else int(v["version"])
 
     # -- heartbeats ------------------------------------------------------------------------
@@ -254,7 +257,7 @@ class RunState:
         role never waits on its heartbeat."""
         value = {"ts": time.time(), "pid": os.getpid(), "host": socket.gethostname(), **info}
         try:
-            await self.kv.put(_key("heartbeat", role), orjson.dumps(value))
+            await self.kv.put(_key(keys.HEARTBEAT, role), orjson.dumps(value))
         except TRANSIENT as e:
             log.debug("heartbeat_skipped", role=role, error=type(e).__name__)
 
@@ -262,7 +265,7 @@ class RunState:
         """``{role: last heartbeat}`` with ``age`` (seconds since it was sent) added."""
         now = time.time()
         out = {}
-        for k, v in (await self.with_prefix("heartbeat.")).items():
+        for k, v in (await self.with_prefix(f"{keys.HEARTBEAT}.")).items():
             if isinstance(v, dict):
                 out[k.split(".", 1)[1]] = {**v, "age": round(now - float(v.get("ts", now)), 3)}
         return out
@@ -271,16 +274,16 @@ class RunState:
 
     async def set_rendezvous(self, name: str, **info: Any) -> None:
         """Publish where a process group meets (e.g. ``address="host:port", world_size=3``)."""
-        await self.put(_key("rendezvous", name), {"ts": time.time(), **info})
+        await self.put(_key(keys.RENDEZVOUS, name), {"ts": time.time(), **info})
 
     async def clear_rendezvous(self, name: str) -> None:
-        await self.delete(_key("rendezvous", name))
+        await self.delete(_key(keys.RENDEZVOUS, name))
 
     async def wait_rendezvous(
         self, name: str, timeout: float, newer_than: float = 0.0
     ) -> dict[str, Any]:
         """Wait until rendezvous ``name`` is set (with ``ts > newer_than``) and return it."""
-        key = _key("rendezvous", name)
+        key = _key(keys.RENDEZVOUS, name)
 
         async def ready() -> Any:
             v = await self.get(key)

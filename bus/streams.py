@@ -19,14 +19,16 @@ from .subjects import KINDS, names
 
 log = structlog.get_logger(__name__)
 
-_DESCRIPTIONS = {
-    "exp": "experience groups, explorer -> buffer",
-    "sync": "weight synchronization events",
-    "metrics": "metrics of every role",
-    "ctl": "control messages (stop, pause)",
-    "dlq": "dead letters: undecodable messages with the error in Trinity-Error",
-    "tasks": "the task queue: each step's tasks, taken by whichever explorer is free",
-    "done": "what became of each queued task (error or rollout scalars), for the leading explorer",
+#: What each stream of a run carries (its record type, from ``schemas.data``), writer -> reader:
+#: the streams' descriptions on the server and in ``docs/protocol.md``.
+DESCRIPTIONS = {
+    "exp": "experience groups (ExperienceGroup), explorer -> buffer",
+    "sync": "weight synchronization events (SyncEvent), trainer/explorer -> synchronizer",
+    "metrics": "metrics of every role (Metric), for trinity inspect and the NATS CLI",
+    "ctl": "control messages (SyncEvent of kind stop: a sync timed out under on_timeout stop)",
+    "dlq": "dead letters: undecodable messages, raw, with the error in Trinity-Error",
+    "tasks": "the task queue (TaskOrder): each step's tasks, taken by whichever explorer is free",
+    "done": "what became of each queued task (TaskDone: error or rollout scalars), for the leading explorer",
 }
 
 
@@ -41,7 +43,7 @@ def stream_config(cfg: NatsConfig, run_id: str, kind: str) -> api.StreamConfig:
         dup = max_age
     return api.StreamConfig(
         name=n.stream(kind),
-        description=f"trinity run {run_id}: {_DESCRIPTIONS[kind]}",
+        description=f"trinity run {run_id}: {DESCRIPTIONS[kind]}",
         subjects=[n.subject(kind)],
         retention=api.RetentionPolicy.LIMITS,
         storage=api.StorageType.FILE,

@@ -95,7 +95,7 @@ class Progress:
     async def refresh(self, nc: object) -> None:
         """Which stages are done: their ``run.done`` key in KV (what the roles go by)."""
         import bus
-        from roles import keys
+        from schemas import keys
 
         js = bus.jetstream(nc, self.stages[0].nats)
         for i, s in enumerate(self.stages):

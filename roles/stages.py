@@ -12,7 +12,7 @@ Stage ``i > 0`` starts from the previous stage's final weights: its ``model.mode
 becomes that stage's last Hugging Face checkpoint (a stage without a trainer passes its
 model on unchanged). A config without ``stages`` is one stage.
 
-At the end every role process leaves at the same point (``exit.*`` in ``roles/keys.py``): it
+At the end every role process leaves at the same point (``exit.*`` in ``schemas/keys.py``): it
 says it is done, waits until every other role process says so too, then exits 0 and ignores
 SIGTERM. Under honcho, which SIGTERMs everything when the first process exits, nobody is then
 killed mid-shutdown, and ``trinity server --until-done`` (the Procfile's nats line) stops last.
@@ -31,9 +31,9 @@ from typing import Any
 
 import structlog
 
-from roles import keys
 from roles.signals import ignore_signals_from_now, stop_on_signals, until_stopped
 from roles.tuning import share_cpu, tuning_on
+from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.modes import MODES
 
@@ -208,7 +208,7 @@ async def _renew_marker(cfg: TrinityConfig, name: str) -> None:
 
 
 async def _say_exit(cfg: TrinityConfig, name: str, state: str) -> None:
-    """Set this process's exit marker in the last stage's bucket (see ``roles/keys.py``)."""
+    """Set this process's exit marker in the last stage's bucket (see ``schemas/keys.py``)."""
     import bus
 
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")

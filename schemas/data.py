@@ -420,17 +420,6 @@ class BatchReply:
     def partial(self) -> bool:
         return len(self.items) < self.requested
 
-    def experiences(self) -> list[Experience]:
-        """The decoded experiences, each with its ``info["use_count"]``."""
-        from .codec import decode  # the codec imports this module
-
-        out = []
-        for raw, uc in zip(self.items, self.use_counts, strict=True):
-            e = decode(raw, Experience)
-            e.info["use_count"] = uc
-            out.append(e)
-        return out
-
     def validate(self) -> None:
         if len(self.items) != len(self.use_counts):
             raise ValueError(f"BatchReply.use_counts: {len(self.use_counts)} counts for {len(self.items)} items")

@@ -16,9 +16,8 @@ import structlog
 
 import bus
 from bus.rpc import Message
-from roles import keys
 from roles.signals import stop_on_signals
-from schemas import codec
+from schemas import codec, keys
 from schemas.config import TrinityConfig
 from schemas.data import ExperienceGroup, Metric
 from storage.replay import ReplayStore

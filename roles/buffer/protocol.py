@@ -11,14 +11,33 @@ are :class:`schemas.data.BatchRequest`, :class:`~schemas.data.BatchReply` and
 
 from __future__ import annotations
 
-from schemas.data import BatchReply, BatchRequest, Commit
+from schemas import codec
+from schemas.data import BatchReply, BatchRequest, Commit, Experience
 
-__all__ = ["BATCH_RPC", "COMMIT_RPC", "BatchReply", "BatchRequest", "Commit", "batch_key"]
+__all__ = ["BATCH_RPC", "COMMIT_RPC", "RPCS", "BatchReply", "BatchRequest", "Commit", "batch_key", "experiences"]
 
 BATCH_RPC = "batch"
 COMMIT_RPC = "commit"
+#: Every request/reply of a run (``trinity.<run>.rpc.<name>``): name, request, reply, caller,
+#: server, what it does (``docs/protocol.md`` is generated from it).
+RPCS = (
+    (BATCH_RPC, BatchRequest, BatchReply, "trainer", "buffer",
+     "the experiences of a train step; asked again, the same ones until committed"),
+    (COMMIT_RPC, Commit, Commit, "trainer", "buffer",
+     "every step up to upto is checkpointed: its batches are never served again"),
+)
 
 
 def batch_key(step: int) -> str:
     """Replay-store key of train step ``step``'s batch."""
     return f"step-{int(step)}"
+
+
+def experiences(reply: BatchReply) -> list[Experience]:
+    """A batch reply's experiences, decoded, each with its ``info["use_count"]``."""
+    out = []
+    for raw, uc in zip(reply.items, reply.use_counts, strict=True):
+        e = codec.decode(raw, Experience)
+        e.info["use_count"] = uc
+        out.append(e)
+    return out

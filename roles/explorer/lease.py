@@ -21,13 +21,14 @@ from typing import Any
 
 import structlog
 
+from schemas import keys
 from schemas.loader import ConfigError
 
 log = structlog.get_logger(__name__)
 
-LEADER_KEY = "explorer.leader"
+LEADER_KEY = keys.EXPLORER_LEADER
 #: What the leading explorer runs (:func:`join_fingerprint`): a joining one must match it.
-JOIN_KEY = "explorer.config"
+JOIN_KEY = keys.EXPLORER_CONFIG
 #: Seconds a lease lasts without renewal.
 LEASE_S = 10.0
 #: Seconds between renewals (and between a waiting explorer's tries).

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import bus
-from roles import keys
 from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
 from roles.explorer.eval import evaluate, group_metrics
 from roles.explorer.follow import CheckpointFollower, NoSync
@@ -49,6 +48,7 @@ from roles.explorer.queue import TaskQueue, TaskWorker
 from roles.explorer.runner import RunnerPool, TaskResult
 from roles.signals import stop_on_signals, until_stopped
 from roles.synchronizer.client import ExplorerSyncClient
+from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from schemas.modes import MODES

@@ -42,7 +42,7 @@ import structlog
 
 import bus
 from bus.server import free_port
-from roles import keys
+from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
 
@@ -50,10 +50,10 @@ from .policy import SyncPlan, explorer_requests, required_version, trainer_offer
 
 log = structlog.get_logger(__name__)
 
-OFFER, JOIN, WANT, HELLO = "sync.offer", "sync.join", "sync.want", "sync.hello"
-PULL, PULLS, SERVING = "sync.pull.", "sync.pulls", "sync.serving."
+OFFER, JOIN, WANT, HELLO = keys.SYNC_OFFER, keys.SYNC_JOIN, keys.SYNC_WANT, keys.SYNC_HELLO
+PULL, PULLS, SERVING = keys.SYNC_PULL_PREFIX, keys.SYNC_PULLS, keys.SYNC_SERVING_PREFIX
 #: ``{"group": "host:port", "at": ts}``: when the trainer's current broadcast group was formed
-FORMED = "sync.formed"
+FORMED = keys.SYNC_FORMED
 #: What ExplorerSyncClient._offer_for answers when the explorer should not wait.
 GO_ON = "go on"
 TRAINER_FINISHED = keys.TRAINER_FINISHED

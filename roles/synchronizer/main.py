@@ -21,6 +21,7 @@ import structlog
 
 import bus
 from roles.signals import stop_on_signals
+from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
 
@@ -62,7 +63,7 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None
     await bus.ensure_streams(js, cfg.nats, cfg.run_id)
     state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
     pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
-    await state.put("sync.plan", dataclasses.asdict(plan))
+    await state.put(keys.SYNC_PLAN, dataclasses.asdict(plan))
     mon = Path(cfg.checkpoint_job_dir) / "monitor"
     mon.mkdir(parents=True, exist_ok=True)
     events = await bus.Consumer(nc, cfg.nats, cfg.run_id, "sync", "synchronizer", expect=SyncEvent).start()

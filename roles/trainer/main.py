@@ -23,11 +23,17 @@ import torch
 
 import bus
 from ops.algorithms import AlgorithmSpec
-from roles import keys
-from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchReply, BatchRequest, Commit
+from roles.buffer.protocol import (
+    BATCH_RPC,
+    COMMIT_RPC,
+    BatchReply,
+    BatchRequest,
+    Commit,
+    experiences,
+)
 from roles.settings import algorithm_spec, session_start
 from roles.signals import stop_on_signals
-from schemas import codec
+from schemas import codec, keys
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from schemas.modes import MODES
@@ -400,7 +406,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
                     log.info("input_exhausted", step=trainer.step)
                     done = True
                 continue
-            exps = reply.experiences()
+            exps = experiences(reply)
             metrics = await asyncio.to_thread(trainer.train, exps, step)
             m = Metric(role="trainer", step=step, kind="train", values=metrics)
             monitor.log(m)

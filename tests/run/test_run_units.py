@@ -134,8 +134,8 @@ async def test_exit_markers_count_only_this_sessions_done(nats_cfg, run_id):
     import time
 
     import bus
-    from roles import keys
     from roles.stages import unfinished
+    from schemas import keys
 
     nc = await bus.connect(nats_cfg, name="test")
     try:

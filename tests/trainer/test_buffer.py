@@ -11,7 +11,7 @@ import pytest
 
 import bus
 from roles.buffer.main import run_buffer
-from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchRequest, Commit
+from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchRequest, Commit, experiences
 from roles.trainer.main import fetch_batch
 from schemas import codec
 from schemas.config import TrinityConfig
@@ -79,10 +79,10 @@ async def test_partial_batch_retake_and_commit(tmp_path, nats_cfg, run_id):
         t0 = loop.time()
         first = await fetch_batch(nc, cfg.run_id, 1, 8, 0, 1.0)
         assert first.partial and len(first.items) == 4 and loop.time() - t0 >= 0.9
-        exps = first.experiences()
+        exps = experiences(first)
         assert all(e.advantages is not None for e in exps)  # grpo advantages computed in the buffer
         again = await fetch_batch(nc, cfg.run_id, 1, 8, 0, 1.0)
-        assert [e.id for e in again.experiences()] == [e.id for e in exps]
+        assert [e.id for e in experiences(again)] == [e.id for e in exps]
         await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), codec.encode(Commit(1)), timeout=5)
         # asked again after the commit (a trainer that rolled back past it): a fresh batch,
         # of which none is ready yet, never the committed one
@@ -97,7 +97,7 @@ async def test_partial_batch_retake_and_commit(tmp_path, nats_cfg, run_id):
         with pytest.raises(bus.RemoteError, match="expected a Commit, got a BatchRequest"):
             await bus.request(nc, bus.names(cfg.run_id).rpc(COMMIT_RPC), codec.encode(BatchRequest(2, 8)), timeout=5)
         second = await fetch_batch(nc, cfg.run_id, 2, 8, 1, 5.0)
-        assert not second.partial and {e.group_id for e in second.experiences()} == {"g1", "g2"}
+        assert not second.partial and {e.group_id for e in experiences(second)} == {"g1", "g2"}
 
     await _with_buffer(cfg, body)
 
@@ -111,12 +111,12 @@ async def test_sft_file_buffer_serves_fixed_slices(tmp_path, nats_cfg, run_id, t
                    "format": {"prompt_type": "plaintext", "prompt_key": "prompt", "response_key": "response"}}}})
 
     async def body(nc):
-        b1 = (await fetch_batch(nc, cfg.run_id, 1, 2, 0, 1.0)).experiences()
-        b2 = (await fetch_batch(nc, cfg.run_id, 2, 2, 0, 1.0)).experiences()
+        b1 = experiences(await fetch_batch(nc, cfg.run_id, 1, 2, 0, 1.0))
+        b2 = experiences(await fetch_batch(nc, cfg.run_id, 2, 2, 0, 1.0))
         assert [e.id for e in b1] == ["sft/0/0", "sft/0/1"] and [e.id for e in b2] == ["sft/0/2", "sft/0/3"]
         e = b1[0]
         assert e.response_length >= 1 and e.action_mask.all() and e.info["is_expert"]
-        assert [x.id for x in (await fetch_batch(nc, cfg.run_id, 1, 2, 0, 1.0)).experiences()] == ["sft/0/0", "sft/0/1"]
+        assert [x.id for x in experiences(await fetch_batch(nc, cfg.run_id, 1, 2, 0, 1.0))] == ["sft/0/0", "sft/0/1"]
 
     await _with_buffer(cfg, body)
 
@@ -135,7 +135,7 @@ async def test_mix_strategy_takes_expert_share_from_auxiliary_buffer(tmp_path, n
     async def body(nc):
         pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
         await pub.publish_group(groups(cfg.run_id, 0, 1)[0])
-        exps = (await fetch_batch(nc, cfg.run_id, 1, 8, 0, 5.0)).experiences()
+        exps = experiences(await fetch_batch(nc, cfg.run_id, 1, 8, 0, 5.0))
         expert = [e for e in exps if e.info.get("is_expert")]
         assert len(exps) == 8 and len(expert) == 4 and {e.group_id for e in exps if e not in expert} == {"g0"}
 

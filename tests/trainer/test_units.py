@@ -9,7 +9,7 @@ import torch
 
 from ops.algorithms import resolve
 from roles.buffer.pipeline import Pipeline, drop_equal_reward_groups, reward_shaping
-from roles.buffer.protocol import BatchReply, BatchRequest, Commit
+from roles.buffer.protocol import BatchReply, BatchRequest, Commit, experiences
 from roles.synchronizer.main import missing_roles, overdue
 from roles.synchronizer.policy import explorer_requests, required_version, trainer_offers
 from roles.trainer.batch import collate, micro_batches, padding_fraction
@@ -134,8 +134,8 @@ def test_batch_protocol_round_trip_and_errors():
 
     e = _group([1.0]).experiences[0]
     rep = codec.decode(codec.encode(BatchReply(3, [codec.encode(e)], [2], 8)), BatchReply)
-    assert rep.partial and rep.experiences()[0].id == e.id and rep.experiences()[0].info["use_count"] == 2
-    assert np.array_equal(rep.experiences()[0].tokens, e.tokens)
+    assert rep.partial and experiences(rep)[0].id == e.id and experiences(rep)[0].info["use_count"] == 2
+    assert np.array_equal(experiences(rep)[0].tokens, e.tokens)
     with pytest.raises(CodecError, match="BatchReply.use_counts: 2 counts for 1 items"):
         codec.encode(BatchReply(3, [codec.encode(e)], [2, 1], 8))
 

@@ -1,0 +1,107 @@
+"""Every key of the run's KV bucket (``trinity_<run>``), declared once.
+
+The roles coordinate through these keys: ``trinity inspect`` and ``nats kv ls trinity_<run>``
+show them. Values are JSON maps, so ``nats kv get`` prints them readably; a value that is no
+JSON is logged naming its key and read as absent (``bus/kv.py``). :data:`KEYS` says, for each
+key, who writes it, who reads it and what its value holds; the constants below are the names
+the code uses. Why here, in ``schemas``: ``bus`` (versions, heartbeats, rendezvous) and
+``roles`` both name keys, and imports point from ``roles`` to ``bus`` to ``schemas``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.modes import MODES
+
+# -- bus/kv.py: RunState's own helpers ---------------------------------------------------------
+VERSION = "version"  # version.<role>
+HEARTBEAT = "heartbeat"  # heartbeat.<role>
+RENDEZVOUS = "rendezvous"  # rendezvous.<group>
+
+# -- the run's progress ------------------------------------------------------------------------
+EXPLORER_CURSOR = "cursor.explorer"
+EXPLORER_FINISHED = "finished.explorer"
+TRAINER_FINISHED = "finished.trainer"
+RUN_DONE = "run.done"
+EXPLORER_API = "api.explorer"
+EXIT_PREFIX = "exit."
+
+# -- explorer processes (roles/explorer/lease.py) ----------------------------------------------
+EXPLORER_LEADER = "explorer.leader"
+EXPLORER_CONFIG = "explorer.config"
+
+# -- weight sync (roles/synchronizer) ----------------------------------------------------------
+SYNC_PLAN = "sync.plan"
+SYNC_OFFER = "sync.offer"
+SYNC_JOIN = "sync.join"
+SYNC_WANT = "sync.want"
+SYNC_HELLO = "sync.hello"
+SYNC_FORMED = "sync.formed"
+SYNC_PULL_PREFIX = "sync.pull."
+SYNC_PULLS = "sync.pulls"
+SYNC_SERVING_PREFIX = "sync.serving."
+
+
+def run_done(mode: str) -> str:
+    """The key that says a stage of ``mode`` is complete: ``train``, ``explore`` and ``bench``
+    stages each have their own (``run.done.<mode>``), so that a train run and an explore run go
+    side by side on one job, in one bucket, and each ends on its own."""
+    return f"{RUN_DONE}.{mode}" if MODES[mode].own_done_key else RUN_DONE
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key (or family of keys): its name, who writes it, who reads it, what it holds."""
+
+    name: str
+    writer: str
+    readers: str
+    value: str
+
+
+KEYS: tuple[Key, ...] = (
+    Key(f"{VERSION}.<role>", "trainer (after a step), explorer (after loading weights)",
+        "sync clients, synchronizer (referee of timeouts), explorer (the last step), trinity inspect",
+        '{"version", "ts", ...}: the model version the role holds'),
+    Key(f"{HEARTBEAT}.<role>", "every role, every few seconds (best effort)",
+        "synchronizer and trainer (who is missing at a sync timeout), trinity inspect",
+        '{"ts", "pid", "host", "step", "state", ...}: the role is alive'),
+    Key(f"{RENDEZVOUS}.<group>", "trainer", "explorers of that broadcast group",
+        '{"ts", "address", "world_size", ...}: where a weight broadcast group meets'),
+    Key(EXPLORER_CURSOR, "leading explorer", "leading explorer (after a restart)",
+        "the explorer's resumable taskset position"),
+    Key(EXPLORER_FINISHED, "leading explorer", "buffer",
+        "the taskset is exhausted and every group was acked: serve the last, partial batch"),
+    Key(TRAINER_FINISHED, "trainer", "explorer",
+        "the last step is trained and its weights offered: load them, evaluate, finish"),
+    Key(EXPLORER_API, "explorer with enable_openai_api", "agents in other processes",
+        '{"url", "model"}: where the OpenAI API listens'),
+    Key(f"{RUN_DONE}[.<mode>]", "the role that finishes the stage (schemas/modes.py)",
+        "every role process",
+        "the stage is complete: idle roles exit or move on; train, explore and bench stages "
+        "have their own (run_done)"),
+    Key(f"{EXIT_PREFIX}<process>", "every role process (in the last stage's bucket)",
+        "every role process, trinity server --until-done",
+        '{"state": "running" | "done", "ts", "lease"?}: all leave together once every one '
+        "written since their session started says done (roles/stages.py); an explorer's is "
+        "exit.explorer-<host>-<pid> and counts only while its lease is renewed"),
+    Key(EXPLORER_LEADER, "explorer processes (a lease, taken and renewed by compare-and-swap)",
+        "explorer processes", '{"name", "pid", "host", "until"}: who leads the run'),
+    Key(EXPLORER_CONFIG, "leading explorer", "an explorer that joins",
+        "the settings a joining explorer must share with the leader (join_fingerprint)"),
+    Key(SYNC_PLAN, "synchronizer", "trinity inspect", "the sync plan the settings make (SyncPlan)"),
+    Key(SYNC_OFFER, "trainer", "explorers",
+        '{"version", "method", "path"?, ...}: weights of version are ready'),
+    Key(SYNC_JOIN, "leading explorer", "trainer",
+        "the explorer's engines are about to receive version (broadcast only)"),
+    Key(SYNC_WANT, "leading explorer (explorer_driven)", "trainer", "send the current weights"),
+    Key(SYNC_HELLO, "a (re)started explorer", "trainer",
+        "a broadcast group of its own, when the current one was formed before it started"),
+    Key(SYNC_FORMED, "trainer", "explorers", '{"group", "at"}: when the current broadcast group was complete'),
+    Key(f"{SYNC_PULL_PREFIX}<explorer>", "an explorer that does not lead", "trainer",
+        "it needs the trainer's current weights before a task (with sync.pulls bumped)"),
+    Key(SYNC_PULLS, "explorers that pull", "trainer", "a counter: one key to read per step to know of pulls"),
+    Key(f"{SYNC_SERVING_PREFIX}<explorer>", "trainer", "that explorer",
+        "the answer to a pull: which group (rendezvous ts) and which version it is about to send"),
+)

@@ -1,0 +1,25 @@
+"""``docs/protocol.md`` is generated from the code (``roles/protocol_doc.py``): it must be what
+the code generates now, so a change to the wire comes with its page."""
+
+from __future__ import annotations
+
+from roles.protocol_doc import PAGE, render
+
+
+def test_protocol_page_is_generated_from_the_code():
+    assert PAGE.read_text() == render(), "docs/protocol.md is stale: run `python -m roles.protocol_doc`"
+
+
+def test_the_page_names_every_stream_rpc_and_key():
+    from bus.subjects import KINDS
+    from roles.buffer.protocol import RPCS
+    from schemas import keys
+
+    page = render()
+    assert all(f"trinity.<run>.{k}`" in page for k in KINDS)
+    assert all(f"trinity.<run>.rpc.{name}`" in page for name, *_ in RPCS)
+    # every key constant of schemas/keys.py is in the table (families by their prefix)
+    names = [v for k, v in vars(keys).items() if k.isupper() and isinstance(v, str)]
+    listed = [k.name for k in keys.KEYS]
+    missing = [v for v in names if not any(row.startswith(v) for row in listed)]
+    assert not missing, f"keys without a row in schemas.keys.KEYS: {missing}"
