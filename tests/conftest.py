@@ -162,3 +162,33 @@ async def nats_conn(nats_cfg: NatsConfig, run_id: str) -> Any:
     await bus.ensure_streams(bus.jetstream(nc, nats_cfg), nats_cfg, run_id)
     yield nc
     await nc.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Test tiers: ``pytest -m unit`` in seconds, ``-m integration``, ``-m e2e``; the default run has
+# all three. A file may name its tier (``pytestmark = pytest.mark.e2e``); otherwise:
+# --------------------------------------------------------------------------------------------
+
+#: Directories whose tests run real role processes end to end.
+E2E_DIRS = {"run", "examples"}
+TIERS = ("unit", "integration", "e2e")
+
+
+def _tier(item: pytest.Item) -> str:
+    """e2e: real role processes (``trinity run``, honcho, a role's CLI); integration: a real
+    nats-server, or real processes or models (``slow``); unit: neither, in this process."""
+    explicit = [t for t in TIERS if item.get_closest_marker(t)]
+    if explicit:
+        return explicit[-1]
+    if E2E_DIRS & set(Path(str(item.path)).relative_to(Path(__file__).parent).parts[:-1]):
+        return "e2e"
+    if item.get_closest_marker("slow") or any(f.startswith("nats") for f in getattr(item, "fixturenames", ())):
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = _tier(item)
+        if not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))

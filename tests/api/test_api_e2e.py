@@ -30,7 +30,7 @@ from tests.run.helpers import (
     trinity,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 PLUGINS = Path(__file__).parent / "plugins"
 
 

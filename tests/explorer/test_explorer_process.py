@@ -17,6 +17,8 @@ from ops.rewards import REWARD_FNS
 from tests.conftest import nats_settings
 from tests.explorer.helpers import load, read_groups, teacher_logprobs, write_config
 
+pytestmark = pytest.mark.e2e  # `trinity explorer` as a real process
+
 VENV_BIN = Path(sys.executable).parent
 
 
