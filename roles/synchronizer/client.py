@@ -434,7 +434,7 @@ class ExplorerSyncClient(_Side):
         t0 = time.perf_counter()
         try:
             if self.pulled_group != float(serving["group_ts"]):
-                rdv = await self.state.get(f"rendezvous.{helper_group(p.group_name, name)}")
+                rdv = await self.state.get(f"{keys.RENDEZVOUS}.{helper_group(p.group_name, name)}")
                 if not (isinstance(rdv, dict) and float(rdv.get("ts", 0)) == float(serving["group_ts"])):
                     raise RuntimeError("its rendezvous is gone")
                 await _join_group(engines, rdv, p.timeout)
@@ -497,7 +497,7 @@ class ExplorerSyncClient(_Side):
         a group already, or the current one still waits for its members."""
         if self.joined_ts is not None:
             return None
-        rdv = await self.state.get(f"rendezvous.{self.plan.group_name}")
+        rdv = await self.state.get(f"{keys.RENDEZVOUS}.{self.plan.group_name}")
         if not isinstance(rdv, dict):
             return {}
         formed = await self.state.get(FORMED)

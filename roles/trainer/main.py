@@ -328,7 +328,7 @@ async def _fetch_serving_hellos(
             if done:
                 return task.result()
             await sync.serve_explorers(trainer)
-            beat = await state.get("heartbeat.buffer")
+            beat = await state.get(f"{keys.HEARTBEAT}.buffer")
             pid = beat.get("pid") if isinstance(beat, dict) else None
             if buffer_pid is not None and pid is not None and pid != buffer_pid:
                 raise bus.RequestTimeout("the buffer restarted while serving the batch request")
