@@ -180,7 +180,7 @@ def _tier(item: pytest.Item) -> str:
     explicit = [t for t in TIERS if item.get_closest_marker(t)]
     if explicit:
         return explicit[-1]
-    if E2E_DIRS & set(Path(str(item.path)).relative_to(Path(__file__).parent).parts[:-1]):
+    if E2E_DIRS & set(_parts(item)[:-1]):
         return "e2e"
     if item.get_closest_marker("slow") or any(f.startswith("nats") for f in getattr(item, "fixturenames", ())):
         return "integration"
@@ -192,3 +192,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = _tier(item)
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
+    # the examples' learning runs first (the suite's longest files: 4-16 min each), so that
+    # both workers start on them and the short tests fill in around them (xdist sends files out
+    # in this order: --no-loadscope-reorder). The sort is stable: the rest keep their order.
+    items.sort(key=lambda item: 0 if _parts(item)[:1] == ("examples",) else 1)
+
+
+def _parts(item: pytest.Item) -> tuple[str, ...]:
+    """The test file's path under tests/, as parts."""
+    return Path(str(item.path)).relative_to(Path(__file__).parent).parts

@@ -4,30 +4,27 @@ picks here, and torch/MKL/oneDNN held to AVX2: a stand-in for another CPU) and m
 floors. A recipe that stops learning, or learns on one CPU only, fails here. The figures over
 seeds are ``bench/example_figures.py``'s (``docs/examples.md``).
 
-The runs go one after the other, on one pytest worker, while the other worker runs the rest
-of the suite; every process has one OpenMP thread (``tests/conftest.py``: with the default of
-one per core, the SFT stages' threads spin against the other worker's processes, and a run took
-twice the time). Two runs side by side (one core and one torch thread each, tried 2026-11-26)
-saved nothing: the guessing game's pair took 13 min against 11 one after the other, the
-calculator's AVX2 run 9.3 min against 6.0 alone."""
+One test file per example (``test_learning_<example>.py``), so that the two pytest workers each
+take one (``--dist loadfile``), and they start first (``tests/conftest.py``): on one worker the
+runs were the suite's critical path (35 of its 40 min, 2026-11-27). Every process has one
+OpenMP thread (``tests/conftest.py``: with the default of one per core, the SFT stages' threads
+spin against the other worker's processes, and a run took twice the time)."""
 
 from __future__ import annotations
-
-import pytest
 
 from bus.server import free_port
 from examples.recipes import DROP, EXAMPLES, run
 
-#: one worker runs them one after the other (``--dist loadfile`` in pyproject.toml: keep them
-#: in this one file): two at once only contend
-pytestmark = pytest.mark.slow
+#: The kernel levels each short version runs on.
+LEVELS = ("native", "avx2")
+#: A hang guard, not a target: a run took 2-9 min in the suite (two at once, or beside other tests)
+TIMEOUT = 1500
 
 
-@pytest.mark.parametrize("level", ["native", "avx2"])
-@pytest.mark.parametrize("name", list(EXAMPLES))
-def test_the_short_version_learns(tmp_path, name, level, nats_binary):
+def assert_learns(name: str, level: str, tmp_path) -> None:
+    """The example's short version on ``level`` exits 0, warns of nothing and reaches its floors."""
     ex = EXAMPLES[name]
-    out = run(ex, tmp_path, seed=0, level=level, short=True, timeout=900, nats_port=free_port())
+    out = run(ex, tmp_path, seed=0, level=level, short=True, timeout=TIMEOUT, nats_port=free_port())
     log = out.log.read_text(errors="replace")[-3000:]
     assert out.rc == 0, log
     assert not out.warnings, out.warnings
@@ -35,7 +32,7 @@ def test_the_short_version_learns(tmp_path, name, level, nats_binary):
     assert not low, f"below the floors {low}: {out.figures}\n{log}"
 
 
-def test_a_recipe_that_cannot_learn_fails_its_floors_and_says_why(tmp_path, nats_binary):
+def assert_a_recipe_that_cannot_learn_fails_its_floors(tmp_path) -> None:
     """The quickstart with its warm-up switched off (SFT lr 0): the model never answers, every
     reward is 0, and the run summary warns that GRPO had no learning signal."""
     from dataclasses import replace
@@ -43,7 +40,7 @@ def test_a_recipe_that_cannot_learn_fails_its_floors_and_says_why(tmp_path, nats
     ex = EXAMPLES["quickstart"]
     broken = replace(ex, short={**ex.short, "stages.0": DROP, "stages.1.algorithm.optimizer.lr": 0.0,
                                 "stages.1.buffer.total_steps": 5, "buffer.total_steps": 3})
-    out = run(broken, tmp_path, seed=0, level="native", short=True, timeout=900, nats_port=free_port())
+    out = run(broken, tmp_path, seed=0, level="native", short=True, timeout=TIMEOUT, nats_port=free_port())
     assert out.rc == 0, out.log.read_text(errors="replace")[-3000:]
     assert out.figures["grpo.test.start"] < ex.floors["grpo.test.start"]
     assert out.warnings and "grpo: no learning signal" in out.warnings[0]
