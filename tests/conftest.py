@@ -192,10 +192,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = _tier(item)
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
-    # the examples' learning runs first (the suite's longest files: 4-16 min each), so that
-    # both workers start on them and the short tests fill in around them (xdist sends files out
-    # in this order: --no-loadscope-reorder). The sort is stable: the rest keep their order.
-    items.sort(key=lambda item: 0 if _parts(item)[:1] == ("examples",) else 1)
 
 
 def _parts(item: pytest.Item) -> tuple[str, ...]:

@@ -39,10 +39,10 @@ RUN_ELSEWHERE = {
     "trinity explorer --config my.yaml": "tests/run/test_explorers.py (an explorer joins a run mid-way)",
     ".venv/bin/python examples/agent_calculator/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
     ".venv/bin/trinity run --config examples/agent_calculator/calculator.yaml":
-        "tests/examples/test_learning_calculator.py (prepare.py, then the short version on two kernel levels; the full run: bench/example_figures.py)",
+        "tests/examples/test_learning.py (prepare.py, then the short version on two kernel levels; the full run: bench/example_figures.py)",
     ".venv/bin/python examples/agent_guess/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
     ".venv/bin/trinity run --config examples/agent_guess/guess.yaml":
-        "tests/examples/test_learning_guess.py (prepare.py, then the short version on two kernel levels; the full run: bench/example_figures.py)",
+        "tests/examples/test_learning.py (prepare.py, then the short version on two kernel levels; the full run: bench/example_figures.py)",
     ".venv/bin/python examples/algorithms/prepare.py && .venv/bin/trinity run --config "
     "examples/algorithms/on_policy_distill.yaml":
         "tests/run/test_algorithms_e2e.py (prepare.py, and every example config for 3 steps)",

@@ -4,11 +4,9 @@ picks here, and torch/MKL/oneDNN held to AVX2: a stand-in for another CPU) and m
 floors. A recipe that stops learning, or learns on one CPU only, fails here. The figures over
 seeds are ``bench/example_figures.py``'s (``docs/examples.md``).
 
-One test file per example (``test_learning_<example>.py``), so that the two pytest workers each
-take one (``--dist loadfile``), and they start first (``tests/conftest.py``): on one worker the
-runs were the suite's critical path (35 of its 40 min, 2026-11-27). Every process has one
-OpenMP thread (``tests/conftest.py``: with the default of one per core, the SFT stages' threads
-spin against the other worker's processes, and a run took twice the time)."""
+Every process has one OpenMP thread (``tests/conftest.py``: with the default of one per core,
+the SFT stages' threads spin against the other worker's processes, and a run took twice the
+time)."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ from examples.recipes import DROP, EXAMPLES, run
 
 #: The kernel levels each short version runs on.
 LEVELS = ("native", "avx2")
-#: A hang guard, not a target: a run took 2-9 min in the suite (two at once, or beside other tests)
+#: A hang guard, not a target: a run took 2-9 min in the suite (beside the other worker's tests)
 TIMEOUT = 1500
 
 
