@@ -429,16 +429,20 @@ class EmbeddedServer:
         )
 
     @property
+    def _local_host(self) -> str:
+        """The host a client on this machine dials: the listening host, or loopback for a
+        server listening on every interface."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+    @property
     def url(self) -> str:
         """Client URL of this server."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"{'tls' if self.tls else 'nats'}://{host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self._local_host}:{self.port}"
 
     @property
     def monitor_url(self) -> str | None:
         """HTTP monitoring endpoint (``/jsz``, ``/connz``), if enabled."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.monitor_port}" if self.monitor_port else None
+        return f"http://{self._local_host}:{self.monitor_port}" if self.monitor_port else None
 
     @property
     def running(self) -> bool:
