@@ -1,8 +1,8 @@
 """Run state in a JetStream KV bucket: model versions, role heartbeats, rendezvous points.
 
 Why KV and not a stream: these are *current values* (the explorer's model version now, when
-did the trainer last beat), read by key, not a history to consume. Values are JSON so
-``nats kv get trinity_<run> version.trainer`` is readable. Keys: ``version.<role>``,
+did the trainer last beat), read by key, not a history to consume. Each value is a record of :mod:`schemas.state` as
+JSON, so ``nats kv get trinity_<run> version.trainer`` is readable. Keys: ``version.<role>``,
 ``heartbeat.<role>``, ``rendezvous.<name>`` here, and every other one the roles use: all are
 declared in :mod:`schemas.keys`.
 
@@ -23,7 +23,7 @@ import socket
 import time
 from typing import Any
 
-import orjson
+import msgspec
 import structlog
 from nats.errors import ConnectionClosedError
 from nats.js import JetStreamContext, api
@@ -36,7 +36,8 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from schemas import keys
+from schemas import codec, keys
+from schemas.state import Heartbeat, ModelVersion, Rendezvous
 
 from .errors import BusError, RequestTimeout, replicas_hint
 from .retry import TRANSIENT, ride_out
@@ -80,16 +81,26 @@ async def open_bucket(js: JetStreamContext, run_id: str, replicas: int = 1) -> K
 
 
 def _decode(key: str, raw: bytes | None) -> Any | None:
-    """The JSON value ``raw`` of ``key``; None when absent, and when it is no JSON: a malformed
-    value (another program's, a hand-made ``nats kv put``) is logged, naming the key, and read as
-    absent, never fatal to the role reading it; the key's next write replaces it."""
+    """The record ``raw`` holds for ``key`` (:func:`schemas.keys.record_for`); None when absent,
+    and when it is not that record: a malformed value (another program's, a hand-made ``nats
+    kv put``, a field of the wrong type) is logged, naming key and field, and read as absent,
+    never fatal to the role reading it; the key's next write replaces it."""
     if not raw:
         return None
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
+        return codec.decode_value(raw, keys.record_for(key), f"KV {key}")
+    except codec.CodecError as e:
         log.warning("kv_malformed", key=key, error=str(e), value=raw[:80].decode("utf-8", "replace"))
         return None
+
+
+def _encode(key: str, value: Any) -> bytes:
+    """``value`` as ``key``'s JSON; TypeError when it is not the record ``key`` holds (a bug of
+    the writer: the key table and the code disagree)."""
+    want = keys.record_for(key)
+    if type(value) is not want:
+        raise TypeError(f"KV key {key} holds a {want.__name__}, not {type(value).__name__}")
+    return codec.encode_value(value)
 
 
 class RunState:
@@ -162,15 +173,15 @@ class RunState:
         """The run's state over its KV bucket (created with ``replicas`` copies if new)."""
         return cls(await open_bucket(js, run_id, replicas), js, names(run_id).kv_bucket)
 
-    # -- raw JSON values -------------------------------------------------------------------
+    # -- records (schemas/state.py) --------------------------------------------------------
 
     async def put(self, key: str, value: Any) -> int:
-        """Store a JSON value; returns the KV revision."""
-        data = orjson.dumps(value)
+        """Store ``key``'s record (:func:`schemas.keys.record_for`); returns the KV revision."""
+        data = _encode(key, value)
         return await ride_out(lambda: self.kv.put(key, data), f"KV put {key}")
 
     async def get(self, key: str) -> Any | None:
-        """The JSON value of ``key``, or None if absent or deleted."""
+        """``key``'s record, or None if absent, deleted or malformed (logged)."""
         try:
             entry = await ride_out(lambda: self.kv.get(key), f"KV get {key}")
         except (KeyNotFoundError, NotFoundError):
@@ -193,7 +204,7 @@ class RunState:
         """Store ``value`` only if ``key`` is still at ``revision`` (0: absent); returns the
         new revision, or 0 when another process wrote it first. What a lease is taken and
         renewed with."""
-        data = orjson.dumps(value)
+        data = _encode(key, value)
         try:
             if revision:
                 return int(await ride_out(lambda: self.kv.update(key, data, last=revision), f"KV update {key}"))
@@ -215,19 +226,20 @@ class RunState:
         return sorted(k for k in (s[len(pre):] for s in info.state.subjects or {}) if k.startswith(prefix))
 
     async def snapshot(self) -> dict[str, Any]:
-        """Every live key and its value (what ``trinity inspect`` prints)."""
+        """Every live key and its value as plain data (what ``trinity inspect`` prints); a
+        malformed value as ``{"malformed": <its text>, "error": ...}``: inspecting is how it is found."""
         out: dict[str, Any] = {}
         for k in await self.keys():
             try:
                 entry = await self.kv.get(k)
             except (KeyNotFoundError, NotFoundError):
                 continue
-            try:  # a malformed value is shown as its text: inspecting is how it is found
-                value = orjson.loads(entry.value) if entry.value else None
-            except orjson.JSONDecodeError:
-                value = (entry.value or b"").decode("utf-8", "replace")
-            if value is not None:
-                out[k] = value
+            if not entry.value:
+                continue
+            try:
+                out[k] = msgspec.to_builtins(codec.decode_value(entry.value, keys.record_for(k), f"KV {k}"))
+            except (codec.CodecError, KeyError) as e:
+                out[k] = {"malformed": entry.value.decode("utf-8", "replace"), "error": str(e).strip("'\"")}
         return out
 
     async def with_prefix(self, prefix: str) -> dict[str, Any]:
@@ -241,13 +253,13 @@ class RunState:
 
     # -- model versions --------------------------------------------------------------------
 
-    async def set_model_version(self, role: str, version: int, **extra: Any) -> None:
+    async def set_model_version(self, role: str, version: int, step: int | None = None) -> None:
         """Record the model version a role now holds (explorer after a sync, trainer after a step)."""
-        await self.put(_key(keys.VERSION, role), {"version": int(version), "ts": time.time(), **extra})
+        await self.put(_key(keys.VERSION, role), ModelVersion(int(version), time.time(), step))
 
     async def model_version(self, role: str) -> int | None:
         v = await self.get(_key(keys.VERSION, role))
-        return None if v is None else int(v["version"])
+        return None if v is None else v.version
 
     # -- heartbeats ------------------------------------------------------------------------
 
@@ -255,41 +267,39 @@ class RunState:
         """Say "I am alive" with a timestamp, pid and host (plus any info, e.g. step). Best
         effort: while the server is away a beat is skipped (the next one says it all), so a
         role never waits on its heartbeat."""
-        value = {"ts": time.time(), "pid": os.getpid(), "host": socket.gethostname(), **info}
+        key = _key(keys.HEARTBEAT, role)
+        data = _encode(key, Heartbeat(ts=time.time(), pid=os.getpid(), host=socket.gethostname(), **info))
         try:
-            await self.kv.put(_key(keys.HEARTBEAT, role), orjson.dumps(value))
+            await self.kv.put(key, data)
         except TRANSIENT as e:
             log.debug("heartbeat_skipped", role=role, error=type(e).__name__)
 
     async def heartbeats(self) -> dict[str, dict[str, Any]]:
-        """``{role: last heartbeat}`` with ``age`` (seconds since it was sent) added."""
+        """``{role: last heartbeat}`` as plain data, with ``age`` (seconds since it was sent) added."""
         now = time.time()
-        out = {}
-        for k, v in (await self.with_prefix(f"{keys.HEARTBEAT}.")).items():
-            if isinstance(v, dict):
-                out[k.split(".", 1)[1]] = {**v, "age": round(now - float(v.get("ts", now)), 3)}
-        return out
+        return {k.split(".", 1)[1]: {**msgspec.to_builtins(v), "age": round(now - v.ts, 3)}
+                for k, v in (await self.with_prefix(f"{keys.HEARTBEAT}.")).items()}
 
     # -- rendezvous ------------------------------------------------------------------------
 
-    async def set_rendezvous(self, name: str, **info: Any) -> None:
-        """Publish where a process group meets (e.g. ``address="host:port", world_size=3``)."""
-        await self.put(_key(keys.RENDEZVOUS, name), {"ts": time.time(), **info})
+    async def set_rendezvous(self, rdv: Rendezvous) -> None:
+        """Publish where a process group meets (``rendezvous.<group_name>``)."""
+        await self.put(_key(keys.RENDEZVOUS, rdv.group_name), rdv)
+
+    async def rendezvous(self, name: str) -> Rendezvous | None:
+        return await self.get(_key(keys.RENDEZVOUS, name))
 
     async def clear_rendezvous(self, name: str) -> None:
         await self.delete(_key(keys.RENDEZVOUS, name))
 
-    async def wait_rendezvous(
-        self, name: str, timeout: float, newer_than: float = 0.0
-    ) -> dict[str, Any]:
+    async def wait_rendezvous(self, name: str, timeout: float, newer_than: float = 0.0) -> Rendezvous:
         """Wait until rendezvous ``name`` is set (with ``ts > newer_than``) and return it."""
-        key = _key(keys.RENDEZVOUS, name)
 
-        async def ready() -> Any:
-            v = await self.get(key)
-            return v if isinstance(v, dict) and float(v.get("ts", 0)) > newer_than else None
+        async def ready() -> Rendezvous | None:
+            v = await self.rendezvous(name)
+            return v if v is not None and v.ts > newer_than else None
 
         v = await self.wait(ready, timeout)
         if v is None:
-            raise RequestTimeout(f"rendezvous {name!r} not set within {timeout}s (KV key {key})")
+            raise RequestTimeout(f"rendezvous {name!r} not set within {timeout}s (KV key {keys.RENDEZVOUS}.{name})")
         return v

@@ -4,7 +4,7 @@ fails when it is stale, so a change to the wire shows up in review as a change t
 
 Sources: stream kinds and descriptions (``bus/subjects.py``, ``bus/streams.py``), the RPCs
 (``roles/buffer/protocol.py``), the KV keys (``schemas/keys.py``) and the records with their
-fields (``schemas/data.py``).
+fields (``schemas/data.py`` for streams and RPCs, ``schemas/state.py`` for KV values).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from bus.subjects import KINDS, names
 from roles.buffer.protocol import RPCS
 from schemas.data import SCHEMA_VERSION, SCHEMAS
 from schemas.keys import KEYS
+from schemas.state import RECORDS
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 #: A stand-in run id, shown as ``<run>``.
@@ -47,7 +48,9 @@ def render() -> str:
         "Everything of a run lives under `trinity.<run>.` on one NATS server or cluster (`<run>` is",
         "the config's `run_id`). Stream messages and RPC bodies are records of `schemas/data.py`",
         "in the one codec's format (`schemas/codec.py`: a msgpack map `{schema, version, payload}`,",
-        f"version {SCHEMA_VERSION}); KV values are JSON maps, readable with `nats kv get`.",
+        f"version {SCHEMA_VERSION}); KV values are records of `schemas/state.py` as JSON objects",
+        "(`schemas.codec.encode_value`), readable with `nats kv get`. A reader refuses a malformed",
+        "message or value with an error naming the subject or key and the field.",
         "",
         "## Streams (JetStream)",
         "",
@@ -68,16 +71,24 @@ def render() -> str:
         "",
         f"## KV keys (bucket `{run(n.kv_bucket)}`, declared in `schemas/keys.py`)",
         "",
-        "| key | written by | read by | value |",
-        "|---|---|---|---|",
+        "| key | written by | read by | value | meaning |",
+        "|---|---|---|---|---|",
     ]
-    out += [f"| `{k.name}` | {_cell(k.writer)} | {_cell(k.readers)} | {_cell(k.value)} |" for k in KEYS]
-    out += ["", "## Records (`schemas/data.py`)", ""]
+    out += [f"| `{k.name}` | {_cell(k.writer)} | {_cell(k.readers)} | [{k.record.__name__}](#{k.record.__name__.lower()}) "
+            f"| {_cell(k.value)} |" for k in KEYS]
+    out += ["", "## Stream and RPC records (`schemas/data.py`)", ""]
     for wire, cls in SCHEMAS.items():
-        out += [f"### `{wire}`: {cls.__name__}", "", _summary(cls), "", "| field | type |", "|---|---|"]
-        out += [f"| `{f.name}` | `{_cell(str(f.type))}` |" for f in dataclasses.fields(cls)]
-        out.append("")
+        out += _fields(f"`{wire}`: {cls.__name__}", cls)
+    out += ["## KV records (`schemas/state.py`)", ""]
+    for cls in RECORDS:
+        out += _fields(cls.__name__, cls)
     return "\n".join(out)
+
+
+def _fields(title: str, cls: type) -> list[str]:
+    out = [f"### {title}", "", _summary(cls), "", "| field | type |", "|---|---|"]
+    out += [f"| `{f.name}` | `{_cell(str(f.type))}` |" for f in dataclasses.fields(cls)]
+    return [*out, ""]
 
 
 def main() -> int:

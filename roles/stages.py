@@ -36,6 +36,7 @@ from roles.tuning import share_cpu, tuning_on
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.modes import MODES
+from schemas.state import ExitMarker, StageDone
 
 log = structlog.get_logger(__name__)
 
@@ -155,7 +156,7 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
                 if terminate.is_set():
                     return 0
                 if completed and role == MODES[cfg.mode].finisher:
-                    await state.put(done_key, {"by": role, "ts": time.time()})
+                    await state.put(done_key, StageDone(role, time.time()))
                     log.info("stage_done", stage=cfg.name)
                     continue
             else:
@@ -184,12 +185,9 @@ def _leased(name: str) -> bool:
     return name.startswith("explorer-")
 
 
-def _marker(name: str, state: str) -> dict[str, Any]:
-    """The value of process ``name``'s exit marker now (leased for an explorer)."""
-    value: dict[str, Any] = {"state": state, "ts": time.time(), "pid": os.getpid()}
-    if _leased(name):
-        value["lease"] = MARKER_LEASE
-    return value
+def _marker(name: str, state: str) -> ExitMarker:
+    """Process ``name``'s exit marker now (leased for an explorer)."""
+    return ExitMarker(state, time.time(), os.getpid(), MARKER_LEASE if _leased(name) else None)
 
 
 async def _renew_marker(cfg: TrinityConfig, name: str) -> None:
@@ -229,12 +227,10 @@ async def unfinished(state: object, since: float, mode: str) -> list[str] | None
         return None
     now = time.time()
 
-    def waiting(v: Any) -> bool:
-        if not isinstance(v, dict):
-            return True
-        if "lease" in v:  # an explorer's: only a live one that has not said "done" yet
-            return v.get("state") == "running" and now <= float(v.get("ts", 0)) + float(v["lease"])
-        return not (v.get("state") == "done" and float(v.get("ts", 0)) >= since)
+    def waiting(v: ExitMarker) -> bool:
+        if v.lease is not None:  # an explorer's: only a live one that has not said "done" yet
+            return v.state == "running" and now <= v.ts + v.lease
+        return not (v.state == "done" and v.ts >= since)
 
     return sorted(k[len(keys.EXIT_PREFIX):] for k, v in markers.items() if waiting(v))
 

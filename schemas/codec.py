@@ -8,7 +8,7 @@ A reader in any language needs only a msgpack library and this page.
 
 ``schema`` names the type: a key of :data:`schemas.data.SCHEMAS` (``"task"``, ``"experience"``,
 ``"experience_group"``, ``"sync_event"``, ``"metric"``, ``"task_order"``, ``"task_done"``,
-``"batch_request"``, ``"batch_reply"``, ``"commit"``). ``version`` is :data:`schemas.data.SCHEMA_VERSION` (3);
+``"batch_request"``, ``"batch_reply"``, ``"commit"``, ``"weights_header"``). ``version`` is :data:`schemas.data.SCHEMA_VERSION` (3);
 readers refuse any version they do not know rather than misread it (this build also reads
 version 1, whose layout is the same; version 2 put arrays in a side table and is refused with
 a "re-run" error). ``payload`` maps the field names of that dataclass in ``schemas/data.py``
@@ -54,8 +54,11 @@ import msgspec
 import numpy as np
 
 from .data import SCHEMA_VERSION, SCHEMAS, ExperienceGroup, TaskOrder
+from .state import RECORDS as STATE_RECORDS
 
-__all__ = ["CodecError", "decode", "decode_array", "encode", "encode_array", "schema_name"]
+__all__ = [
+    "CodecError", "decode", "decode_array", "decode_value", "encode", "encode_array", "encode_value", "schema_name",
+]
 
 
 class CodecError(ValueError):
@@ -436,3 +439,42 @@ def _schema(env: _Envelope, expect: type | None) -> type:
         exp = getattr(expect, "__name__", repr(expect))
         raise CodecError(f"message: expected a {exp}, got a {cls.__name__} ({env.schema!r})")
     return cls
+
+
+# --------------------------------------------------------------------------------------------
+# KV values: the JSON form
+# --------------------------------------------------------------------------------------------
+#
+# A KV value (schemas/state.py) is the record's fields as one JSON object, no envelope: the
+# key says which record it holds (schemas/keys.py), and ``nats kv get`` prints it as it is.
+# Readers ignore fields they do not know and fill a missing optional one with its default.
+
+_JSON_DECODERS = {cls: msgspec.json.Decoder(cls) for cls in STATE_RECORDS}
+_JSON_ENCODER = msgspec.json.Encoder()
+
+
+def encode_value(obj: Any) -> bytes:
+    """A KV record (a class of :data:`schemas.state.RECORDS`) as JSON, after the checks
+    :func:`decode_value` runs; raises CodecError naming the field."""
+    cls = type(obj)
+    if cls not in _JSON_DECODERS:
+        raise CodecError(f"cannot store {_describe(obj)} in KV: not a record of schemas.state")
+    data = _JSON_ENCODER.encode(obj)
+    decode_value(data, cls, cls.__name__)  # the reader's checks, here at the writer
+    return data
+
+
+def decode_value(data: bytes, cls: type, where: str) -> Any:
+    """The KV record ``cls`` that ``data`` holds; CodecError naming ``where`` (the key) and the
+    field for anything else: not JSON, a field missing or of the wrong type, a broken rule."""
+    try:
+        obj = _JSON_DECODERS[cls].decode(data)
+    except msgspec.ValidationError as e:
+        raise CodecError(f"{where}: {_field_error(e, cls.__name__)}") from None
+    except msgspec.DecodeError as e:
+        raise CodecError(f"{where}: not JSON ({e})") from None
+    try:
+        obj.validate()
+    except ValueError as e:
+        raise CodecError(f"{where}: {e}") from None
+    return obj

@@ -1,5 +1,6 @@
 """The messages that flow between roles: Task, Experience, ExperienceGroup, SyncEvent, Metric,
-the task queue's TaskOrder/TaskDone, and the trainer-buffer RPC's BatchRequest/BatchReply/Commit.
+the task queue's TaskOrder/TaskDone, the trainer-buffer RPC's BatchRequest/BatchReply/Commit,
+and the header of a weight broadcast (WeightsHeader). The run's KV values are in :mod:`schemas.state`.
 
 They are plain ``@dataclass(slots=True)`` classes rather than pydantic models because the hot
 path (an explorer publishing thousands of experiences a second, a buffer decoding them) must
@@ -437,6 +438,31 @@ class Commit:
             raise ValueError(f"Commit.upto: must be >= 0, got {self.upto}")
 
 
+@dataclass(slots=True, eq=False)
+class WeightsHeader:
+    """What a weight broadcast sends first (roles/synchronizer/weights.py): the model version,
+    then each tensor's name, dtype (torch's name: ``"bfloat16"``) and shape, in the order the
+    tensors follow, packed into buckets of at most ``bucket_bytes`` (0: one per tensor). Both
+    sides plan the buckets from this header alone."""
+
+    version: int
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    bucket_bytes: int = 0
+
+    def validate(self) -> None:
+        _check_version("WeightsHeader", self.version)
+        if not len(self.names) == len(self.dtypes) == len(self.shapes):
+            raise ValueError(f"WeightsHeader: {len(self.names)} names, {len(self.dtypes)} dtypes and "
+                             f"{len(self.shapes)} shapes: one of each per tensor")
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            if any(d < 0 for d in shape):
+                raise ValueError(f"WeightsHeader.shapes: {name} has a negative dim {shape}")
+        if self.bucket_bytes < 0:
+            raise ValueError(f"WeightsHeader.bucket_bytes: must be >= 0, got {self.bucket_bytes}")
+
+
 #: Wire name of each schema. Experience is also encodable on its own (e.g. in the replay store).
 SCHEMAS: dict[str, type] = {
     "task": Task,
@@ -449,4 +475,5 @@ SCHEMAS: dict[str, type] = {
     "batch_request": BatchRequest,
     "batch_reply": BatchReply,
     "commit": Commit,
+    "weights_header": WeightsHeader,
 }

@@ -23,3 +23,10 @@ def test_the_page_names_every_stream_rpc_and_key():
     listed = [k.name for k in keys.KEYS]
     missing = [v for v in names if not any(row.startswith(v) for row in listed)]
     assert not missing, f"keys without a row in schemas.keys.KEYS: {missing}"
+
+
+def test_every_kv_key_holds_a_record_of_schemas_state():
+    from schemas.keys import KEYS
+    from schemas.state import RECORDS
+
+    assert {k.record for k in KEYS} == set(RECORDS), "a KV record no key holds, or a key whose record is not in RECORDS"

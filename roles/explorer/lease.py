@@ -23,6 +23,7 @@ import structlog
 
 from schemas import keys
 from schemas.loader import ConfigError
+from schemas.state import JoinSettings, Leader
 
 log = structlog.get_logger(__name__)
 
@@ -49,29 +50,29 @@ def join_fingerprint(cfg: Any) -> dict[str, Any]:
     }
 
 
-def check_joining(cfg: Any, theirs: Any) -> None:
+def check_joining(cfg: Any, theirs: JoinSettings | None) -> None:
     """Refuse to join a run whose leading explorer runs other settings, naming the first
     that differs: a pre-start check against the run (a :class:`ConfigError`, exit 2: a restart
     with the same config cannot help)."""
-    mine = join_fingerprint(cfg)
-    if isinstance(theirs, dict):
-        for key, value in mine.items():
-            if key in theirs and theirs[key] != value:
-                raise ConfigError([
-                    f"{key}: this explorer has {value!r}, the leading explorer of run {cfg.run_id} has "
-                    f"{theirs[key]!r}; an explorer joins a run only with the run's own config"])
+    if theirs is None:
+        return
+    for key, value in join_fingerprint(cfg).items():
+        if key in theirs.settings and theirs.settings[key] != value:
+            raise ConfigError([
+                f"{key}: this explorer has {value!r}, the leading explorer of run {cfg.run_id} has "
+                f"{theirs.settings[key]!r}; an explorer joins a run only with the run's own config"])
 
 
 class LeaseLost(RuntimeError):
     """This process's lease was taken by another explorer (it was cut off too long)."""
 
 
-def process_gone(holder: dict[str, Any]) -> bool:
-    """Is ``holder`` (a lease or marker value) a process of this host that no longer runs?"""
-    if holder.get("host") != socket.gethostname():
+def process_gone(holder: Leader) -> bool:
+    """Is ``holder`` a process of this host that no longer runs?"""
+    if holder.host != socket.gethostname():
         return False
     try:
-        os.kill(int(holder.get("pid", 0)), 0)
+        os.kill(holder.pid, 0)
     except ProcessLookupError:
         return True
     except (PermissionError, ValueError, OSError):
@@ -86,17 +87,16 @@ class Lease:
         self.state, self.name = state, name
         self.revision = 0
 
-    def _value(self) -> dict[str, Any]:
-        return {"name": self.name, "pid": os.getpid(), "host": socket.gethostname(),
-                "until": time.time() + LEASE_S}
+    def _value(self, until: float | None = None) -> Leader:
+        return Leader(self.name, os.getpid(), socket.gethostname(), time.time() + LEASE_S if until is None else until)
 
     async def try_take(self) -> bool:
         value, rev = await self.state.entry(LEADER_KEY)
-        if isinstance(value, dict) and time.time() <= float(value.get("until", 0)) and not process_gone(value):
+        if value is not None and time.time() <= value.until and not process_gone(value):
             return False
         self.revision = await self.state.swap(LEADER_KEY, self._value(), rev)
         if self.revision:
-            log.info("explorer_leads", name=self.name, previous=value.get("name") if isinstance(value, dict) else None)
+            log.info("explorer_leads", name=self.name, previous=value.name if value is not None else None)
         return bool(self.revision)
 
     async def renewed(self) -> bool:
@@ -115,21 +115,25 @@ class Lease:
     async def keep(self) -> None:
         """Renew the lease until cancelled; raises LeaseLost if another process took it. A
         lease that expired while the bus was away is still this process's if nobody else
-        took it (the compare-and-set says so)."""
+        took it (the compare-and-set says so), and so is one whose value was deleted or
+        overwritten with something that is no lease."""
         while True:
             await asyncio.sleep(RENEW_S)
             rev = await self.state.swap(LEADER_KEY, self._value(), self.revision)
             if not rev:  # a renewal whose reply was lost and was sent again lands here too
                 value, rev = await self.state.entry(LEADER_KEY)
-                mine = isinstance(value, dict) and value.get("name") == self.name
-                if not mine:
+                if value is None:  # deleted, or malformed (logged): nobody holds it, take it back
+                    rev = await self.state.swap(LEADER_KEY, self._value(), rev)
+                elif value.name != self.name:
+                    rev = 0
+                if not rev:
                     raise LeaseLost(f"explorer {self.name}: another explorer took the lead of this run "
-                                    f"({value.get('name') if isinstance(value, dict) else 'nobody'} holds it)")
+                                    f"({value.name if value is not None else 'a process that took it back'} holds it)")
             self.revision = rev
 
     async def release(self) -> None:
         """Give the lead up at once (a clean exit: the next explorer need not wait it out)."""
         if self.revision:
             with contextlib.suppress(Exception):
-                await self.state.swap(LEADER_KEY, {**self._value(), "until": 0.0}, self.revision)
+                await self.state.swap(LEADER_KEY, self._value(until=0.0), self.revision)
             self.revision = 0

@@ -52,6 +52,7 @@ from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from schemas.modes import MODES
+from schemas.state import ApiAddress, Cursor, ExplorerFinished, JoinSettings
 from storage.tasksets import TaskReader
 
 log = logging.getLogger("trinity.explorer")
@@ -215,7 +216,7 @@ class Explorer:
         self.pub = bus.Publisher(self.nc, cfg.nats, cfg.run_id)
         self.state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
         if self.api is not None:
-            await self.state.put(API_KEY, {"url": self.api.url, "model": self.api.model_name})
+            await self.state.put(API_KEY, ApiAddress(url=self.api.url, model=self.api.model_name))
         return self.sync or await make_sync(cfg, self.nc, self.state, self.pub)
 
     async def report(self, m: Metric) -> None:
@@ -245,7 +246,7 @@ class Explorer:
                     await asyncio.wait_for(lease.acquire(), LEASE_S + RENEW_S)
                     leading = True
         if leading:
-            await self.state.put(JOIN_KEY, join_fingerprint(self.cfg))
+            await self.state.put(JOIN_KEY, JoinSettings(join_fingerprint(self.cfg)))
         else:
             check_joining(self.cfg, await self.state.get(JOIN_KEY))
             log.info("explorer %s joins run %s: another explorer leads", self.me, self.cfg.run_id)
@@ -282,7 +283,7 @@ class Explorer:
             if not ok:
                 self.stats.interrupted = True
                 return
-            await self.state.put(JOIN_KEY, join_fingerprint(self.cfg))
+            await self.state.put(JOIN_KEY, JoinSettings(join_fingerprint(self.cfg)))
             await sync.take_lead()
         self.beat_name = self.cfg.explorer.name
         keep = asyncio.create_task(lease.keep())
@@ -301,11 +302,11 @@ class Explorer:
         reader = train_reader(cfg)
         saved = await self.state.get(CURSOR_KEY)
         if saved:
-            reader.load_state_dict(saved["reader"])
-            self.step = int(saved["step"])
+            reader.load_state_dict(saved.reader or {})
+            self.step = saved.step
             log.info("resuming step=%d offset=%d", self.step, reader.offset)
         self.queue = TaskQueue(self.nc, cfg, self.pub)
-        await self.queue.start(int(saved.get("done_from", 1)) if saved else 1)
+        await self.queue.start((saved.done_from or 1) if saved else 1)
         version = self.engines[0].model_version
         await self.state.set_model_version(name, version)
         every_s = cfg.explorer.runner_state_report_interval
@@ -333,8 +334,8 @@ class Explorer:
                 self.step += 1
                 self.stats.steps += 1
                 self.pool.steps_seen = self.step
-                await self.state.put(CURSOR_KEY, {"step": self.step, "reader": reader.state_dict(),
-                                                  "done_from": await self.queue.next_done_seq()})
+                await self.state.put(CURSOR_KEY, Cursor(self.step, reader=reader.state_dict(),
+                                                                done_from=await self.queue.next_done_seq()))
                 await self._step_metrics(results, time.monotonic() - t0)
                 await sync.after_step(self.step)
                 every = cfg.explorer.eval_interval
@@ -398,7 +399,7 @@ class Explorer:
         sync = await self._open_bus()
         saved = await self.state.get(CURSOR_KEY)
         if saved:
-            self.step, self.stats.episodes = int(saved["step"]), int(saved.get("episodes", 0))
+            self.step, self.stats.episodes = saved.step, saved.episodes or 0
             log.info("resuming serve step=%d episodes=%d", self.step, self.stats.episodes)
         await self.state.set_model_version(name, self.engines[0].model_version)
         last = cfg.trainer.total_steps or cfg.buffer.total_steps
@@ -414,7 +415,7 @@ class Explorer:
                     break
                 self.step += 1
                 self.stats.steps += 1
-                await self.state.put(CURSOR_KEY, {"step": self.step, "episodes": self.stats.episodes})
+                await self.state.put(CURSOR_KEY, Cursor(self.step, episodes=self.stats.episodes))
                 await self._serve_metrics(time.monotonic() - t0)
                 await sync.after_step(self.step)
                 ok, _ = await until_stopped(sync.before_step(self.step, self.sync_engines), self.stop)
@@ -490,7 +491,7 @@ class Explorer:
             if not ok:
                 self.stats.interrupted = True
                 return
-        await self.state.put(FINISHED_KEY, {"step": self.step, "ts": time.time()})
+        await self.state.put(FINISHED_KEY, ExplorerFinished(self.step, time.time()))
         log.info("taskset exhausted after step %d: waiting for the final weights", self.step)
         ok, _ = await until_stopped(sync.final(self.sync_engines), self.stop)
         if not ok:

@@ -1,10 +1,11 @@
 """The two ends of a weight sync, used inside the trainer and explorer loops.
 
-They meet through the run's KV bucket (``bus.RunState``):
+They meet through the run's KV bucket (``bus.RunState``; each value a record of
+:mod:`schemas.state`):
 
 * ``sync.offer``: the trainer has weights of ``version`` ready (``method``; for checkpoints
   the HF folder ``path``);
-* ``rendezvous.<group_name>``: where the broadcast group meets (``Rendezvous.to_dict()``);
+* ``rendezvous.<group_name>``: where the broadcast group meets;
 * ``sync.join``: the explorer's engines are about to receive ``version`` (broadcast only);
 * ``sync.want``: under ``explorer_driven``, the explorer asks for the current weights;
 * ``sync.formed``: when the trainer's current broadcast group was complete (all members in);
@@ -45,6 +46,8 @@ from bus.server import free_port
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
+from schemas.state import Formed, Hello, Join, Offer, Pull, Pulls, Serving, TrainerFinished, Want
+from schemas.state import Rendezvous as GroupRendezvous
 
 from .policy import SyncPlan, explorer_requests, required_version, trainer_offers
 
@@ -126,16 +129,16 @@ class TrainerSyncClient(_Side):
         trainer finished so the explorer stops waiting for more."""
         if step > self.offered:
             await self.offer(step, trainer)
-        await self.state.put(TRAINER_FINISHED, {"version": step, "ts": time.time()})
+        await self.state.put(TRAINER_FINISHED, TrainerFinished(step, time.time()))
 
     async def after_step(self, step: int, trainer: Any) -> None:
         """Call after every train step (``trainer``: a :class:`roles.trainer.main.Trainer`)."""
         p = self.plan
         if p.style == "explorer_driven":
             want = await self.state.get(WANT)
-            if not (want and float(want.get("ts", 0)) > self.want_served):
+            if want is None or want.ts <= self.want_served:
                 return
-            self.want_served = float(want["ts"])
+            self.want_served = want.ts
         elif not trainer_offers(step, p.trainer_interval, p.style):
             await self.serve_pulls(trainer)
             return
@@ -158,16 +161,16 @@ class TrainerSyncClient(_Side):
         if revision <= self.pulls_seen:
             return
         self.pulls_seen = revision
-        pulls = {k[len(PULL):]: v for k, v in (await self.state.with_prefix(PULL)).items() if isinstance(v, dict)}
+        pulls: dict[str, Pull] = {k[len(PULL):]: v for k, v in (await self.state.with_prefix(PULL)).items()}
         for name in (set(self.helpers) | set(self.pulls_served)) - set(pulls):  # it left, or now leads
             self.helpers.pop(name, None)
             self.pulls_served.pop(name, None)
         for name, req in pulls.items():
-            if float(req.get("ts", 0)) > self.pulls_served.get(name, 0.0):
-                self.pulls_served[name] = float(req["ts"])
+            if req.ts > self.pulls_served.get(name, 0.0):
+                self.pulls_served[name] = req.ts
                 await self._send_to_helper(name, req, trainer)
 
-    async def _send_to_helper(self, name: str, req: dict[str, Any], trainer: Any) -> None:
+    async def _send_to_helper(self, name: str, req: Pull, trainer: Any) -> None:
         """Answer one pull: the trainer's current weights over ``name``'s own group (formed
         now if it has none). A failure costs that explorer its group, never the run: it
         asks again, and the leader's group is another one."""
@@ -177,7 +180,7 @@ class TrainerSyncClient(_Side):
         group = helper_group(p.group_name, name)
         version = int(trainer.step)
         known = self.helpers.get(name)
-        if known is not None and req.get("group_ts") != known[1]:
+        if known is not None and req.group_ts != known[1]:
             # the explorer dropped that group (a receive failed there): sending on it would
             # wait out the gloo/NCCL timeout for a receiver that is not there; form a new one
             self.helpers.pop(name, None)
@@ -185,14 +188,12 @@ class TrainerSyncClient(_Side):
         try:
             if known is None:
                 host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")
-                rdv = Rendezvous(host, free_port(""), 1 + int(req.get("workers", 1)), "nccl" if _cuda() else "gloo",
-                                 group)
+                rdv = Rendezvous(host, free_port(""), 1 + req.workers, "nccl" if _cuda() else "gloo", group)
                 sender, group_ts = await asyncio.to_thread(WeightSender, rdv, p.timeout), time.time()
-                await self.state.set_rendezvous(group, **rdv.to_dict(), ts=group_ts)
+                await self.state.set_rendezvous(GroupRendezvous(ts=group_ts, **rdv.to_dict()))
             else:
                 sender, group_ts = known
-            await self.state.put(SERVING + name, {"pull": float(req["ts"]), "group_ts": group_ts,
-                                                  "version": version, "ts": time.time()})
+            await self.state.put(SERVING + name, Serving(req.ts, group_ts, version, time.time()))
             if known is None:  # the explorer joins once it reads the line above
                 await asyncio.wait_for(asyncio.to_thread(sender.connect), p.timeout + 5)
                 self.helpers[name] = (sender, group_ts)
@@ -208,9 +209,9 @@ class TrainerSyncClient(_Side):
         if self.plan.method == "checkpoint":
             return
         hello = await self.state.get(HELLO)
-        if not (hello and float(hello.get("ts", 0)) > self.hello_served):
+        if hello is None or hello.ts <= self.hello_served:
             return
-        self.hello_served = float(hello["ts"])
+        self.hello_served = hello.ts
         self.sender = None  # its other member is gone
         log.info("explorer_hello", version=trainer.step)
         # not offer(): its skip rule reads the explorer's version from KV, which is the dead
@@ -240,8 +241,7 @@ class TrainerSyncClient(_Side):
             tokenizer=trainer.tokenizer,
         ))
         self.seq += 1
-        await self.state.put(OFFER, {"version": version, "method": "checkpoint", "path": str(path),
-                                     "seq": self.seq, "ts": time.time()})
+        await self.state.put(OFFER, Offer(version, "checkpoint", self.seq, time.time(), path=str(path)))
         await self.event("weights_ready", version, version, checkpoint_path=str(path),
                          info={"seconds": time.perf_counter() - t0})
 
@@ -257,15 +257,15 @@ class TrainerSyncClient(_Side):
             host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")  # a reachable address on multi-node
             rdv = Rendezvous(host, free_port(""), 1 + self.receivers, backend, p.group_name)
             self.sender = await asyncio.to_thread(WeightSender, rdv, p.timeout)
-            await self.state.set_rendezvous(p.group_name, **rdv.to_dict())
+            await self.state.set_rendezvous(GroupRendezvous(ts=time.time(), **rdv.to_dict()))
         self.seq += 1
-        await self.state.put(OFFER, {"version": version, "method": "nccl", "seq": self.seq, "ts": time.time()})
+        await self.state.put(OFFER, Offer(version, "nccl", self.seq, time.time()))
         await self.event("weights_ready", version, version, rendezvous=f"{self.sender.rdv.host}:{self.sender.rdv.port}")
         try:
             if fresh:
                 await asyncio.wait_for(asyncio.to_thread(self.sender.connect), p.timeout + 5)
                 rdv = self.sender.rdv
-                await self.state.put(FORMED, {"group": f"{rdv.host}:{rdv.port}", "at": time.time()})
+                await self.state.put(FORMED, Formed(f"{rdv.host}:{rdv.port}", time.time()))
             joined = await self.state.wait(lambda: self._joined(version, trainer), p.timeout)
             if joined == "hello":  # the explorer restarted: this group lost its member
                 self.sender = None
@@ -299,12 +299,12 @@ class TrainerSyncClient(_Side):
 
     async def _joined(self, version: int, trainer: Any) -> bool | str:
         j = await self.state.get(JOIN)
-        if j and int(j.get("version", -1)) == version:
+        if j is not None and j.version == version:
             return True
         # the leader may be waiting for tasks that explorers without weights hold
         await self.serve_pulls(trainer)
         hello = await self.state.get(HELLO)
-        return "hello" if hello and float(hello.get("ts", 0)) > self.hello_served else False
+        return "hello" if hello is not None and hello.ts > self.hello_served else False
 
     async def close(self) -> None:
         self.sender = None
@@ -356,21 +356,21 @@ class ExplorerSyncClient(_Side):
         """No more pulls from this process: the trainer drops its group."""
         if not self.leading and self.plan.method != "checkpoint":
             await self.state.delete(PULL + self.version_key)
-            await self.state.put(PULLS, {"ts": time.time()})
+            await self.state.put(PULLS, Pulls(time.time()))
 
     async def before_step(self, step: int, engines: Sequence[Any]) -> int:
         """Returns the model version the step runs on."""
         p = self.plan
         if p.style == "trainer_driven":
             offer = await self._offer()
-            if offer and int(offer["version"]) > self.version:
+            if offer is not None and offer.version > self.version:
                 await self._load(offer, engines, step)
             return self.version
         if p.style == "explorer_driven":
             if not explorer_requests(step, p.explorer_interval, p.offset, p.style):
                 return self.version
             asked = time.time()
-            await self.state.put(WANT, {"step": step, "ts": asked})
+            await self.state.put(WANT, Want(step, asked))
             offer = await self.state.wait(lambda: self._offer_after(asked), p.timeout)
         else:
             need = required_version(step, p.explorer_interval, p.offset)
@@ -410,7 +410,7 @@ class ExplorerSyncClient(_Side):
             if self.plan.method != "checkpoint":
                 return await self._pull(engines)
             o = await self._offer()
-            if not (o and int(o["version"]) >= floor):
+            if o is None or o.version < floor:
                 o = await self.state.wait(lambda: self._offer_at_least(floor), self.plan.timeout)
             if o is None:
                 await self.timed_out("waiting for weights", self.version, self.step, ["trainer"])
@@ -425,20 +425,20 @@ class ExplorerSyncClient(_Side):
         p, name = self.plan, self.version_key
         asked = time.time()
         workers = sum(_ranks(e) for e in engines)
-        await self.state.put(PULL + name, {"workers": workers, "ts": asked, "group_ts": self.pulled_group})
-        await self.state.put(PULLS, {"ts": asked})
+        await self.state.put(PULL + name, Pull(workers, asked, self.pulled_group))
+        await self.state.put(PULLS, Pulls(asked))
         serving = await self.state.wait(lambda: self._serving(name, asked), p.timeout)
         if serving is None:
             await self.timed_out("waiting for weights", self.version, self.step, ["trainer"])
             return self.version
         t0 = time.perf_counter()
         try:
-            if self.pulled_group != float(serving["group_ts"]):
-                rdv = await self.state.get(f"{keys.RENDEZVOUS}.{helper_group(p.group_name, name)}")
-                if not (isinstance(rdv, dict) and float(rdv.get("ts", 0)) == float(serving["group_ts"])):
+            if self.pulled_group != serving.group_ts:
+                rdv = await self.state.rendezvous(helper_group(p.group_name, name))
+                if rdv is None or rdv.ts != serving.group_ts:
                     raise RuntimeError("its rendezvous is gone")
                 await _join_group(engines, rdv, p.timeout)
-                self.pulled_group = float(serving["group_ts"])
+                self.pulled_group = serving.group_ts
             version = await _receive(engines, p.timeout)
         except Exception as e:  # the trainer gone mid-broadcast: ask again next time, over a new group
             self.pulled_group = None
@@ -447,13 +447,13 @@ class ExplorerSyncClient(_Side):
         await self._loaded(version, p.method, self.step, t0)
         return self.version
 
-    async def _serving(self, name: str, asked: float) -> dict | None:
+    async def _serving(self, name: str, asked: float) -> Serving | None:
         s = await self.state.get(SERVING + name)
-        return s if isinstance(s, dict) and float(s.get("pull", -1)) == asked else None
+        return s if s is not None and s.pull == asked else None
 
-    async def _offer_at_least(self, floor: int) -> dict | None:
+    async def _offer_at_least(self, floor: int) -> Offer | None:
         o = await self.state.get(OFFER)
-        return o if o and int(o["version"]) >= floor else None
+        return o if o is not None and o.version >= floor else None
 
     async def final(self, engines: Sequence[Any]) -> int:
         """After the last explorer step: load every newer offer until the trainer says it is
@@ -464,56 +464,57 @@ class ExplorerSyncClient(_Side):
             changed.clear()
             done = await self.state.get(TRAINER_FINISHED)
             offer = await self._offer()
-            if offer and int(offer["version"]) > self.version:
+            if offer is not None and offer.version > self.version:
                 # a failed load (reported) marks its offer: the loop then waits for the next
                 # one, or for the trainer to say it has finished; never ends the run early
                 await self._load(offer, engines, self.step)
                 continue
-            if done and self.version >= int(done["version"]):
+            if done is not None and self.version >= done.version:
                 return self.version
-            if done and not (offer and int(offer["version"]) >= int(done["version"])):
-                log.warning("final_weights_missing", trainer_version=int(done["version"]), have=self.version)
+            if done is not None and not (offer is not None and offer.version >= done.version):
+                log.warning("final_weights_missing", trainer_version=done.version, have=self.version)
                 return self.version
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(changed.wait(), 0.25)
 
-    async def _offer(self) -> dict | None:
+    async def _offer(self) -> Offer | None:
         """The current offer, unless it is one whose load already failed (its trainer died
         mid-broadcast; the restarted trainer replaces it with a fresh one)."""
         o = await self.state.get(OFFER)
-        if not o or float(o["ts"]) == self.failed_offer:
+        if o is None or o.ts == self.failed_offer:
             return None
-        if o["method"] != "checkpoint" and await self._predecessors_group() is not None:
+        if o.method != "checkpoint" and await self._predecessors_group() is not None:
             if self.hello is None:
                 await self._say_hello()
             return None
         return o
 
-    async def _predecessors_group(self) -> dict | None:
-        """What keeps this process from joining the current broadcast group, if anything: the
-        rendezvous of a group formed before it started (its other member was a predecessor
-        that is gone: joining would wait for ``sync_timeout``), or ``{}`` when the trainer
-        tore the group down. None when there is nothing in the way: this process has joined
-        a group already, or the current one still waits for its members."""
+    async def _predecessors_group(self) -> float | None:
+        """What keeps this process from joining the current broadcast group, if anything, as
+        the rendezvous ``ts`` a group it can join must be newer than: the ``ts`` of a group
+        formed before it started (its other member was a predecessor that is gone: joining
+        would wait for ``sync_timeout``), or 0.0 when the trainer tore the group down. None when
+        there is nothing in the way: this process has joined a group already, or the current
+        one still waits for its members."""
         if self.joined_ts is not None:
             return None
-        rdv = await self.state.get(f"{keys.RENDEZVOUS}.{self.plan.group_name}")
-        if not isinstance(rdv, dict):
-            return {}
+        rdv = await self.state.rendezvous(self.plan.group_name)
+        if rdv is None:
+            return 0.0
         formed = await self.state.get(FORMED)
-        if not isinstance(formed, dict):
+        if formed is None:
             return None
-        same = formed.get("group") == f"{rdv.get('host')}:{rdv.get('port')}"
-        return rdv if same and float(formed.get("at", 0)) < self.started else None
+        same = formed.group == f"{rdv.host}:{rdv.port}"
+        return rdv.ts if same and formed.at < self.started else None
 
     async def _say_hello(self) -> None:
         """Ask the trainer for a broadcast group formed after this process started."""
         self.hello = time.time()
-        await self.state.put(HELLO, {"ts": self.hello, "version": self.version})
+        await self.state.put(HELLO, Hello(self.hello, self.version))
 
-    async def _offer_for(self, need: int) -> dict | str | None:
+    async def _offer_for(self, need: int) -> Offer | str | None:
         """What explorer step needing version ``need`` should do now: load an offer (the
-        dict), go on with the weights it has (:data:`GO_ON`), or wait (None).
+        :class:`Offer`), go on with the weights it has (:data:`GO_ON`), or wait (None).
 
         Normally it waits for an offer of at least ``need``: the trainer is at most a sync
         interval behind and on its way there. A trainer further behind restarted from an
@@ -526,64 +527,62 @@ class ExplorerSyncClient(_Side):
         explorer holds but short of ``need`` is taken on the way when it is the trainer's
         newest: the trainer waits for it to be taken, so leaving it would stall both."""
         o = await self._offer()
-        if o and int(o["version"]) >= need:
+        if o is not None and o.version >= need:
             return o
         trainer = await self.state.model_version("trainer")
-        if o and int(o["version"]) > self.version and int(o["version"]) == trainer:
+        if o is not None and o.version > self.version and o.version == trainer:
             # the trainer's newest weights, short of ``need`` (it restarted, or the explorer
             # ran ahead): it waits for someone to take them, so take them on the way
             return o
         if trainer is None or trainer >= need - self.plan.explorer_interval:
             return None
-        if o and int(o["version"]) != self.version:
-            log.info("trainer_rolled_back", trainer=trainer, need=need, loading=int(o["version"]))
+        if o is not None and o.version != self.version:
+            log.info("trainer_rolled_back", trainer=trainer, need=need, loading=o.version)
             return o
         if trainer != self.went_on:  # one step per trainer step: the lead stays bounded
             self.went_on = trainer
             return GO_ON
         return None
 
-    async def _offer_after(self, ts: float) -> dict | None:
+    async def _offer_after(self, ts: float) -> Offer | None:
         o = await self._offer()
-        return o if o and float(o["ts"]) > ts else None
+        return o if o is not None and o.ts > ts else None
 
-    async def _load(self, offer: dict, engines: Sequence[Any], step: int) -> None:
-        version = int(offer["version"])
+    async def _load(self, offer: Offer, engines: Sequence[Any], step: int) -> None:
+        version = offer.version
         t0 = time.perf_counter()
-        if offer["method"] == "checkpoint":
-            await asyncio.gather(*(e.load_checkpoint(offer["path"], version) for e in engines))
+        if offer.method == "checkpoint":
+            await asyncio.gather(*(e.load_checkpoint(offer.path, version) for e in engines))
         else:
             p = self.plan
             stale = await self._predecessors_group()
             if stale is not None and self.hello is None:
                 await self._say_hello()
             try:  # not the group of a gone predecessor: the one the trainer makes instead
-                rdv = await self.state.wait_rendezvous(
-                    p.group_name, p.timeout, newer_than=float(stale.get("ts", 0)) if stale else 0.0
-                )
+                rdv = await self.state.wait_rendezvous(p.group_name, p.timeout, newer_than=stale or 0.0)
             except bus.RequestTimeout as e:  # the trainer gave up on this group meanwhile
                 self.hello = None  # ask again next time
-                self.failed_offer = float(offer["ts"])
+                self.failed_offer = offer.ts
                 await self.timed_out(f"rendezvous ({e})", version, step, ["trainer"])
                 return
-            if self.joined_ts != float(rdv["ts"]):
+            if self.joined_ts != rdv.ts:
                 try:
                     await _join_group(engines, rdv, p.timeout)
                 except Exception as e:  # the group's owner is gone (a trainer that died)
-                    self.failed_offer = float(offer["ts"])
+                    self.failed_offer = offer.ts
                     await self.timed_out(f"joining the weight group ({e})", version, step, ["trainer"])
                     return
-                self.joined_ts = float(rdv["ts"])
-            await self.state.put(JOIN, {"version": version, "ts": time.time()})
+                self.joined_ts = rdv.ts
+            await self.state.put(JOIN, Join(version, time.time()))
             try:
                 version = await _receive(engines, p.timeout)
             except Exception as e:  # a peer gone mid-broadcast: gloo's error, or vLLM's wrap of it
                 self.hello = None
                 self.joined_ts = None
-                self.failed_offer = float(offer["ts"])
+                self.failed_offer = offer.ts
                 await self.timed_out(f"receiving weights ({e})", version, step, ["trainer"])
                 return
-        await self._loaded(version, offer["method"], step, t0)
+        await self._loaded(version, offer.method, step, t0)
 
     async def _loaded(self, version: int, method: str, step: int, t0: float) -> None:
         self.version = version
@@ -598,10 +597,10 @@ def _ranks(engine: Any) -> int:
     return int(getattr(engine, "tensor_parallel_size", 1) or 1)
 
 
-async def _join_group(engines: Sequence[Any], rdv: dict[str, Any], timeout: float) -> None:
+async def _join_group(engines: Sequence[Any], rdv: GroupRendezvous, timeout: float) -> None:
     """Every engine joins the group of rendezvous ``rdv`` (rank 0 is the trainer; each engine
-    takes the next :func:`_ranks` ranks). ``ts`` is the KV entry's, not the group's."""
-    d = {k: v for k, v in rdv.items() if k != "ts"}
+    takes the next :func:`_ranks` ranks)."""
+    d = rdv.group()
     offsets, r = [], 1
     for e in engines:
         offsets.append(r)

@@ -24,6 +24,7 @@ from roles.signals import stop_on_signals
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
+from schemas.state import Offer, SyncPlanRecord
 
 from .client import OFFER
 from .policy import SyncPlan
@@ -35,12 +36,12 @@ def _jsonable(obj: object) -> dict:
     return {k: v for k, v in dataclasses.asdict(obj).items()}  # type: ignore[arg-type]
 
 
-def overdue(offer: dict | None, explorer_version: int | None, now: float, timeout: float) -> bool:
+def overdue(offer: Offer | None, explorer_version: int | None, now: float, timeout: float) -> bool:
     """An offer nobody took within ``timeout`` seconds (pure, unit-tested)."""
-    if not offer:
+    if offer is None:
         return False
-    taken = explorer_version is not None and explorer_version >= int(offer["version"])
-    return not taken and now - float(offer["ts"]) > timeout
+    taken = explorer_version is not None and explorer_version >= offer.version
+    return not taken and now - offer.ts > timeout
 
 
 def missing_roles(heartbeats: dict[str, dict], now: float, stale_after: float) -> list[str]:
@@ -63,7 +64,7 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None
     await bus.ensure_streams(js, cfg.nats, cfg.run_id)
     state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
     pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
-    await state.put(keys.SYNC_PLAN, dataclasses.asdict(plan))
+    await state.put(keys.SYNC_PLAN, SyncPlanRecord(**dataclasses.asdict(plan)))
     mon = Path(cfg.checkpoint_job_dir) / "monitor"
     mon.mkdir(parents=True, exist_ok=True)
     events = await bus.Consumer(nc, cfg.nats, cfg.run_id, "sync", "synchronizer", expect=SyncEvent).start()
@@ -83,16 +84,16 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None
             await state.heartbeat("synchronizer")
             offer = await state.get(OFFER)
             now = time.time()
-            if offer and int(offer.get("seq", 0)) not in flagged and overdue(
+            if offer is not None and offer.seq not in flagged and overdue(
                 offer, await state.model_version("explorer"), now, plan.timeout
             ):
-                flagged.add(int(offer.get("seq", 0)))
+                flagged.add(offer.seq)
                 missing = missing_roles(await state.heartbeats(), now, max(plan.timeout / 2, 10.0))
-                log.warning("sync_overdue", version=offer["version"], missing=missing)
-                await pub.publish_event(SyncEvent(kind="timeout", model_version=int(offer["version"]),
+                log.warning("sync_overdue", version=offer.version, missing=missing)
+                await pub.publish_event(SyncEvent(kind="timeout", model_version=offer.version,
                                                   method=plan.method, source="synchronizer", missing=missing))
                 if plan.on_timeout == "stop":
-                    await pub.publish_event(SyncEvent(kind="stop", model_version=int(offer["version"]),
+                    await pub.publish_event(SyncEvent(kind="stop", model_version=offer.version,
                                                       method=plan.method, source="synchronizer",
                                                       missing=missing), kind="ctl")
     finally:

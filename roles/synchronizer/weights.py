@@ -9,8 +9,8 @@ parallel group), so both sides build a standalone group from a ``TCPStore``. Why
 weights are hundreds of MB to GB; JetStream moves ~200 MB/s here, a broadcast several GB/s.
 
 Protocol of one sync (no control round trip per tensor): rank 0 broadcasts a fixed-size
-header (length of the metadata), then the metadata (JSON: version, names, dtypes, shapes,
-buckets), then the tensors bucket by bucket. A bucket is either one tensor sent as it is or
+header (length of the metadata), then the metadata (a :class:`schemas.data.WeightsHeader`
+through the codec: version, names, dtypes, shapes, bucket size), then the tensors bucket by bucket. A bucket is either one tensor sent as it is or
 several same-dtype tensors copied into one flat buffer (faster on NCCL; on CPU per-tensor
 broadcast measured faster, so gloo defaults to no bucketing). Tensors are always copied into
 contiguous memory before sending: never a view into a sharded (ZeRO) parameter.
@@ -22,19 +22,22 @@ sides' parameter lists differ), so the metadata, not the receiver's model, drive
 from __future__ import annotations
 
 import datetime
-import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
-HEADER_NUMEL = 1  # int64: byte length of the JSON metadata
+from schemas import codec
+from schemas.data import WeightsHeader
+
+HEADER_NUMEL = 1  # int64: byte length of the encoded WeightsHeader
 
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where the weight group meets (published by the trainer in KV as a plain dict)."""
+    """Where the weight group meets (published by the trainer in KV as a
+    :class:`schemas.state.Rendezvous`, which adds when)."""
 
     host: str
     port: int
@@ -165,9 +168,8 @@ class WeightSender:
         dev = _device(self.rdv.backend)
         tensors = [(n, t.detach()) for n, t in named]
         meta = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in tensors]
-        body = json.dumps(
-            {"version": int(version), "params": meta, "bucket_bytes": int(bucket_bytes)}
-        ).encode()
+        body = codec.encode(WeightsHeader(int(version), [m[0] for m in meta], [m[1] for m in meta],
+                                          [m[2] for m in meta], max(int(bucket_bytes), 0)))
         self.pg.broadcast(torch.tensor([len(body)], dtype=torch.int64, device=dev), 0).wait()
         self.pg.broadcast(torch.frombuffer(bytearray(body), dtype=torch.uint8).to(dev), 0).wait()
         sent = 0
@@ -210,10 +212,10 @@ class WeightReceiver:
         self.pg.broadcast(n, 0).wait()
         raw = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
         self.pg.broadcast(raw, 0).wait()
-        head = json.loads(bytes(raw.cpu().numpy()))
-        meta = [(name, dtype, shape) for name, dtype, shape in head["params"]]
+        head = codec.decode(bytes(raw.cpu().numpy()), WeightsHeader)
+        meta = list(zip(head.names, head.dtypes, head.shapes, strict=True))
         out: list[tuple[str, torch.Tensor]] = []
-        for bucket in plan_buckets(meta, int(head["bucket_bytes"])):
+        for bucket in plan_buckets(meta, head.bucket_bytes):
             dtype = getattr(torch, meta[bucket[0]][1])
             numels = [_numel(meta[i][2]) for i in bucket]
             buf = torch.empty(sum(numels), dtype=dtype, device=dev)
@@ -222,4 +224,4 @@ class WeightReceiver:
             for i, k in zip(bucket, numels, strict=True):
                 out.append((meta[i][0], buf[offset : offset + k].view(meta[i][2])))
                 offset += k
-        return int(head["version"]), out
+        return head.version, out

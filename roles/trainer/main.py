@@ -37,6 +37,7 @@ from schemas import codec, keys
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from schemas.modes import MODES
+from schemas.state import TrainerFinished
 from storage import checkpoints as ckpt
 from storage import lora
 
@@ -329,7 +330,7 @@ async def _fetch_serving_hellos(
                 return task.result()
             await sync.serve_explorers(trainer)
             beat = await state.get(f"{keys.HEARTBEAT}.buffer")
-            pid = beat.get("pid") if isinstance(beat, dict) else None
+            pid = beat.pid if beat is not None else None
             if buffer_pid is not None and pid is not None and pid != buffer_pid:
                 raise bus.RequestTimeout("the buffer restarted while serving the batch request")
             if nc.stats["reconnects"] != reconnects:
@@ -429,7 +430,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
                 await save(trainer, nc, cfg.run_id, final=True)
             if explorer_takes_weights:
                 await sync.finish(trainer.step, trainer)
-            await state.put(keys.TRAINER_FINISHED, {"version": trainer.step, "ts": time.time()})
+            await state.put(keys.TRAINER_FINISHED, TrainerFinished(trainer.step, time.time()))
             log.info("trainer_finished", step=trainer.step, consumed=trainer.consumed)
     finally:
         if prefetch is not None:

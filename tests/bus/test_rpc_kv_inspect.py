@@ -13,7 +13,9 @@ import bus
 from bus.errors import NoResponders, RemoteError, RequestTimeout, StreamConflict
 from bus.publish import Publisher
 from bus.rpc import Message, request, serve
+from schemas.codec import CodecError
 from schemas.data import SyncEvent
+from schemas.state import Join, Offer, Pull, Rendezvous, StageDone
 from tests.conftest import make_group
 
 
@@ -58,12 +60,12 @@ async def test_kv_run_state(nats_conn, nats_cfg, run_id) -> None:
 
     async def later() -> None:
         await asyncio.sleep(0.2)
-        await st.set_rendezvous("weights", address="127.0.0.1:29500", world_size=2)
+        await st.set_rendezvous(Rendezvous(time.time(), "127.0.0.1", 29500, 2, "gloo", "weights"))
 
     task = asyncio.ensure_future(later())
     rv = await st2.wait_rendezvous("weights", timeout=5, newer_than=t0)
     await task
-    assert rv["address"] == "127.0.0.1:29500"
+    assert (rv.host, rv.port, rv.world_size) == ("127.0.0.1", 29500, 2)
     with pytest.raises(RequestTimeout):
         await st2.wait_rendezvous("nobody", timeout=0.2)
     with pytest.raises(ValueError):
@@ -75,21 +77,47 @@ async def test_kv_run_state(nats_conn, nats_cfg, run_id) -> None:
     }
 
 
-async def test_a_malformed_kv_value_reads_as_absent_and_is_named(nats_conn, nats_cfg, run_id) -> None:
-    """A value that is no JSON (another program's, a hand-made ``nats kv put``) must not end the
-    role that reads it: it reads as absent, a warning names the key, ``trinity inspect`` shows
-    its text, and the key's next write replaces it."""
+@pytest.mark.parametrize("raw, error", [
+    (b"\xff{not json", "not JSON"),
+    (b"{}", "ModelVersion: object missing required field version"),
+    (b'{"version": "3", "ts": 1.0}', "ModelVersion.version: expected int, got str"),
+    (b'{"version": -1, "ts": 1.0}', "ModelVersion.version: must be >= 0"),
+    (b"[3]", "ModelVersion: expected object, got array"),
+])
+async def test_a_malformed_kv_value_reads_as_absent_and_is_named(nats_conn, nats_cfg, run_id, raw, error) -> None:
+    """A value that is not its key's record (no JSON, a field missing or of the wrong type: another
+    program's, a hand-made ``nats kv put``) must not end the role that reads it: it reads as
+    absent, a warning names the key and the field, ``trinity inspect`` shows its text, and the
+    key's next write replaces it."""
     js = bus.jetstream(nats_conn, nats_cfg)
     st = await bus.RunState.open(js, run_id)
-    rev = await st.kv.put("version.trainer", b"\xff{not json")
+    rev = await st.kv.put("version.trainer", raw)
     with structlog.testing.capture_logs() as logs:
         assert await st.get("version.trainer") is None
         assert await st.model_version("trainer") is None
         assert await st.entry("version.trainer") == (None, rev)
-    assert [e["key"] for e in logs if e["event"] == "kv_malformed"] == ["version.trainer"] * 3
-    assert (await st.snapshot())["version.trainer"] == "\ufffd{not json"
+    warned = [e for e in logs if e["event"] == "kv_malformed"]
+    assert [e["key"] for e in warned] == ["version.trainer"] * 3
+    assert all(e["error"].startswith("KV version.trainer: ") and error in e["error"] for e in warned), warned
+    shown = (await st.snapshot())["version.trainer"]
+    assert shown["malformed"] == raw.decode("utf-8", "replace") and error in shown["error"]
     await st.set_model_version("trainer", 4)
     assert await st.model_version("trainer") == 4
+
+
+async def test_a_kv_key_holds_only_its_record(nats_conn, nats_cfg, run_id) -> None:
+    """Writers are held to schemas/keys.py: a key's value is its record, and a key that is not
+    declared there has no place in the bucket."""
+    st = await bus.RunState.open(bus.jetstream(nats_conn, nats_cfg), run_id)
+    with pytest.raises(TypeError, match="KV key sync.offer holds a Offer, not dict"):
+        await st.put("sync.offer", {"version": 1})
+    with pytest.raises(TypeError, match="KV key sync.offer holds a Offer, not Join"):
+        await st.put("sync.offer", Join(1, 1.0))
+    with pytest.raises(KeyError, match="KV key 'sync.other' is not declared in schemas/keys.py"):
+        await st.put("sync.other", Join(1, 1.0))
+    with pytest.raises(CodecError, match="Offer.path: a checkpoint offer needs a path"):
+        await st.put("sync.offer", Offer(1, "checkpoint", 1, 1.0))
+    assert await st.get("sync.offer") is None
 
 
 async def test_kv_listing_is_complete_while_others_write(nats_conn, nats_cfg, run_id) -> None:
@@ -99,16 +127,16 @@ async def test_kv_listing_is_complete_while_others_write(nats_conn, nats_cfg, ru
     js = bus.jetstream(nats_conn, nats_cfg)
     st = await bus.RunState.open(js, run_id)
     for i in range(20):
-        await st.put(f"heartbeat.r{i}", {"ts": time.time()})
-    await st.put("sync.pull.a", {"ts": 1.0})
-    await st.put("sync.pull.b", {"ts": 1.0})
+        await st.heartbeat(f"r{i}")
+    await st.put("sync.pull.a", Pull(1, 1.0))
+    await st.put("sync.pull.b", Pull(1, 1.0))
     await st.delete("sync.pull.b")
     stop = asyncio.Event()
 
     async def busy() -> None:
         i = 0
         while not stop.is_set():
-            await st.put(f"heartbeat.r{i % 20}", {"ts": time.time()})
+            await st.heartbeat(f"r{i % 20}")
             i += 1
 
     writers = [asyncio.create_task(busy()) for _ in range(3)]
@@ -181,9 +209,9 @@ async def test_delete_run_removes_streams_and_kv_only_of_that_run(nats_conn, nat
     other = run_id + "x"
     for r in (run_id, other):
         await bus.ensure_streams(js, nats_cfg, r)
-        await (await bus.RunState.open(js, r)).put("run.done", {"by": "test"})
+        await (await bus.RunState.open(js, r)).put("run.done", StageDone("test", 1.0))
     gone = await bus.delete_run(js, run_id)
     assert bus.names(run_id).kv_bucket in gone and bus.names(run_id).stream("exp") in gone
     assert await (await bus.RunState.open(js, run_id)).get("run.done") is None  # a new, empty bucket
-    assert await (await bus.RunState.open(js, other)).get("run.done") == {"by": "test"}
+    assert await (await bus.RunState.open(js, other)).get("run.done") == StageDone("test", 1.0)
     assert await bus.delete_run(js, run_id + "never") == []

@@ -20,6 +20,7 @@ import pytest
 import bus
 from roles.explorer.lease import JOIN_KEY, LEADER_KEY
 from schemas.config import NatsConfig
+from schemas.state import JoinSettings, Leader
 from tests.explorer.helpers import read_groups
 from tests.helpers import wait_for
 
@@ -161,9 +162,8 @@ async def _lead_elsewhere(url: str, run_id: str, fingerprint: dict) -> None:
         js = bus.jetstream(nc, cfg)
         await bus.ensure_streams(js, cfg, run_id)
         state = await bus.RunState.open(js, run_id)
-        await state.put(LEADER_KEY, {"name": "explorer-elsewhere-1", "pid": 1, "host": "elsewhere",
-                                     "until": time.time() + 3600})
-        await state.put(JOIN_KEY, fingerprint)
+        await state.put(LEADER_KEY, Leader("explorer-elsewhere-1", 1, "elsewhere", time.time() + 3600))
+        await state.put(JOIN_KEY, JoinSettings(fingerprint))
     finally:
         await nc.close()
 
@@ -191,7 +191,7 @@ async def _versions(url: str, run_id: str) -> dict[str, int]:
     nc = await bus.connect(cfg, name="versions")
     try:
         state = await bus.RunState.open(bus.jetstream(nc, cfg), run_id)
-        return {k.removeprefix("version."): int(v["version"]) for k, v in (await state.with_prefix("version.")).items()}
+        return {k.removeprefix("version."): v.version for k, v in (await state.with_prefix("version.")).items()}
     finally:
         await nc.close()
 

@@ -136,19 +136,20 @@ async def test_exit_markers_count_only_this_sessions_done(nats_cfg, run_id):
     import bus
     from roles.stages import unfinished
     from schemas import keys
+    from schemas.state import ExitMarker, StageDone
 
     nc = await bus.connect(nats_cfg, name="test")
     try:
         state = await bus.RunState.open(bus.jetstream(nc, nats_cfg), run_id)
         before = time.time()
-        await state.put(keys.EXIT_PREFIX + "buffer", {"state": "done", "ts": before - 3600})
+        await state.put(keys.EXIT_PREFIX + "buffer", ExitMarker("done", before - 3600, 1))
         assert await unfinished(state, before, "both") is None  # the stage is not done
-        await state.put(keys.RUN_DONE, {"by": "explorer"})
+        await state.put(keys.RUN_DONE, StageDone("explorer", time.time()))
         assert await unfinished(state, before, "both") == ["buffer"]  # an old session's marker
-        await state.put(keys.EXIT_PREFIX + "buffer", {"state": "running", "ts": time.time()})
-        await state.put(keys.EXIT_PREFIX + "explorer", {"state": "done", "ts": time.time()})
+        await state.put(keys.EXIT_PREFIX + "buffer", ExitMarker("running", time.time(), 1))
+        await state.put(keys.EXIT_PREFIX + "explorer", ExitMarker("done", time.time(), 1))
         assert await unfinished(state, before, "both") == ["buffer"]
-        await state.put(keys.EXIT_PREFIX + "buffer", {"state": "done", "ts": time.time()})
+        await state.put(keys.EXIT_PREFIX + "buffer", ExitMarker("done", time.time(), 1))
         assert await unfinished(state, before, "both") == []
     finally:
         await bus.disconnect(nc)

@@ -16,6 +16,7 @@ from roles.trainer.batch import collate, micro_batches, padding_fraction
 from roles.trainer.engine import lr_factor
 from schemas.config import OperatorConfig
 from schemas.data import Experience, ExperienceGroup
+from schemas.state import Offer
 
 
 def test_required_version_fixed_interval_and_offset():
@@ -35,7 +36,7 @@ def test_who_offers_and_who_asks():
 
 
 def test_synchronizer_overdue_and_missing():
-    offer = {"version": 4, "ts": 100.0, "seq": 1}
+    offer = Offer(version=4, method="nccl", seq=1, ts=100.0)
     assert overdue(offer, 2, 200.0, 50.0)
     assert not overdue(offer, 4, 200.0, 50.0)
     assert not overdue(offer, 2, 120.0, 50.0)
