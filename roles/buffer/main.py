@@ -35,11 +35,10 @@ def build_service(cfg: TrinityConfig) -> BufferService:
     dataset as the main trainer input, auxiliary file buffers, pipeline, sample strategy."""
     from roles.settings import algorithm_spec
 
-    alg = cfg.algorithm
     spec = algorithm_spec(cfg)
     eb = cfg.buffer.trainer_input.experience_buffer
     job = cfg.checkpoint_job_dir
-    n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * alg.repeat_times
+    n = cfg.buffer.train_batch_size  # resolved by schemas/derive.py
     tokenizer = None
 
     def tok() -> Any:

@@ -373,7 +373,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
     await sync.start()
     if own_stop:
         stop_on_signals(stop)
-    n = cfg.buffer.train_batch_size or cfg.buffer.batch_size * cfg.algorithm.repeat_times
+    n = cfg.buffer.train_batch_size  # resolved by schemas/derive.py
     eb = cfg.buffer.trainer_input.experience_buffer
     read_timeout = min(eb.max_read_timeout if eb else 1800.0, 30.0)
     last = total_steps(cfg)

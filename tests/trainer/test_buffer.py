@@ -15,6 +15,7 @@ from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchRequest, Commit, e
 from roles.trainer.main import fetch_batch
 from schemas import codec
 from schemas.config import TrinityConfig
+from schemas.derive import derive
 
 from .helpers import groups
 
@@ -41,7 +42,9 @@ def _cfg(tmp_path, nats_cfg, run_id, **kw) -> TrinityConfig:
     nats = nats_cfg.model_copy(update={"connect_timeout": 10.0, "connect_wait": 30.0})
     base = dict(project=project, name=name, checkpoint_root_dir=str(tmp_path / "ckpt"), nats=nats)
     base.update(kw)
-    return TrinityConfig(**base)
+    cfg = TrinityConfig(**base)
+    derive(cfg, {}, [])  # what the loader resolves for the roles (buffer.train_batch_size, ...)
+    return cfg
 
 
 async def _with_buffer(cfg, body):
