@@ -80,17 +80,20 @@ async def open_bucket(js: JetStreamContext, run_id: str, replicas: int = 1) -> K
             raise BusError(f"cannot create KV bucket {bucket}: {e}{replicas_hint(replicas, e)}") from e
 
 
-def _decode(key: str, raw: bytes | None) -> Any | None:
+def _decode(key: str, raw: bytes | None, warned: dict[str, bytes]) -> Any | None:
     """The record ``raw`` holds for ``key`` (:func:`schemas.keys.record_for`); None when absent,
     and when it is not that record: a malformed value (another program's, a hand-made ``nats
     kv put``, a field of the wrong type) is logged, naming key and field, and read as absent,
-    never fatal to the role reading it; the key's next write replaces it."""
+    never fatal to the role reading it; the key's next write replaces it. Logged once per value
+    (``warned``: key -> the value last logged): a role waiting on the key reads it every 250 ms."""
     if not raw:
         return None
     try:
         return codec.decode_value(raw, keys.record_for(key), f"KV {key}")
     except codec.CodecError as e:
-        log.warning("kv_malformed", key=key, error=str(e), value=raw[:80].decode("utf-8", "replace"))
+        if warned.get(key) != raw:
+            warned[key] = raw
+            log.warning("kv_malformed", key=key, error=str(e), value=raw[:80].decode("utf-8", "replace"))
         return None
 
 
@@ -110,6 +113,7 @@ class RunState:
     def __init__(self, kv: KeyValue, js: JetStreamContext, bucket: str) -> None:
         self.kv, self.js, self.bucket = kv, js, bucket
         self._changed: asyncio.Event | None = None
+        self._warned: dict[str, bytes] = {}  # malformed values logged, by key
         self._watch: asyncio.Task[None] | None = None  # held: the loop keeps only a weak reference
 
     def changed(self) -> asyncio.Event:
@@ -186,7 +190,7 @@ class RunState:
             entry = await ride_out(lambda: self.kv.get(key), f"KV get {key}")
         except (KeyNotFoundError, NotFoundError):
             return None
-        return _decode(key, entry.value)
+        return _decode(key, entry.value, self._warned)
 
     async def delete(self, key: str) -> None:
         await ride_out(lambda: self.kv.delete(key), f"KV delete {key}")
@@ -198,7 +202,7 @@ class RunState:
             e = await ride_out(lambda: self.kv.get(key), f"KV get {key}")
         except (KeyNotFoundError, NotFoundError):
             return None, 0
-        return _decode(key, e.value), int(e.revision or 0)
+        return _decode(key, e.value, self._warned), int(e.revision or 0)
 
     async def swap(self, key: str, value: Any, revision: int) -> int:
         """Store ``value`` only if ``key`` is still at ``revision`` (0: absent); returns the

@@ -57,7 +57,9 @@ def setup_logging(
             foreign_pre_chain=_SHARED,
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.dev.ConsoleRenderer(colors=pretty),
+                # Python's own traceback: rich's (structlog's default) prints every frame's
+                # locals, and one KeyError in the trainer filled 7,000 lines of a run's log
+                structlog.dev.ConsoleRenderer(colors=pretty, exception_formatter=structlog.dev.plain_traceback),
             ],
         )
     )

@@ -68,7 +68,10 @@ def test_zero_stage_trains_and_ranks_agree(tmp_path, tiny_model, stage, world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage,world", [(2, 1), (3, 1), (2, 2), (3, 2)])
+# each stage once and each world size once: (3, 2) saves and reloads ZeRO-3's partitioned
+# parameters and optimizer state per rank, (2, 1) the whole of ZeRO-2's in one file (the four
+# pairs took 249 s of the suite's time, these two 162 s)
+@pytest.mark.parametrize("stage,world", [(2, 1), (3, 2)])
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, tiny_model, stage, world):
     """The real Trainer on the DeepSpeed engine: a trainer restarted from a checkpoint takes
     step 3 exactly as the one that kept running did (weights, Adam moments, schedule). With
