@@ -101,7 +101,7 @@ KEYS: tuple[Key, ...] = (
         "explorer processes", state.Leader, "who leads the run"),
     Key(EXPLORER_CONFIG, "leading explorer", "an explorer that joins", state.JoinSettings,
         "the settings a joining explorer must share with the leader (join_fingerprint)"),
-    Key(SYNC_PLAN, "synchronizer", "trinity inspect", state.SyncPlanRecord,
+    Key(SYNC_PLAN, "synchronizer", "trinity inspect", state.SyncPlan,
         "the sync plan the settings make"),
     Key(SYNC_OFFER, "trainer", "explorers", state.Offer, "weights of version are ready"),
     Key(SYNC_JOIN, "leading explorer", "trainer", state.Join,

@@ -17,7 +17,10 @@ host wrote, or as "is it newer than what I saw".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from schemas.config import SynchronizerConfig
 
 EXIT_STATES = ("running", "done")
 SYNC_METHODS = ("nccl", "checkpoint")
@@ -181,10 +184,10 @@ class JoinSettings:
         pass
 
 
-@dataclass(slots=True)
-class SyncPlanRecord:
-    """``sync.plan``: the sync plan the settings make (roles/synchronizer/policy.py SyncPlan),
-    for people reading the run with ``trinity inspect``."""
+@dataclass(frozen=True, slots=True)
+class SyncPlan:
+    """``sync.plan``: the synchronizer settings both sides of a weight sync read, resolved once
+    (roles/synchronizer/policy.py says what they mean); stored for ``trinity inspect``."""
 
     method: str
     style: str
@@ -195,8 +198,21 @@ class SyncPlanRecord:
     on_timeout: str
     group_name: str
 
+    @classmethod
+    def from_config(cls, s: SynchronizerConfig) -> SyncPlan:
+        return cls(
+            method=s.sync_method,
+            style=s.sync_style,
+            explorer_interval=s.explorer_sync_interval or s.sync_interval,
+            trainer_interval=s.trainer_sync_interval or s.sync_interval,
+            offset=s.sync_offset,
+            timeout=float(s.sync_timeout),
+            on_timeout=s.on_timeout,
+            group_name=s.group_name,
+        )
+
     def validate(self) -> None:
-        pass
+        _check("SyncPlan.method", self.method in SYNC_METHODS, f"one of {SYNC_METHODS}, got {self.method!r}")
 
 
 @dataclass(slots=True)
@@ -302,6 +318,6 @@ class Serving:
 #: Every KV record type (schemas/keys.py maps keys to them; codec.encode_value refuses others).
 RECORDS: tuple[type, ...] = (
     ModelVersion, Heartbeat, Rendezvous, Cursor, ExplorerFinished, TrainerFinished, ApiAddress,
-    StageDone, ExitMarker, Leader, JoinSettings, SyncPlanRecord, Offer, Join, Want, Hello,
+    StageDone, ExitMarker, Leader, JoinSettings, SyncPlan, Offer, Join, Want, Hello,
     Formed, Pull, Pulls, Serving,
 )

@@ -46,10 +46,21 @@ from bus.server import free_port
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
-from schemas.state import Formed, Hello, Join, Offer, Pull, Pulls, Serving, TrainerFinished, Want
+from schemas.state import (
+    Formed,
+    Hello,
+    Join,
+    Offer,
+    Pull,
+    Pulls,
+    Serving,
+    SyncPlan,
+    TrainerFinished,
+    Want,
+)
 from schemas.state import Rendezvous as GroupRendezvous
 
-from .policy import SyncPlan, explorer_requests, required_version, trainer_offers
+from .policy import explorer_requests, required_version, trainer_offers
 
 log = structlog.get_logger(__name__)
 

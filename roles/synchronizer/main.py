@@ -24,10 +24,9 @@ from roles.signals import stop_on_signals
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
-from schemas.state import Offer, SyncPlanRecord
+from schemas.state import Offer, SyncPlan
 
 from .client import OFFER
-from .policy import SyncPlan
 
 log = structlog.get_logger(__name__)
 
@@ -64,7 +63,7 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None
     await bus.ensure_streams(js, cfg.nats, cfg.run_id)
     state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
     pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
-    await state.put(keys.SYNC_PLAN, SyncPlanRecord(**dataclasses.asdict(plan)))
+    await state.put(keys.SYNC_PLAN, plan)
     mon = Path(cfg.checkpoint_job_dir) / "monitor"
     mon.mkdir(parents=True, exist_ok=True)
     events = await bus.Consumer(nc, cfg.nats, cfg.run_id, "sync", "synchronizer", expect=SyncEvent).start()

@@ -15,10 +15,6 @@ is version 0. Explorer steps count from 0 (the step about to run).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from schemas.config import SynchronizerConfig
-
 
 def required_version(explorer_step: int, interval: int, offset: int = 0) -> int:
     """Oldest model version explorer step ``explorer_step`` may run on under ``fixed``."""
@@ -43,28 +39,3 @@ def explorer_requests(explorer_step: int, interval: int, offset: int, style: str
     return (explorer_step - offset) % interval == 0
 
 
-@dataclass(frozen=True)
-class SyncPlan:
-    """The settings both sides read, resolved once."""
-
-    method: str
-    style: str
-    explorer_interval: int
-    trainer_interval: int
-    offset: int
-    timeout: float
-    on_timeout: str
-    group_name: str
-
-    @classmethod
-    def from_config(cls, s: SynchronizerConfig) -> SyncPlan:
-        return cls(
-            method=s.sync_method,
-            style=s.sync_style,
-            explorer_interval=s.explorer_sync_interval or s.sync_interval,
-            trainer_interval=s.trainer_sync_interval or s.sync_interval,
-            offset=s.sync_offset,
-            timeout=float(s.sync_timeout),
-            on_timeout=s.on_timeout,
-            group_name=s.group_name,
-        )
