@@ -274,7 +274,7 @@ class TrainerSyncClient(_Side):
         await self.event("weights_ready", version, version, rendezvous=f"{self.sender.rdv.host}:{self.sender.rdv.port}")
         try:
             if fresh:
-                await asyncio.wait_for(asyncio.to_thread(self.sender.connect), p.timeout + 5)
+                await self._serving_pulls(asyncio.to_thread(self.sender.connect), p.timeout + 5, trainer)
                 rdv = self.sender.rdv
                 await self.state.put(FORMED, Formed(f"{rdv.host}:{rdv.port}", time.time()))
             joined = await self.state.wait(lambda: self._joined(version, trainer), p.timeout)
@@ -290,6 +290,25 @@ class TrainerSyncClient(_Side):
             self.sender = None  # the group is unusable after a failed collective: rebuild next time
             await self.state.clear_rendezvous(p.group_name)
             await self.timed_out(f"broadcast ({e})", version, version, ["explorer"])
+
+    async def _serving_pulls(self, work: Any, timeout: float, trainer: Any) -> None:
+        """Await ``work`` (within ``timeout`` s), answering pulls meanwhile: while the leading
+        explorer's engines come to the group, the other explorers may pull, and the leader may
+        be waiting for tasks only they can run (tests/synchronizer/test_interleavings.py)."""
+        task = asyncio.ensure_future(work)
+        deadline = time.monotonic() + timeout
+        try:
+            while not task.done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"not done within {timeout:.0f}s")
+                await asyncio.wait({task}, timeout=min(0.25, left))
+                if not task.done():
+                    await self.serve_pulls(trainer)
+        finally:
+            if not task.done():
+                task.cancel()
+        task.result()
 
     async def _send(self, sender: Any, version: int, trainer: Any, **who: str) -> None:
         """Broadcast the trainer's weights as ``version`` over ``sender``'s group and report it
