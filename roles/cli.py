@@ -22,7 +22,7 @@ HELP = {
     "explorer": "run the explorer role: workflows on rollout engines -> experience groups",
     "trainer": "run the trainer role: batches -> policy updates and checkpoints",
     "buffer": "run the buffer role: experience pipeline, LMDB replay, training batches",
-    "synchronizer": "run the synchronizer role: decides when and how weights move",
+    "synchronizer": "run the synchronizer role: the referee of weight sync (its plan, its timeouts, its events)",
     "server": "run an embedded nats-server with JetStream (the Procfile's nats line)",
     "inspect": "show a run's streams, consumers, KV state and dead letters",
     "convert": "convert trainer checkpoints into Hugging Face folders",

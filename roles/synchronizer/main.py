@@ -7,6 +7,11 @@ pure policy in ``policy.py``; this process publishes that plan to KV (``sync.pla
 versions) and, with ``on_timeout: stop``, a ``stop`` control message. It also appends sync
 events to ``<job_dir>/monitor/sync_events.jsonl`` (metrics go to the monitor of the role that
 measured them: ``roles/monitor.py``).
+
+Why a referee and not the owner of the sync state: that state is the ``sync.*`` records in the
+run's KV (``schemas/keys.py``), written by the two ends that act on it; a process between them
+would add a round trip and a point of failure to every sync. No role waits on this one: while
+it is down (or restarted) weights still move; only the timeout reports pause.
 """
 
 from __future__ import annotations
