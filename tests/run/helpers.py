@@ -3,11 +3,12 @@ for the ``trinity run`` tests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,21 @@ def trinity(*args: str, log: Path | None = None, env_extra: dict[str, str] | Non
     out = open(log, "wb") if log else subprocess.PIPE
     return subprocess.Popen([sys.executable, "-m", "roles.cli", *args], cwd=ROOT, env=env,
                             stdout=out, stderr=subprocess.STDOUT, **popen)
+
+
+@contextlib.contextmanager
+def running(*args: str, log: Path, env_extra: dict[str, str] | None = None,
+            timeout: float = 900) -> Iterator[subprocess.Popen]:
+    """``trinity <args>`` while the block acts on it (waits for a step, kills a role...); then
+    until it exits, killed after ``timeout`` s or when the block failed."""
+    p = trinity(*args, log=log, env_extra=env_extra)
+    try:
+        yield p
+        p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def run_to_end(cfg: Path, log: Path, timeout: float = 900) -> tuple[int, str]:

@@ -13,7 +13,7 @@ import pytest
 from bus.server import free_port
 from tests.helpers import wait_for
 
-from .helpers import nats_server_pid, role_pid, steps_log, tiny_run_config, trinity
+from .helpers import nats_server_pid, role_pid, running, steps_log, tiny_run_config
 from .test_run_e2e import _trained_exactly_once
 
 pytestmark = pytest.mark.slow
@@ -24,17 +24,12 @@ def test_run_survives_a_killed_nats_server(tmp_path, tiny_model, arith):
                           stages=False)
     job, store = tmp_path / "ckpt/t/r", tmp_path / "ckpt/nats"
     log = tmp_path / "run.log"
-    p = trinity("run", "--config", str(cfg), log=log)
-    try:
+    with running("run", "--config", str(cfg), log=log) as p:
         wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log=log)
         first = nats_server_pid(store)
         assert first is not None, "no embedded nats-server found"
         os.kill(first, signal.SIGKILL)
         wait_for("a new nats-server", lambda: nats_server_pid(store) not in (None, first), p, log=log)
-        p.wait(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
     text = log.read_text()
     assert p.returncode == 0, text[-4000:]
     assert "nats-server exited with -9; restart 1/2" in text
@@ -51,8 +46,7 @@ def test_roles_ride_out_a_server_gone_for_a_minute(tmp_path, tiny_model, arith,
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=server.port,
                           stages=False)
     job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
-    p = trinity("run", "--config", str(cfg), log=log)
-    try:
+    with running("run", "--config", str(cfg), log=log) as p:
         wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log=log)
         server.proc.kill()
         server.proc.wait()
@@ -60,10 +54,6 @@ def test_roles_ride_out_a_server_gone_for_a_minute(tmp_path, tiny_model, arith,
         assert p.poll() is None, log.read_text()[-4000:]
         server.proc = None
         server.start()
-        p.wait(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
     text = log.read_text()
     assert p.returncode == 0, text[-4000:]
     assert "restart" not in text and "Traceback" not in text, text[-4000:]
@@ -88,8 +78,7 @@ def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_
                           stages=False, extra={"trainer.save_interval": 2,
                                                "synchronizer.sync_timeout": 60})
     job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
-    p = trinity("run", "--config", str(cfg), log=log)
-    try:
+    with running("run", "--config", str(cfg), log=log) as p:
         wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), p, log=log)
         victim = steps_log(job)[-1]["pid"]
         os.kill(victim, signal.SIGSTOP)  # hold it while its checkpoints disappear
@@ -98,10 +87,6 @@ def test_a_trainer_that_rolled_back_resumes_without_a_sync_stall(tmp_path, tiny_
         for f in job.glob("latest_*"):
             f.unlink()
         os.kill(victim, signal.SIGKILL)
-        p.wait(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
     text = log.read_text()
     assert p.returncode == 0, text[-4000:]
     assert "trainer exited with -9; restart 1/2" in text
@@ -125,16 +110,11 @@ def test_a_killed_role_costs_seconds_not_a_sync_timeout(tmp_path, tiny_model, ar
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
                           stages=False, extra={"synchronizer.sync_timeout": 120})
     job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
-    p = trinity("run", "--config", str(cfg), log=log)
-    try:
+    with running("run", "--config", str(cfg), log=log) as p:
         wait_for("train step 3", lambda: any(e["step"] >= 3 for e in steps_log(job)), p, log=log)
         victim = role_pid(role, cfg)
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
-        p.wait(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
     text = log.read_text()
     assert p.returncode == 0, text[-4000:]
     assert f"{role} exited with -9; restart 1/2" in text
@@ -206,14 +186,9 @@ def test_junk_in_every_kv_key_is_skipped_and_a_role_that_raises_is_restarted(tmp
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=port, stages=False,
                           extra={"synchronizer.sync_timeout": 20, "algorithm.policy_loss_fn": "ppo_failing_once"})
     job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
-    p = trinity("run", "--config", str(cfg), log=log, env_extra={"TRINITY_PLUGIN_DIRS": str(plugins)})
-    try:
+    with running("run", "--config", str(cfg), log=log, env_extra={"TRINITY_PLUGIN_DIRS": str(plugins)}) as p:
         wait_for("train step 2", lambda: any(e["step"] >= 2 for e in steps_log(job)), p, log=log)
         spoiled = asyncio.run(_spoil_every_key(f"nats://127.0.0.1:{port}", "t.r"))
-        p.wait(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
     text = log.read_text()
     assert p.returncode == 0, text[-4000:]
     for key in ("sync.offer", "version.trainer", "explorer.leader", "heartbeat.buffer"):

@@ -13,7 +13,7 @@ from bus.publish import H_ERROR, H_MSG_ID, H_ORIG_ID
 from bus.subjects import names
 from tests.helpers import wait_for
 
-from .helpers import steps_log, tiny_run_config, trinity
+from .helpers import running, steps_log, tiny_run_config
 from .poison import poison_messages
 from .test_run_e2e import _trained_exactly_once
 
@@ -59,14 +59,9 @@ def test_poison_is_quarantined_and_the_run_finishes(
     job = tmp_path / "ckpt/t/r"
     log = tmp_path / "run.log"
     poison = _poison()
-    p = trinity("run", "--config", str(cfg), log=log)
-    try:  # once the trainer has taken a step, the streams exist and the buffer consumes
+    with running("run", "--config", str(cfg), log=log) as p:  # once the trainer has taken a step, the streams exist and the buffer consumes
         wait_for("train step 1", lambda: steps_log(job), p, log=log)
         asyncio.run(_inject(server.url, poison))
-        p.wait(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
     text = log.read_text()
     assert p.returncode == 0, text[-4000:]
     assert "restart" not in text, "a role was restarted"

@@ -16,7 +16,7 @@ from bus.server import free_port
 from roles.monitor import read_metrics
 from tests.helpers import wait_for
 
-from .helpers import run_to_end, steps_log, tiny_run_config, trained_exactly_once, trinity
+from .helpers import run_to_end, running, steps_log, tiny_run_config, trained_exactly_once, trinity
 
 pytestmark = pytest.mark.slow
 
@@ -67,15 +67,10 @@ def test_run_survives_a_sigkilled_trainer(tmp_path, tiny_model, arith):
                                                "critic.optim.lr": 1e-3})
     job = tmp_path / "ckpt/t/r"
     log = tmp_path / "run.log"
-    p = trinity("run", "--config", str(cfg), log=log)
-    try:
+    with running("run", "--config", str(cfg), log=log) as p:
         wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), p, log=log)
         victim = steps_log(job)[-1]["pid"]
         os.kill(victim, signal.SIGKILL)
-        p.wait(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
     text = log.read_text()
     assert p.returncode == 0, text[-4000:]
     assert "trainer exited with -9; restart 1/2" in text
