@@ -305,5 +305,5 @@ class RunState:
 
         v = await self.wait(ready, timeout)
         if v is None:
-            raise RequestTimeout(f"rendezvous {name!r} not set within {timeout}s (KV key {keys.RENDEZVOUS}.{name})")
+            raise RequestTimeout(f"rendezvous {name!r} not set within {timeout}s (KV key {_key(keys.RENDEZVOUS, name)})")
         return v

@@ -98,6 +98,16 @@ async def _side(cfg: TrinityConfig, cls: type, name: str) -> Any:
     return cls(cfg, nc, state, bus.Publisher(nc, cfg.nats, cfg.run_id))
 
 
+async def _trainer_at_version_1(cfg: TrinityConfig) -> tuple[TrainerSyncClient, Weights]:
+    """A trainer side that started (a predecessor's offer and rendezvous cleared) and holds
+    version 1 (one step trained, or a checkpoint of it loaded)."""
+    trainer = await _side(cfg, TrainerSyncClient, "trainer")
+    weights = Weights()
+    weights.train()
+    await trainer.start()
+    return trainer, weights
+
+
 async def _close(*sides: Any) -> None:
     for s in sides:
         await s.nc.close()
@@ -143,10 +153,7 @@ async def test_an_explorer_killed_between_offer_and_join_is_replaced_without_a_t
     group (it would wait ``sync_timeout``): it says hello, the trainer drops the group and sends
     version 1 over a fresh one. (Both sides waited out ``sync_timeout`` before the hello.)"""
     cfg = _cfg(nats_cfg, run_id)
-    trainer = await _side(cfg, TrainerSyncClient, "trainer")
-    weights = Weights()
-    await trainer.start()
-    weights.train()
+    trainer, weights = await _trainer_at_version_1(cfg)
     with structlog.testing.capture_logs() as logs:
         offering = asyncio.create_task(trainer.after_step(1, weights))
         doomed = subprocess.Popen([sys.executable, "-c", JOIN_AND_HANG, nats_cfg.url, run_id, cfg.synchronizer.group_name],
@@ -185,10 +192,7 @@ async def test_a_stale_rendezvous_is_not_joined(nats_cfg, run_id):
         loading = asyncio.create_task(explorer.before_step(1, [engine]))
         hello = await explorer.state.wait(lambda: explorer.state.get(keys.SYNC_HELLO), GUARD)
         assert hello is not None and not loading.done()  # it asked instead of joining port 9
-        trainer = await _side(cfg, TrainerSyncClient, "trainer")
-        weights = Weights()
-        weights.train()  # a checkpoint's weights: version 1
-        await trainer.start()
+        trainer, weights = await _trainer_at_version_1(cfg)  # a restarted one, from a checkpoint
         while not loading.done():  # what the trainer does while it waits for a batch
             await trainer.serve_explorers(weights)
             await asyncio.sleep(0.2)
@@ -204,10 +208,7 @@ async def test_a_helper_that_joins_mid_sync_gets_a_group_of_its_own(nats_cfg, ru
     own group while it waits, and then serves the leader over the leader's group: neither
     waits for the other, and the helper's group never touches the leader's."""
     cfg = _cfg(nats_cfg, run_id)
-    trainer = await _side(cfg, TrainerSyncClient, "trainer")
-    weights = Weights()
-    await trainer.start()
-    weights.train()
+    trainer, weights = await _trainer_at_version_1(cfg)
     with structlog.testing.capture_logs() as logs:
         offering = asyncio.create_task(trainer.after_step(1, weights))
         await trainer.state.wait(lambda: trainer.state.get(keys.SYNC_OFFER), GUARD)
@@ -239,10 +240,7 @@ async def test_a_pull_lost_with_its_trainer_is_served_by_the_next(nats_cfg, run_
     with structlog.testing.capture_logs() as logs:
         pulling = asyncio.create_task(helper.catch_up([engine], 1))
         await helper.state.wait(lambda: helper.state.get(keys.SYNC_PULL_PREFIX + "explorer-helper"), GUARD)
-        trainer = await _side(cfg, TrainerSyncClient, "trainer")  # the restarted one
-        weights = Weights()
-        weights.train()
-        await trainer.start()
+        trainer, weights = await _trainer_at_version_1(cfg)  # the restarted one
         await asyncio.wait_for(trainer.serve_pulls(weights), GUARD)
         assert await asyncio.wait_for(pulling, GUARD) == 1
     assert engine.holds(1)
