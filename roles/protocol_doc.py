@@ -3,8 +3,9 @@ the record each carries. ``python -m roles.protocol_doc`` rewrites it; ``tests/t
 fails when it is stale, so a change to the wire shows up in review as a change to this page.
 
 Sources: stream kinds and descriptions (``bus/subjects.py``, ``bus/streams.py``), the RPCs
-(``roles/buffer/protocol.py``), the KV keys (``schemas/keys.py``) and the records with their
-fields (``schemas/data.py`` for streams and RPCs, ``schemas/state.py`` for KV values).
+(``roles/buffer/protocol.py``), the KV keys (``schemas/keys.py``), the weight sync's state
+machines (``roles/synchronizer/states.py``) and the records with their fields
+(``schemas/data.py`` for streams and RPCs, ``schemas/state.py`` for KV values).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from roles.buffer.protocol import RPCS
 from schemas.data import SCHEMA_VERSION, SCHEMAS
 from schemas.keys import KEYS
 from schemas.state import RECORDS
+
+from .synchronizer.states import MACHINES, MEANINGS
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 #: A stand-in run id, shown as ``<run>``.
@@ -76,6 +79,7 @@ def render() -> str:
     ]
     out += [f"| `{k.name}` | {_cell(k.writer)} | {_cell(k.readers)} | [{k.record.__name__}](#{k.record.__name__.lower()}) "
             f"| {_cell(k.value)} |" for k in KEYS]
+    out += _machines()
     out += ["", "## Stream and RPC records (`schemas/data.py`)", ""]
     for wire, cls in SCHEMAS.items():
         out += _fields(f"`{wire}`: {cls.__name__}", cls)
@@ -83,6 +87,22 @@ def render() -> str:
     for cls in RECORDS:
         out += _fields(cls.__name__, cls)
     return "\n".join(out)
+
+
+def _machines() -> list[str]:
+    """Each end's memory of its broadcast group: its states and the moves between them."""
+    out = ["", "## Weight sync states (`roles/synchronizer/states.py`)", "",
+           "What each end of a weight sync remembers of its broadcast group (the KV records above",
+           "carry the conversation; `roles/synchronizer/client.py` makes the moves). A move its",
+           "table does not hold raises `IllegalMove`.", ""]
+    for name, (moves, start) in MACHINES.items():
+        out += [f"### {name}: {_summary(type(start))}", "", f"Starts in `{start.value}`.", "",
+                "| state | meaning |", "|---|---|"]
+        out += [f"| `{s.value}` | {_cell(MEANINGS[s])} |" for s in type(start)]
+        out += ["", "| from | move | to |", "|---|---|---|"]
+        out += [f"| `{a.value}` | {m} | `{b.value}` |" for (a, m), b in moves.items()]
+        out += [""]
+    return out
 
 
 def _fields(title: str, cls: type) -> list[str]:

@@ -27,6 +27,10 @@ They meet through the run's KV bucket (``bus.RunState``; each value a record of
 Every event also goes to the sync subject as a :class:`SyncEvent`. Every wait is bounded by
 ``sync_timeout``; a timeout is published with the missing role, and then the run goes on with
 the old weights (``on_timeout: continue``) or :class:`SyncTimeout` is raised (``stop``).
+
+What each end remembers of its broadcast group is one state of ``states.py``'s machines
+(the trainer's group with the leader; the leader's and a helper's membership): every change
+of it is a named move of their tables.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from schemas.state import (
 from schemas.state import Rendezvous as GroupRendezvous
 
 from .policy import explorer_requests, required_version, trainer_offers
+from .states import MACHINES, ExplorerGroup, Machine, TrainerGroup
 
 log = structlog.get_logger(__name__)
 
@@ -117,6 +122,8 @@ class TrainerSyncClient(_Side):
         super().__init__(cfg, nc, state, pub)
         rm = cfg.explorer.rollout_model
         self.receivers = receivers if receivers is not None else rm.engine_num * rm.tensor_parallel_size
+        #: the group with the leading explorer's engines, and its sender while there is one
+        self.group = Machine("trainer", *MACHINES["trainer"])
         self.sender: Any = None
         self.seq = 0
         self.want_served = 0.0
@@ -223,7 +230,7 @@ class TrainerSyncClient(_Side):
         if hello is None or hello.ts <= self.hello_served:
             return
         self.hello_served = hello.ts
-        self.sender = None  # its other member is gone
+        self._drop("hello")  # its other member is gone
         log.info("explorer_hello", version=trainer.step)
         # not offer(): its skip rule reads the explorer's version from KV, which is the dead
         # predecessor's; the new process holds the base weights until this arrives
@@ -261,7 +268,7 @@ class TrainerSyncClient(_Side):
 
         p = self.plan
         backend = "nccl" if _cuda() else "gloo"
-        fresh = self.sender is None
+        fresh = self.group.state is TrainerGroup.NONE
         if fresh:
             # a group made now answers every hello said so far: its rendezvous is newer
             self.hello_served = max(self.hello_served, time.time())
@@ -269,27 +276,35 @@ class TrainerSyncClient(_Side):
             rdv = Rendezvous(host, free_port(""), 1 + self.receivers, backend, p.group_name)
             self.sender = await asyncio.to_thread(WeightSender, rdv, p.timeout)
             await self.state.set_rendezvous(GroupRendezvous(ts=time.time(), **rdv.to_dict()))
+            self.group.move("form")
         self.seq += 1
         await self.state.put(OFFER, Offer(version, "nccl", self.seq, time.time()))
         await self.event("weights_ready", version, version, rendezvous=f"{self.sender.rdv.host}:{self.sender.rdv.port}")
         try:
             if fresh:
                 await self._serving_pulls(asyncio.to_thread(self.sender.connect), p.timeout + 5, trainer)
+                self.group.move("connected")
                 rdv = self.sender.rdv
                 await self.state.put(FORMED, Formed(f"{rdv.host}:{rdv.port}", time.time()))
             joined = await self.state.wait(lambda: self._joined(version, trainer), p.timeout)
-            if joined == "hello":  # the explorer restarted: this group lost its member
-                self.sender = None
-                await self.state.clear_rendezvous(p.group_name)
-                await self.serve_hello(trainer)
-                return
             if not joined:
                 raise TimeoutError("explorer did not join")
-            await self._send(self.sender, version, trainer)
+            if joined != "hello":
+                await self._send(self.sender, version, trainer)
         except (TimeoutError, asyncio.TimeoutError, RuntimeError) as e:
-            self.sender = None  # the group is unusable after a failed collective: rebuild next time
+            self._drop("broken")  # the group is unusable after a failed collective: rebuild next time
             await self.state.clear_rendezvous(p.group_name)
             await self.timed_out(f"broadcast ({e})", version, version, ["explorer"])
+            return
+        if joined == "hello":  # the explorer restarted: this group lost its member
+            self._drop("hello")
+            await self.state.clear_rendezvous(p.group_name)
+            await self.serve_hello(trainer)
+
+    def _drop(self, move: str) -> None:
+        """The group with the leader is gone (``move``: why); the next offer forms a new one."""
+        self.group.move(move)
+        self.sender = None
 
     async def _serving_pulls(self, work: Any, timeout: float, trainer: Any) -> None:
         """Await ``work`` (within ``timeout`` s), answering pulls meanwhile: while the leading
@@ -337,7 +352,7 @@ class TrainerSyncClient(_Side):
         return "hello" if hello is not None and hello.ts > self.hello_served else False
 
     async def close(self) -> None:
-        self.sender = None
+        self._drop("close")
         self.helpers.clear()
 
 
@@ -358,16 +373,19 @@ class ExplorerSyncClient(_Side):
         self.version = 0
         self.step = 0
         self.failed_offer: float | None = None  # ``ts`` of an offer whose load failed
+        #: as the leader: its membership of the trainer's group, and that group's rendezvous ``ts``
+        self.group = Machine("explorer", *MACHINES["explorer"])
         self.joined_ts: float | None = None
         self.started = time.time()
-        self.hello: float | None = None  # ``ts`` of this process's last hello
         self.went_on: int | None = None  # trainer version at the last step run without waiting
         #: the KV key (``version.<key>``) this process reports its weights under: "explorer"
         #: for the leading explorer, which the trainer and synchronizer watch; another
         #: explorer process of the run reports under its own name (:meth:`assist`)
         self.version_key = "explorer"
         self.leading = True
-        self.pulled_group: float | None = None  # rendezvous ``ts`` of this process's own group
+        #: as a helper: its own group with the trainer, and that group's rendezvous ``ts``
+        self.helper = Machine("helper", *MACHINES["helper"])
+        self.pulled_group: float | None = None
         self._catching_up = asyncio.Lock()
 
     def assist(self, name: str) -> None:
@@ -380,7 +398,8 @@ class ExplorerSyncClient(_Side):
         from here on, over a broadcast group formed for it (as a restarted leader does)."""
         await self.leave()
         self.version_key, self.leading = "explorer", True
-        self.started, self.joined_ts, self.hello = time.time(), None, None
+        self.group.move("lead")
+        self.started, self.joined_ts = time.time(), None
 
     async def leave(self) -> None:
         """No more pulls from this process: the trainer drops its group."""
@@ -468,9 +487,11 @@ class ExplorerSyncClient(_Side):
                 if rdv is None or rdv.ts != serving.group_ts:
                     raise RuntimeError("its rendezvous is gone")
                 await _join_group(engines, rdv, p.timeout)
+                self.helper.move("joined")
                 self.pulled_group = serving.group_ts
             version = await _receive(engines, p.timeout)
         except Exception as e:  # the trainer gone mid-broadcast: ask again next time, over a new group
+            self.helper.move("lost")
             self.pulled_group = None
             await self.timed_out(f"receiving weights ({e})", self.version, self.step, ["trainer"])
             return self.version
@@ -514,7 +535,7 @@ class ExplorerSyncClient(_Side):
         if o is None or o.ts == self.failed_offer:
             return None
         if o.method != "checkpoint" and await self._predecessors_group() is not None:
-            if self.hello is None:
+            if self.group.state is ExplorerGroup.OUTSIDE:
                 await self._say_hello()
             return None
         return o
@@ -526,7 +547,7 @@ class ExplorerSyncClient(_Side):
         would wait for ``sync_timeout``), or 0.0 when the trainer tore the group down. None when
         there is nothing in the way: this process has joined a group already, or the current
         one still waits for its members."""
-        if self.joined_ts is not None:
+        if self.group.state is ExplorerGroup.JOINED:
             return None
         rdv = await self.state.rendezvous(self.plan.group_name)
         if rdv is None:
@@ -539,8 +560,8 @@ class ExplorerSyncClient(_Side):
 
     async def _say_hello(self) -> None:
         """Ask the trainer for a broadcast group formed after this process started."""
-        self.hello = time.time()
-        await self.state.put(HELLO, Hello(self.hello, self.version))
+        await self.state.put(HELLO, Hello(time.time(), self.version))
+        self.group.move("hello")
 
     async def _offer_for(self, need: int) -> Offer | str | None:
         """What explorer step needing version ``need`` should do now: load an offer (the
@@ -586,12 +607,12 @@ class ExplorerSyncClient(_Side):
         else:
             p = self.plan
             stale = await self._predecessors_group()
-            if stale is not None and self.hello is None:
+            if stale is not None and self.group.state is ExplorerGroup.OUTSIDE:
                 await self._say_hello()
             try:  # not the group of a gone predecessor: the one the trainer makes instead
                 rdv = await self.state.wait_rendezvous(p.group_name, p.timeout, newer_than=stale or 0.0)
             except bus.RequestTimeout as e:  # the trainer gave up on this group meanwhile
-                self.hello = None  # ask again next time
+                self.group.move("no_rendezvous")  # an unanswered hello: ask again next time
                 self.failed_offer = offer.ts
                 await self.timed_out(f"rendezvous ({e})", version, step, ["trainer"])
                 return
@@ -602,12 +623,13 @@ class ExplorerSyncClient(_Side):
                     self.failed_offer = offer.ts
                     await self.timed_out(f"joining the weight group ({e})", version, step, ["trainer"])
                     return
+                self.group.move("joined")
                 self.joined_ts = rdv.ts
             await self.state.put(JOIN, Join(version, time.time()))
             try:
                 version = await _receive(engines, p.timeout)
             except Exception as e:  # a peer gone mid-broadcast: gloo's error, or vLLM's wrap of it
-                self.hello = None
+                self.group.move("lost")
                 self.joined_ts = None
                 self.failed_offer = offer.ts
                 await self.timed_out(f"receiving weights ({e})", version, step, ["trainer"])

@@ -125,6 +125,11 @@ def _timeouts(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e["event"] in ("sync_timeout", "helper_sync_failed")]
 
 
+def _path(logs: list[dict[str, Any]], machine: str) -> list[str]:
+    """The moves ``machine`` (``roles/synchronizer/states.py``) took, as ``move->state``."""
+    return [f"{e['move']}->{e['after']}" for e in logs if e["event"] == "sync_state" and e["machine"] == machine]
+
+
 # --------------------------------------------------------------------------------------------
 
 JOIN_AND_HANG = """
@@ -171,6 +176,9 @@ async def test_an_explorer_killed_between_offer_and_join_is_replaced_without_a_t
         await asyncio.wait_for(offering, GUARD)
     assert version == 1 and engine.holds(1)
     assert any(e["event"] == "explorer_hello" for e in logs), logs
+    assert _path(logs, "trainer") == ["form->forming", "connected->formed", "hello->none",
+                                      "form->forming", "connected->formed"]
+    assert _path(logs, "explorer") == ["hello->asked", "joined->joined"]
     assert not _timeouts(logs), _timeouts(logs)
     await _close(trainer, explorer)
 
@@ -198,6 +206,8 @@ async def test_a_stale_rendezvous_is_not_joined(nats_cfg, run_id):
             await asyncio.sleep(0.2)
         version = await asyncio.wait_for(loading, GUARD)
     assert version == 1 and engine.holds(1)
+    assert _path(logs, "explorer") == ["hello->asked", "joined->joined"]
+    assert _path(logs, "trainer") == ["form->forming", "connected->formed"]
     assert not _timeouts(logs), _timeouts(logs)
     await _close(trainer, explorer)
 
@@ -224,6 +234,9 @@ async def test_a_helper_that_joins_mid_sync_gets_a_group_of_its_own(nats_cfg, ru
     assert helper_engine.holds(1) and leader_engine.holds(1)
     assert set(trainer.helpers) == {"explorer-helper"}
     assert trainer.helpers["explorer-helper"][0] is not trainer.sender
+    assert _path(logs, "helper") == ["joined->joined"]
+    assert _path(logs, "explorer") == ["joined->joined"]
+    assert _path(logs, "trainer") == ["form->forming", "connected->formed"]
     assert not _timeouts(logs), _timeouts(logs)
     await _close(trainer, helper, leader)
 
