@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bus.server import free_port  # noqa: E402
-from roles.synchronizer.weights import Rendezvous, WeightReceiver, WeightSender  # noqa: E402
+from roles.synchronizer.weights import WeightReceiver, WeightSender  # noqa: E402
+from schemas.state import Rendezvous  # noqa: E402
 
 
 def model_shapes(params_m: float) -> list[tuple[str, tuple[int, ...]]]:
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"two ranks on one GPU), this machine has {torch.cuda.device_count()}: use --backend gloo")
     shapes = model_shapes(a.params_m)
     n_params = sum(torch.Size(s).numel() for _, s in shapes)
-    rdv = Rendezvous("127.0.0.1", free_port(), 2, a.backend).to_dict()
+    rdv = Rendezvous(0.0, "127.0.0.1", free_port(), 2, a.backend, "bench").to_dict()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     dtypes = a.dtypes.split(",")

@@ -16,7 +16,7 @@ host wrote, or as "is it newer than what I saw".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -66,7 +66,8 @@ class Heartbeat:
 @dataclass(slots=True)
 class Rendezvous:
     """``rendezvous.<group>``: where a weight broadcast group meets (the trainer is rank 0 and
-    holds the TCP store at ``host:port``); ``ts`` tells a fresh group from an old one."""
+    holds the TCP store at ``host:port``); ``ts`` tells a fresh group from an old one. Also
+    what ``roles/synchronizer/weights.py`` builds the group from, on both sides."""
 
     ts: float
     host: str
@@ -80,10 +81,17 @@ class Rendezvous:
         _check("Rendezvous.world_size", self.world_size >= 2, f"must be >= 2, got {self.world_size}")
         _check("Rendezvous.backend", self.backend in ("gloo", "nccl"), f"gloo or nccl, got {self.backend!r}")
 
-    def group(self) -> dict[str, Any]:
-        """What an engine's ``init_weight_group`` takes: the group without the KV entry's ``ts``."""
-        return {"host": self.host, "port": self.port, "world_size": self.world_size,
-                "backend": self.backend, "group_name": self.group_name}
+    def to_dict(self) -> dict[str, Any]:
+        """What an engine's ``init_weight_group`` takes (a dict crosses into vLLM's worker
+        processes as it is)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Rendezvous:
+        """The record back from :meth:`to_dict`'s dict, checked."""
+        r = cls(**d)
+        r.validate()
+        return r
 
 
 @dataclass(slots=True)

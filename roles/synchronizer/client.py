@@ -57,12 +57,12 @@ from schemas.state import (
     Offer,
     Pull,
     Pulls,
+    Rendezvous,
     Serving,
     SyncPlan,
     TrainerFinished,
     Want,
 )
-from schemas.state import Rendezvous as GroupRendezvous
 
 from .policy import explorer_requests, required_version, trainer_offers
 from .states import MACHINES, ExplorerGroup, Machine, TrainerGroup
@@ -192,7 +192,7 @@ class TrainerSyncClient(_Side):
         """Answer one pull: the trainer's current weights over ``name``'s own group (formed
         now if it has none). A failure costs that explorer its group, never the run: it
         asks again, and the leader's group is another one."""
-        from .weights import Rendezvous, WeightSender
+        from .weights import WeightSender
 
         p = self.plan
         group = helper_group(p.group_name, name)
@@ -206,9 +206,9 @@ class TrainerSyncClient(_Side):
         try:
             if known is None:
                 host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")
-                rdv = Rendezvous(host, free_port(""), 1 + req.workers, "nccl" if _cuda() else "gloo", group)
-                sender, group_ts = await asyncio.to_thread(WeightSender, rdv, p.timeout), time.time()
-                await self.state.set_rendezvous(GroupRendezvous(ts=group_ts, **rdv.to_dict()))
+                rdv = Rendezvous(time.time(), host, free_port(""), 1 + req.workers, "nccl" if _cuda() else "gloo", group)
+                sender, group_ts = await asyncio.to_thread(WeightSender, rdv, p.timeout), rdv.ts
+                await self.state.set_rendezvous(rdv)
             else:
                 sender, group_ts = known
             await self.state.put(SERVING + name, Serving(req.ts, group_ts, version, time.time()))
@@ -264,7 +264,7 @@ class TrainerSyncClient(_Side):
                          info={"seconds": time.perf_counter() - t0})
 
     async def _offer_broadcast(self, version: int, trainer: Any) -> None:
-        from .weights import Rendezvous, WeightSender
+        from .weights import WeightSender
 
         p = self.plan
         backend = "nccl" if _cuda() else "gloo"
@@ -273,9 +273,9 @@ class TrainerSyncClient(_Side):
             # a group made now answers every hello said so far: its rendezvous is newer
             self.hello_served = max(self.hello_served, time.time())
             host = os.environ.get("TRINITY_WEIGHT_SYNC_HOST", "127.0.0.1")  # a reachable address on multi-node
-            rdv = Rendezvous(host, free_port(""), 1 + self.receivers, backend, p.group_name)
+            rdv = Rendezvous(time.time(), host, free_port(""), 1 + self.receivers, backend, p.group_name)
             self.sender = await asyncio.to_thread(WeightSender, rdv, p.timeout)
-            await self.state.set_rendezvous(GroupRendezvous(ts=time.time(), **rdv.to_dict()))
+            await self.state.set_rendezvous(rdv)
             self.group.move("form")
         self.seq += 1
         await self.state.put(OFFER, Offer(version, "nccl", self.seq, time.time()))
@@ -649,10 +649,10 @@ def _ranks(engine: Any) -> int:
     return int(getattr(engine, "tensor_parallel_size", 1) or 1)
 
 
-async def _join_group(engines: Sequence[Any], rdv: GroupRendezvous, timeout: float) -> None:
+async def _join_group(engines: Sequence[Any], rdv: Rendezvous, timeout: float) -> None:
     """Every engine joins the group of rendezvous ``rdv`` (rank 0 is the trainer; each engine
     takes the next :func:`_ranks` ranks)."""
-    d = rdv.group()
+    d = rdv.to_dict()
     offsets, r = [], 1
     for e in engines:
         offsets.append(r)

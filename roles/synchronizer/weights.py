@@ -23,40 +23,15 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
 from schemas import codec
 from schemas.data import WeightsHeader
+from schemas.state import Rendezvous
 
 HEADER_NUMEL = 1  # int64: byte length of the encoded WeightsHeader
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where the weight group meets (published by the trainer in KV as a
-    :class:`schemas.state.Rendezvous`, which adds when)."""
-
-    host: str
-    port: int
-    world_size: int
-    backend: str  # "gloo" | "nccl"
-    group_name: str = "rollout_weight_sync"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Rendezvous:
-        return cls(
-            host=str(d["host"]),
-            port=int(d["port"]),
-            world_size=int(d["world_size"]),
-            backend=str(d["backend"]),
-            group_name=str(d.get("group_name", "rollout_weight_sync")),
-        )
 
 
 def _group(

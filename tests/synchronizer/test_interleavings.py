@@ -27,11 +27,10 @@ import torch
 
 import bus
 from roles.synchronizer.client import ExplorerSyncClient, TrainerSyncClient
-from roles.synchronizer.weights import Rendezvous, WeightReceiver
+from roles.synchronizer.weights import WeightReceiver
 from schemas import keys
 from schemas.config import NatsConfig, TrinityConfig
-from schemas.state import Formed, Offer
-from schemas.state import Rendezvous as GroupRendezvous
+from schemas.state import Formed, Offer, Rendezvous
 
 pytestmark = pytest.mark.slow
 
@@ -135,7 +134,7 @@ def _path(logs: list[dict[str, Any]], machine: str) -> list[str]:
 JOIN_AND_HANG = """
 import asyncio, sys
 import bus
-from roles.synchronizer.weights import Rendezvous, WeightReceiver
+from roles.synchronizer.weights import WeightReceiver
 from schemas.config import NatsConfig
 
 async def main(url, run_id, group):
@@ -143,7 +142,7 @@ async def main(url, run_id, group):
     nc = await bus.connect(cfg, name="doomed-explorer")
     state = await bus.RunState.open(bus.jetstream(nc, cfg), run_id)
     rdv = await state.wait_rendezvous(group, 60)
-    rx = WeightReceiver(Rendezvous.from_dict(rdv.group()), 1, 60)
+    rx = WeightReceiver(rdv, 1, 60)
     await asyncio.to_thread(rx.connect)
     print("joined", flush=True)
     await asyncio.sleep(3600)
@@ -193,7 +192,7 @@ async def test_a_stale_rendezvous_is_not_joined(nats_cfg, run_id):
     old = time.time() - 3600
     group = cfg.synchronizer.group_name
     await explorer.state.put(keys.SYNC_OFFER, Offer(1, "nccl", 1, old))
-    await explorer.state.set_rendezvous(GroupRendezvous(old, "127.0.0.1", 9, 2, "gloo", group))
+    await explorer.state.set_rendezvous(Rendezvous(old, "127.0.0.1", 9, 2, "gloo", group))
     await explorer.state.put(keys.SYNC_FORMED, Formed("127.0.0.1:9", old))
     engine = Engine()
     with structlog.testing.capture_logs() as logs:

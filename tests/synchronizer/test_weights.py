@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from bus.server import free_port
-from roles.synchronizer.weights import Rendezvous, WeightReceiver, WeightSender, plan_buckets
+from roles.synchronizer.weights import WeightReceiver, WeightSender, plan_buckets
+from schemas.state import Rendezvous
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:
@@ -39,7 +40,7 @@ def _raw(t: torch.Tensor) -> bytes:
 
 def test_broadcast_to_two_receivers_is_bit_exact():
     """Version 7 goes tensor by tensor, version 8 in 1 MB buckets; both arrive bit for bit."""
-    rdv = Rendezvous("127.0.0.1", free_port(), 3, "gloo")
+    rdv = Rendezvous(0.0, "127.0.0.1", free_port(), 3, "gloo", "test")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_receiver, args=(rdv.to_dict(), r, q)) for r in (1, 2)]
@@ -76,4 +77,4 @@ def test_bucket_plan_groups_same_dtype_up_to_size():
 
 def test_receiver_rank_is_checked():
     with pytest.raises(ValueError, match="rank 0"):
-        WeightReceiver(Rendezvous("127.0.0.1", 1, 2, "gloo"), 0)
+        WeightReceiver(Rendezvous(0.0, "127.0.0.1", 1, 2, "gloo", "test"), 0)

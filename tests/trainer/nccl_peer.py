@@ -13,10 +13,11 @@ import torch
 
 
 def main(rank: int, port: int, out: str) -> None:
-    from roles.synchronizer.weights import Rendezvous, WeightReceiver, WeightSender
+    from roles.synchronizer.weights import WeightReceiver, WeightSender
+    from schemas.state import Rendezvous
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    rdv = Rendezvous("127.0.0.1", port, 2, "nccl")
+    rdv = Rendezvous(0.0, "127.0.0.1", port, 2, "nccl", "nccl-peer")
     try:
         if rank == 0:
             g = torch.Generator().manual_seed(0)

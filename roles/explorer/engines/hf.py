@@ -289,7 +289,8 @@ class HFEngine(RolloutEngine):
     async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
         """Join the synchronizer's broadcast group in this process (one rank: no tensor
         parallelism here)."""
-        from roles.synchronizer.weights import Rendezvous, WeightReceiver
+        from roles.synchronizer.weights import WeightReceiver
+        from schemas.state import Rendezvous
 
         self._rx = WeightReceiver(Rendezvous.from_dict(rdv), rank_offset, timeout)
         await asyncio.to_thread(self._rx.connect)
