@@ -17,7 +17,7 @@ from typing import Any
 
 # One OpenMP thread per process, in the test processes and every process they start (set before
 # torch loads its OpenMP runtime, which reads it once; a test that needs the default removes it).
-# The suite runs one pytest worker per core (pyproject.toml), so more threads only oversubscribe
+# The suite runs about one pytest worker per core (below), so more threads only oversubscribe
 # the cores, and waiting OpenMP threads spin: measured on 2 cores with one core busy elsewhere
 # (the other worker), the quickstart's short version (AVX2) took 249 s and 264 CPU-s with torch's
 # default of 2 threads, 137 s and 150 CPU-s with 1.
@@ -32,6 +32,15 @@ from schemas.config import NatsConfig  # noqa: E402
 # test builds, and the processes tests start inherit this. Set before huggingface_hub is
 # imported, which reads it once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject.toml): one pytest worker per core, plus one. With one per core the
+    2 cores of a CI machine ran 172% busy (49.0 min, 85 CPU-min, 2026-11-27): the suite's tests
+    spend much of their time waiting on the processes they start (imports, a server, a role's
+    next step), and the learning runs, one OpenMP thread each, use about one core. A third
+    worker fills that idle time. More than one extra only adds contention."""
+    return len(os.sched_getaffinity(0)) + 1
 
 
 @pytest.fixture(scope="session")
