@@ -50,6 +50,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+from report import record  # noqa: E402  (bench/report.py)
 
 import bus  # noqa: E402
 from bus.publish import describe  # noqa: E402
@@ -420,6 +421,14 @@ async def main() -> int:
     print(
         f"  CPU ratio raw/bus: {total['raw'] / total['bus']:.2f}  (what the throughput ratio tends to when CPU-bound)"
     )
+    record("bus_throughput", {
+        f"bus end to end, tokens/s (groups of {args.experiences} x {args.tokens}, median of {len(bus_rates)} rounds)":
+            round(tokens_s),
+        "bus end to end, groups/s": round(groups_s, 1),
+        "slowest round, groups/s": round(bus_rates[0], 1),
+        "bus / raw nats-py, median ratio (information)": round(statistics.median(paired["bus"]), 2),
+        "CPU per group, bus, ms": round(total["bus"], 2),
+    }, target=f">= {TARGET_TOKENS_PER_S:,} tokens/s end to end", met=bool(passed))
     return 0 if passed else 1
 
 

@@ -103,6 +103,7 @@ sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
 import yaml  # noqa: E402
+from report import record  # noqa: E402  (bench/report.py, beside this script)
 
 ROLES = ("buffer", "synchronizer", "trainer", "explorer")
 SERVER = "nats-server"
@@ -930,6 +931,9 @@ def report(args: argparse.Namespace, failures: list[str], v: dict[str, Any]) -> 
             "PASS: exit 0, every valid group stored once, nothing lost, nothing trained twice, "
             "all poison quarantined"
         )
+    record("chaos", {k: val for k, val in rows},
+           target="exit 0, every valid group stored once, nothing lost, nothing trained twice, all poison quarantined",
+           met=not failures)
     return not failures
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import msgpack
 import numpy as np
+from report import record  # bench/report.py, beside this script
 
 from schemas.codec import decode, encode
 from schemas.data import Experience, ExperienceGroup
@@ -136,6 +137,13 @@ def main() -> None:
         f"budget: {t_codec * 1e3:.4f} ms/experience of the 1 ms target "
         f"({'ok' if t_codec < 1e-3 else 'OVER'})"
     )
+    record("codec", {
+        f"encode+decode, us/experience ({n} x {args.tokens} tokens)": round(t_codec * 1e6, 2),
+        "encode, us/experience": round(t_enc * 1e6, 2),
+        "decode, us/experience": round(t_dec * 1e6, 2),
+        "codec / raw msgpack of the arrays' bytes": round(t_codec / t_raw, 2),
+        "codec / raw msgpack incl. tobytes() copies": round(t_codec / t_raw_copy, 2),
+    }, target="encode+decode < 1 ms per experience", met=bool(t_codec < 1e-3))
 
 
 if __name__ == "__main__":

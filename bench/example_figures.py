@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from report import commit, cpu  # noqa: E402  (bench/report.py, beside this script)
 
 from examples.recipes import EXAMPLES, KERNEL_LEVELS, Example, run  # noqa: E402
 
@@ -46,19 +47,6 @@ def fingerprint(example: Example, short: bool) -> str:
     return h.hexdigest()[:12]
 
 
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return out.stdout.strip() + ("+dirty" if dirty else "")
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def measure(names: list[str], seeds: list[int], levels: list[str], short: bool) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     for name in names:
@@ -70,7 +58,7 @@ def measure(names: list[str], seeds: list[int], levels: list[str], short: bool) 
                 out = run(ex, work, seed, level, short)
                 rec = {"example": name, "level": level, "seed": seed, "short": short, "rc": out.rc,
                        "figures": out.figures, "warnings": out.warnings, "seconds": round(out.seconds, 1),
-                       "recipe": fingerprint(ex, short), "commit": _commit(), "cpu": _cpu(),
+                       "recipe": fingerprint(ex, short), "commit": commit(), "cpu": cpu(),
                        "date": time.strftime("%Y-%m-%d")}
                 with RESULTS.open("a") as f:
                     f.write(json.dumps(rec) + "\n")

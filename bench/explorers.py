@@ -31,6 +31,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from report import record  # noqa: E402  (bench/report.py, beside this script)
 
 STEP = re.compile(r"(\d{4}-\d\d-\d\dT[\d:.]+) \[info\s*\] step=(\d+) .*?reward_mean=([-\d.e]+)")
 
@@ -139,6 +140,13 @@ def main() -> None:
         print(f"  {label:<12} {r['tasks_per_s']:6.2f} tasks/s over {r['steps']:.0f} steps   "
               f"step reward {r['reward']:.3f} +- {r['reward_sd']:.3f} (mean +- s.e.)")
     print(f"2 / 1 explorer throughput: {two['tasks_per_s'] / one['tasks_per_s']:.2f}x")
+    record("explorers", {
+        f"1 explorer, tasks/s ({a.tasks} tasks x 4 samples x {a.max_tokens} tokens)": round(one["tasks_per_s"], 2),
+        "2 explorers, tasks/s": round(two["tasks_per_s"], 2),
+        "2 / 1 explorer throughput": round(two["tasks_per_s"] / one["tasks_per_s"], 2),
+        "1 explorer, step reward": round(one["reward"], 3),
+        "2 explorers, step reward": round(two["reward"], 3),
+    })
 
 
 if __name__ == "__main__":

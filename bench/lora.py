@@ -22,6 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from report import record  # noqa: E402  (bench/report.py, beside this script)
 
 from bench.weight_sync import _free_port, _peer  # noqa: E402
 from schemas.state import Rendezvous  # noqa: E402
@@ -149,6 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"adapter sync: {share:.2%} of the full sync's bytes ({'PASS' if share <= 0.05 else 'FAIL'} <= 5%), "
           f"{rows[True][1] / rows[False][1]:.1%} of its time; training's memory above the model "
           f"{rows[True][2] / rows[False][2]:.2f}x full fine-tuning's")
+    figures: dict[str, float] = {}
+    for lora, (nbytes, seconds, peak, _, _) in rows.items():
+        what = f"LoRA rank {a.rank}" if lora else "full"
+        figures[f"{what}: sync MB ({a.params_m:g}M params)"] = round(nbytes / 2**20, 1)
+        figures[f"{what}: sync s"] = round(seconds, 3)
+        figures[f"{what}: training peak above the model, GB"] = round(peak / 2**30, 2)
+    figures["adapter sync / full sync, bytes"] = round(share, 4)
+    record("lora", figures, target="adapter sync <= 5% of the full sync's bytes", met=bool(share <= 0.05))
     return 0
 
 

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from report import record  # noqa: E402  (bench/report.py, beside this script)
 
 TARGET = 0.8
 Send = Callable[[int, int], Awaitable[None]]
@@ -146,6 +147,12 @@ async def main(args: argparse.Namespace) -> int:
               f"p99 {1000 * pct(lat, 0.99):7.1f} ms")
     ratio = results["direct"][0] / results["api"][0]
     print(f"api / direct throughput: {ratio:.2f} (target >= {TARGET}) {'PASS' if ratio >= TARGET else 'FAIL'}")
+    figures: dict[str, float] = {}
+    for name, (wall, lat) in results.items():
+        figures[f"{name}: requests/s ({args.engine} engine, {args.episodes} episodes x {args.turns})"] = round(n / wall, 1)
+        figures[f"{name}: p50 latency, ms"] = round(1000 * statistics.median(lat), 1)
+    figures[f"api / direct throughput ({args.client} client)"] = round(ratio, 2)
+    record("openai_api", figures, target=f"api / direct throughput >= {TARGET}", met=bool(ratio >= TARGET))
     return 0 if ratio >= TARGET else 1
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import lmdb
 import numpy as np
+from report import record  # bench/report.py, beside this script
 
 from schemas.codec import decode, encode
 from schemas.data import Experience, ExperienceGroup
@@ -182,6 +183,14 @@ def main() -> None:
             " include encoding, takes include selection, use-count updates, batch record and"
             " commit_batch; [.., bytes] = take_batch_encoded, no decode)"
         )
+        figures: dict[str, float] = {f"raw LMDB put, experiences/s ({args.tokens} tokens each)": round(rate(n, t_raw_put))}
+        for name, (t_put, t_take) in results.items():
+            base_take = t_raw_get if name.endswith("bytes") else t_raw_get_decode
+            figures[f"store put_groups [{name}], experiences/s"] = round(rate(n, t_put))
+            figures[f"store take_batch [{name}], experiences/s"] = round(rate(n, t_take))
+            figures[f"take_batch [{name}] / raw {'get' if name.endswith('bytes') else 'get+decode'}"] = round(
+                base_take / t_take, 2)
+        record("replay_throughput", figures)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

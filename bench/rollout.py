@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from report import record  # noqa: E402  (bench/report.py, beside this script)
 
 
 def tasks_for(n: int, repeat: int, max_tokens: int):
@@ -120,6 +121,11 @@ def main() -> None:
     print(f"plain vllm.LLM.generate : {tok_plain:7d} tokens in {dt_plain:7.2f}s = {plain:9.1f} tokens/s")
     print(f"explorer (runners+rewards+publish): {tok_exp:7d} tokens in {dt_exp:7.2f}s = {exp:9.1f} tokens/s")
     print(f"ratio explorer/plain: {exp / plain:.3f} (target >= 0.9)")
+    record("rollout", {
+        f"explorer, tokens/s ({a.tasks} tasks x {a.repeat}, {a.max_tokens} tokens)": round(exp, 1),
+        "plain vllm.LLM.generate, tokens/s": round(plain, 1),
+        "explorer / plain": round(exp / plain, 3),
+    }, target="explorer >= 0.9 of plain vllm.LLM.generate", met=bool(exp / plain >= 0.9))
 
 
 if __name__ == "__main__":

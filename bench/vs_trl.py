@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import yaml
+from report import record  # bench/report.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".bench" / "vs_trl"
@@ -213,6 +214,16 @@ def main() -> None:
         cpu = sorted((k.split("/", 1)[1], med(s, k)) for k in results[s][0] if k.startswith("cpu_ms/"))
         print(f"  CPU per step during the phase (ms; the cores give {1000 * med(s, 'step') * (os.cpu_count() or 1):.0f} "
               f"per step at {os.cpu_count()} cores): " + ", ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 1))
+    figures: dict[str, float] = {}
+    for s in systems:
+        figures[f"{s}: GRPO phase of {a.steps} steps, s (median of {a.rounds})"] = round(med(s, "phase"), 1)
+        figures[f"{s}: start-up, s"] = round(med(s, "startup"), 1)
+        figures[f"{s}: held-out accuracy after"] = round(med(s, "after"), 3)
+    for s in systems[:-1]:
+        figures[f"{s}: phase / TRL's"] = round(med(s, "phase") / med("TRL", "phase"), 2)
+        figures[f"{s}: per-step overhead, ms"] = round(1000 * med(s, "overhead"))
+    record("vs_trl", figures, target="trinity's GRPO phase <= 1.0x TRL's",
+           met=all(med(s, "phase") <= med("TRL", "phase") for s in systems[:-1]))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from report import record  # noqa: E402  (bench/report.py)
 
 from bus.server import free_port  # noqa: E402
 from roles.synchronizer.weights import WeightReceiver, WeightSender  # noqa: E402
@@ -136,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         gb = nbytes / 1e9
         print(f"{dt:9} {gb:6.3f} | {s:7.3f} {gb / s:6.2f} | {r:11.3f} {gb / r:6.2f} | "
               f"{c:8.3f} {gb / c:6.2f} | {r / s:.2f}")
+    figures: dict[str, float] = {}
+    for dt, nbytes, s, r, _ in rows:
+        figures[f"{dt}: full sync of {n_params / 1e6:.0f}M params, s"] = round(s, 3)
+        figures[f"{dt}: full sync, GB/s"] = round(nbytes / 1e9 / s, 2)
+        figures[f"{dt}: sync / raw broadcast (rate ratio)"] = round(r / s, 2)
+    record("weight_sync", figures, target="a sync at >= 0.7 of the raw broadcast",
+           met=all(r / s >= 0.7 for _, _, s, r, _ in rows))
     return 0
 
 
