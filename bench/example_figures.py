@@ -27,8 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from report import commit, cpu  # noqa: E402  (bench/report.py, beside this script)
-
+from bench.report import commit, cpu  # noqa: E402
 from examples.recipes import EXAMPLES, KERNEL_LEVELS, Example, run  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "examples.jsonl"
