@@ -129,7 +129,7 @@ def _weight_sync_world(stages: Sequence[TrinityConfig]) -> int:
     """The broadcast group's size in the largest stage that broadcasts: trainer rank 0 plus
     one rank per engine GPU (one per engine on CPU); 0 when no stage broadcasts."""
     sizes = [1 + rm.engine_num * rm.tensor_parallel_size
-             for s in stages if s.synchronizer.sync_method == "nccl" and s.mode in ("both", "serve")
+             for s in stages if s.synchronizer.sync_method == "nccl" and MODES[s.mode].weights == "live"
              for rm in [s.explorer.rollout_model] if rm.engine_type != "external"]
     return max(sizes, default=0)
 

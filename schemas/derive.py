@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 from schemas.config import UNUSED_FIELDS, ExperienceBufferConfig, TrinityConfig, ceil_div
+from schemas.modes import MODES
 
 #: The name of a checkpoint folder (``storage.checkpoints.STEP_DIR_RE``; not imported: this
 #: module stays free of torch).
@@ -308,7 +309,7 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
     for attr in ("explorer_sync_interval", "trainer_sync_interval"):
         if getattr(sy, attr) is None:
             put(sy, attr, sy.sync_interval, f"synchronizer.{attr}")
-    if sy.sync_method == "nccl" and cfg.mode in ("train", "explore", "bench"):
+    if sy.sync_method == "nccl" and MODES[cfg.mode].weights != "live":
         if user_set("synchronizer.sync_method"):
             warnings.append(
                 f"synchronizer.sync_method 'nccl' needs trainer and explorer together; mode {cfg.mode!r} uses 'checkpoint'"

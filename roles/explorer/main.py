@@ -237,7 +237,7 @@ class Explorer:
         sync = await self._open_bus()
         lease = Lease(self.state, self.me)
         leading = await lease.try_take()
-        if not leading and self.cfg.synchronizer.sync_method != "checkpoint" and self.cfg.mode != "explore":
+        if not leading and self.cfg.synchronizer.sync_method != "checkpoint" and MODES[self.cfg.mode].weights == "live":
             # a lease nobody renews is this role's predecessor's, killed on another host before
             # it could give it up (under a broadcast a run mostly has one explorer): it expires
             # within LEASE_S; a renewed one is a live leader's, which this process assists

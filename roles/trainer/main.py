@@ -451,7 +451,7 @@ async def explorer_follows(cfg: TrinityConfig, state: Any, step: int) -> bool:
     (``roles/explorer/follow.py``). Without one, nothing is written (an SFT stage would leave
     a weights folder per step)."""
     s = cfg.synchronizer
-    if cfg.mode != "train" or s.sync_method != "checkpoint" or step % (s.trainer_sync_interval or s.sync_interval):
+    if MODES[cfg.mode].explores or s.sync_method != "checkpoint" or step % (s.trainer_sync_interval or s.sync_interval):
         return False
     beats = await state.heartbeats()
     return any((name.startswith("explorer") or name == cfg.explorer.name) and v["age"] < FOLLOWER_AGE_S
