@@ -39,8 +39,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     2 cores of a CI machine ran 172% busy (49.0 min, 85 CPU-min, 2026-11-27): the suite's tests
     spend much of their time waiting on the processes they start (imports, a server, a role's
     next step), and the learning runs, one OpenMP thread each, use about one core. A third
-    worker fills that idle time: 37.0 min, 60 CPU-min, 162% (the same day, same tests). More
-    than one extra only adds contention."""
+    worker fills that idle time: 37.0 min, 60 CPU-min, 162% (the same day, same tests). Two
+    extra: not measured."""
     return len(os.sched_getaffinity(0)) + 1
 
 
