@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from report import record  # noqa: E402  (bench/report.py, beside this script)
 
-from bench.weight_sync import _free_port, _peer  # noqa: E402
+from bench.weight_sync import _peer  # noqa: E402
+from bus.server import free_port  # noqa: E402
 from schemas.state import Rendezvous  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def sync_shapes(params_m: float, rank: int, lora: bool) -> list[tuple[str, tuple
 
 def sync(shapes: list[tuple[str, tuple[int, ...]]], repeats: int) -> tuple[int, float]:
     """(bytes, best seconds) of a float32 sync of ``shapes`` between two processes (gloo)."""
-    rdv = Rendezvous(0.0, "127.0.0.1", _free_port(), 2, "gloo", "bench").to_dict()
+    rdv = Rendezvous(0.0, "127.0.0.1", free_port(), 2, "gloo", "bench").to_dict()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_peer, args=(r, rdv, shapes, ["float32"], 0, repeats, q)) for r in (0, 1)]
