@@ -175,7 +175,7 @@ async def nats_conn(nats_cfg: NatsConfig, run_id: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Test tiers: ``pytest -m unit`` (2.3 min on 2 cores), ``-m integration``, ``-m e2e``; the default run has
+# Test tiers: ``pytest -m unit`` (1.9 min on 2 cores), ``-m integration``, ``-m e2e``; the default run has
 # all three. A file may name its tier (``pytestmark = pytest.mark.e2e``); otherwise:
 # --------------------------------------------------------------------------------------------
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,3 +39,18 @@ def test_a_record_is_stamped_and_the_page_shows_its_spread(tmp_path, monkeypatch
     page = report.render()
     assert "| encode+decode, us/experience | 12.5 | 10 - 12.5 |" in page
     assert "Target: < 1 ms (met in the latest run)." in page
+
+
+BENCHES = sorted(p.name for p in (ROOT / "bench").glob("*.py") if p.name not in ("report.py", "trl_grpo.py"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", BENCHES)
+def test_every_bench_starts(script):
+    """Each bench imports what it needs and parses its arguments (``--help``): a bench nobody
+    ran for a while must not have rotted (bench/lora.py imported a helper a refactor removed).
+    ``trl_grpo.py`` runs in TRL's own virtualenv (``vs_trl.py`` makes it) and is left out."""
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "usage:" in p.stdout
