@@ -32,9 +32,11 @@ OWN_PAGE = {"examples"}
 
 
 def commit() -> str:
-    """The checkout's short commit, ``+dirty`` when it has uncommitted changes."""
+    """The checkout's short commit, ``+dirty`` when it has uncommitted changes (new records
+    under ``bench/results/`` are not: they are what the benches write)."""
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!bench/results"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
     return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
