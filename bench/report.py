@@ -52,8 +52,10 @@ def cpu() -> str:
 def _machine() -> dict[str, Any]:
     import torch
 
+    from roles.tuning import usable_cores
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), "gpu": gpu, "torch": torch.__version__}
+    return {"cpu": cpu(), "cores": usable_cores(), "gpu": gpu, "torch": torch.__version__}
 
 
 def record(bench: str, figures: dict[str, float | int | str], target: str | None = None,

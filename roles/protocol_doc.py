@@ -18,11 +18,10 @@ from pathlib import Path
 from bus.streams import DESCRIPTIONS
 from bus.subjects import KINDS, names
 from roles.buffer.protocol import RPCS
+from roles.synchronizer.states import MACHINES, MEANINGS
 from schemas.data import SCHEMA_VERSION, SCHEMAS
 from schemas.keys import KEYS
 from schemas.state import RECORDS
-
-from .synchronizer.states import MACHINES, MEANINGS
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 #: A stand-in run id, shown as ``<run>``.

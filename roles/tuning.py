@@ -30,6 +30,14 @@ def tune_process(setting: bool | str, gpu_per_node: int) -> bool:
     return True
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's cpuset);
+    ``os.cpu_count()`` where the platform has no affinity call (macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def share_cpu(mode: str = "both") -> None:
     """Give this role process its share of the CPU's cores as torch threads, unless
     ``OMP_NUM_THREADS`` says otherwise: ``cores // 4`` (at least 1) while the roles run

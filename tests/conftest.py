@@ -41,8 +41,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     next step), and the learning runs, one OpenMP thread each, use about one core. A third
     worker fills that idle time: 37.0 min, 60 CPU-min, 162% (the same day, same tests). Two
     extra: not measured."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # macOS
-    return cores + 1
+    from roles.tuning import usable_cores
+
+    return usable_cores() + 1
 
 
 @pytest.fixture(scope="session")
