@@ -54,6 +54,7 @@ _WHERE = {
     "serve_forever": "server",
     "ensure_streams": "streams",
     "delete_run": "streams",
+    "StreamTail": "tail",
     "KINDS": "subjects",
     "RunNames": "subjects",
     "names": "subjects",

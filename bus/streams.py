@@ -29,6 +29,7 @@ DESCRIPTIONS = {
     "dlq": "dead letters: undecodable messages, raw, with the error in Trinity-Error",
     "tasks": "the task queue (TaskOrder): each step's tasks, taken by whichever explorer is free",
     "done": "what became of each queued task (TaskDone: error or rollout scalars), for the leading explorer",
+    "feedback": "what the buffer's pipeline made of each group (TaskFeedback: pass rate, kept), for the task selectors",
 }
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 PREFIX = "trinity"
 
 #: The stream kinds of a run, in the order ``trinity inspect`` lists them.
-KINDS: tuple[str, ...] = ("exp", "sync", "metrics", "ctl", "dlq", "tasks", "done")
+KINDS: tuple[str, ...] = ("exp", "sync", "metrics", "ctl", "dlq", "tasks", "done", "feedback")
 
 _RUN_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 _RPC_RE = re.compile(r"^[A-Za-z0-9_-]+$")

@@ -131,8 +131,8 @@ def path_fields(cfg: TrinityConfig, first: bool, where: str = "") -> list[PathFi
         if aux.engine_type != "external":
             out.append(PathField(f"{where}explorer.auxiliary_models[{j}].model_path", aux, "model_path",
                                  "model", explorer if first else none))
-    if ei.taskset is not None:
-        out.append(PathField(f"{where}buffer.explorer_input.taskset.path", ei.taskset, "path", "dataset",
+    for path, ts in ei.training():
+        out.append(PathField(f"{where}{path}.path", ts, "path", "dataset",
                              explorer if MODES[cfg.mode].reads_taskset else none))
     for j, ts in enumerate(ei.eval_tasksets):
         out.append(PathField(f"{where}buffer.explorer_input.eval_tasksets[{j}].path", ts, "path",
@@ -224,9 +224,8 @@ def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
         # absolute: a relative checkpoint folder is no hub id
         out.append(Input(f"{where}trainer.resume_from_path", str(Path(resume).expanduser().absolute()),
                          frozenset({"trainer"})))
-    if ei.taskset is not None and MODES[cfg.mode].reads_taskset:
-        ts = ei.taskset
-        out.append(Input(f"{where}buffer.explorer_input.taskset.path", ts.path, explorer,
+    for path, ts in ei.training() if MODES[cfg.mode].reads_taskset else []:
+        out.append(Input(f"{where}{path}.path", ts.path, explorer,
                          lambda ts=ts: check_taskset(ts), ident(ts, "task"), "dataset"))
     for j, ts in enumerate(ei.eval_tasksets):
         out.append(Input(f"{where}buffer.explorer_input.eval_tasksets[{j}].path", ts.path, explorer,
@@ -250,7 +249,7 @@ def _missing_requirements(cfg: TrinityConfig, where: str, needs: frozenset[str])
         out.append(f"{where}model.model_path: not set")
     if "explorer" in needs:
         ei = cfg.buffer.explorer_input
-        if MODES[cfg.mode].reads_taskset and ei.taskset is None:
+        if MODES[cfg.mode].reads_taskset and not ei.training():
             out.append(f"{where}buffer.explorer_input.taskset: mode {cfg.mode} needs a taskset")
         if MODES[cfg.mode].weights == "each" and not ei.eval_tasksets:
             out.append(f"{where}buffer.explorer_input.eval_tasksets: mode bench needs one")
@@ -269,8 +268,11 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
     if "explorer" in needs:
         from roles.explorer.workflows.registry import get_workflow
 
-        named = [("taskset", ei.taskset)] if MODES[cfg.mode].reads_taskset else []
+        named = ([(path.removeprefix("buffer.explorer_input."), ts) for path, ts in ei.training()]
+                 if MODES[cfg.mode].reads_taskset else [])
         named += [(f"eval_tasksets[{j}]", ts) for j, ts in enumerate(ei.eval_tasksets)]
+        if MODES[cfg.mode].reads_taskset:
+            out += [f"{where}{p}" for p in check_task_selection(cfg)]
         for key, ts in named:
             if ts is None:
                 continue
@@ -293,6 +295,36 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
             Pipeline.from_config(cfg.data_processor.experience_pipeline.operators, None)
         except ValueError as e:
             out.append(f"{where}{e}")
+    return out
+
+
+def check_task_selection(cfg: TrinityConfig) -> list[str]:
+    """How the training tasksets are mixed and selected, where it would only fail once
+    running: every weight 0 at some step (no step could take a task), and a
+    ``difficulty_based`` selector without ``pass_rate_calculator`` (it would never learn)."""
+    out = []
+    training = cfg.buffer.explorer_input.training()
+    if len(training) > 1:
+        from storage.scheduler import schedule
+
+        mixed = cfg.buffer.explorer_input.tasksets
+        steps = sorted({0} | {p.step for ts in mixed for p in ts.weight_schedule})
+        for step in steps:
+            total = 0.0
+            for ts in mixed:
+                if ts.weight_schedule:
+                    total += schedule([(p.step, p.weight) for p in ts.weight_schedule])(step)
+                else:
+                    total += 1.0 if ts.weight is None else ts.weight
+            if total <= 0:
+                out.append(f"buffer.explorer_input.tasksets[].weight: 0 for every taskset at step {step}; "
+                           "no step could take a task")
+                break
+    operators = [op.name for op in cfg.data_processor.experience_pipeline.operators]
+    for path, ts in training:
+        if ts.task_selector.selector_type == "difficulty_based" and "pass_rate_calculator" not in operators:
+            out.append(f"{path}.task_selector.selector_type: difficulty_based learns from pass rates; add "
+                       "{name: pass_rate_calculator} to data_processor.experience_pipeline.operators")
     return out
 
 

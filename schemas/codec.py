@@ -7,7 +7,7 @@ A reader in any language needs only a msgpack library and this page.
     {"schema": str, "version": int, "payload": map}
 
 ``schema`` names the type: a key of :data:`schemas.data.SCHEMAS` (``"task"``, ``"experience"``,
-``"experience_group"``, ``"sync_event"``, ``"metric"``, ``"task_order"``, ``"task_done"``,
+``"experience_group"``, ``"sync_event"``, ``"metric"``, ``"task_order"``, ``"task_done"``, ``"task_feedback"``,
 ``"batch_request"``, ``"batch_reply"``, ``"commit"``, ``"weights_header"``). ``version`` is :data:`schemas.data.SCHEMA_VERSION` (3);
 readers refuse any version they do not know rather than misread it (this build also reads
 version 1, whose layout is the same; version 2 put arrays in a side table and is refused with

@@ -145,6 +145,8 @@ UNUSED_FIELDS: dict[str, str] = {
     "buffer.explorer_input.taskset.storage_type": "tasksets are files",
     "buffer.explorer_input.eval_tasksets[].storage_type": "tasksets are files",
     "buffer.explorer_input.taskset.enable_progress_bar": "progress shows on trinity run's status line",
+    "buffer.explorer_input.tasksets[].storage_type": "tasksets are files",
+    "buffer.explorer_input.tasksets[].enable_progress_bar": "progress shows on trinity run's status line",
     "buffer.explorer_input.eval_tasksets[].enable_progress_bar": "progress shows on trinity run's status line",
     "buffer.trainer_input.experience_buffer.enable_progress_bar": "progress shows on trinity run's status line",
     "buffer.trainer_input.auxiliary_buffers{}.enable_progress_bar": "progress shows on trinity run's status line",
@@ -178,13 +180,15 @@ UNUSED_FIELDS["buffer.trainer_input.auxiliary_buffers{}.format.rejected_key"] = 
     UNUSED_FIELDS["buffer.trainer_input.auxiliary_buffers{}.format.chosen_key"])
 UNUSED_FIELDS["model.logprobs"] = ("the sampled token's log-prob is always recorded; top-k "
                                    "alternatives are not stored in experiences")
-for _ts in ("buffer.explorer_input.taskset", "buffer.explorer_input.eval_tasksets[]"):
+for _ts in ("buffer.explorer_input.taskset", "buffer.explorer_input.tasksets[]",
+            "buffer.explorer_input.eval_tasksets[]"):
     UNUSED_FIELDS[f"{_ts}.rollout_args.logprobs"] = UNUSED_FIELDS["model.logprobs"]
     for _key in ("chosen_key", "rejected_key", "tools_key", "enable_concatenated_multi_turn"):
         UNUSED_FIELDS[f"{_ts}.format.{_key}"] = "a DPO/SFT dataset setting; a taskset's rows go to its workflow as they are"
     UNUSED_FIELDS[f"{_ts}.format.chat_template"] = "rollouts use the engine's template: explorer.rollout_model.chat_template (or model.custom_chat_template)"
     UNUSED_FIELDS[f"{_ts}.format.enable_thinking"] = "rollouts use the engine's setting: explorer.rollout_model.enable_thinking (or model.enable_thinking)"
-for _fmt in ("buffer.explorer_input.taskset", "buffer.explorer_input.eval_tasksets[]",
+for _fmt in ("buffer.explorer_input.taskset", "buffer.explorer_input.tasksets[]",
+             "buffer.explorer_input.eval_tasksets[]",
              "buffer.trainer_input.experience_buffer", "buffer.trainer_input.auxiliary_buffers{}"):
     UNUSED_FIELDS[f"{_fmt}.format.image_key"] = "multi-modal data is not implemented"
     UNUSED_FIELDS[f"{_fmt}.format.video_key"] = "multi-modal data is not implemented"
@@ -487,11 +491,43 @@ class GenerationConfig(Section):
     """Samples per task. Set automatically from repeat_times; do not set."""
 
 
+SELECTOR_TYPES = ("sequential", "shuffle", "random", "offline_easy2hard", "difficulty_based")
+"""Trinity-RFT's built-in task selectors (``storage/selectors.py`` implements each)."""
+
+
+class TaskSelectorConfig(Section):
+    selector_type: Literal["sequential", "shuffle", "random", "offline_easy2hard", "difficulty_based"] = "sequential"
+    """Which rows a step takes: ``sequential`` (file order), ``shuffle`` (a seeded permutation per
+    epoch), ``random`` (rows drawn with replacement), ``offline_easy2hard`` (sorted once by
+    ``feature_keys``, larger values first: easy first when larger means easier), or
+    ``difficulty_based`` (an online curriculum: the rows whose estimated pass rate is nearest
+    ``kwargs.target_reward``, estimated from the pass rates ``pass_rate_calculator`` feeds back)."""
+    seed: int = 42
+    """Seed of every random choice the selector makes (shuffles, draws, sampling)."""
+    feature_keys: list[str] = Field(default_factory=list)
+    """Columns of the taskset the selector reads: the sort keys of ``offline_easy2hard``; for
+    ``difficulty_based`` none (one shared prior), one (rows with equal values share their prior,
+    e.g. a level column) or two (pass rates of a weak and a strong reference model, as
+    Trinity-RFT's BOTS interpolates between)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Selector settings. ``difficulty_based``: ``target_reward`` (1.0), ``tau`` (1.0; 0 takes the
+    best rows, > 0 samples by softmax(score / tau)), ``do_sample`` (False; Thompson-sample the
+    pass rates), ``m`` (16: rollouts one feedback stands for), ``lamb`` (0.2: how much an old
+    estimate fades at each new one), ``rho`` (0.2: weight of the prior, in units of m)."""
+
+
 class DataSelectorConfig(Section):
     selector_type: Literal["sequential", "shuffle", "random"] = "sequential"
-    """Task order: file order, shuffled once per epoch, or sampled with replacement."""
+    """Row order of a dataset: file order, shuffled once per epoch, or sampled with replacement."""
     seed: int = 42
     """Seed of the shuffle."""
+
+
+class WeightPoint(Section):
+    step: int = Field(ge=0)
+    """Explorer step at which the weight holds."""
+    weight: float = Field(ge=0)
+    """The taskset's mixing weight at that step (linear between points, flat after the last)."""
 
 
 class ReplayBufferConfig(Section):
@@ -532,16 +568,27 @@ class TasksetConfig(Section):
     """Extra arguments passed to the workflow."""
     reward_fn_args: dict[str, Any] = Field(default_factory=dict)
     """Extra arguments passed to the reward function."""
-    data_selector: DataSelectorConfig = Field(default_factory=DataSelectorConfig)
-    """Task order."""
-    task_selector: DataSelectorConfig | None = None
-    """Deprecated alias of ``data_selector``."""
+    task_selector: TaskSelectorConfig = Field(default_factory=TaskSelectorConfig)
+    """Which rows each step takes, and in what order (see ``TaskSelectorConfig``)."""
+    data_selector: TaskSelectorConfig | None = None
+    """The older name of ``task_selector`` (copied into it, with a warning)."""
     enable_progress_bar: bool = False
     """Accepted for compatibility; progress shows in ``trinity run``'s status line."""
     skip_invalid_rows: bool = False
     """Skip (and count) rows missing a format key instead of failing."""
     index: int = Field(0, ge=0)
     """Start position; set from the checkpointed cursor on resume, do not set."""
+
+
+class MixedTasksetConfig(TasksetConfig):
+    """A training taskset mixed with others (``buffer.explorer_input.tasksets``)."""
+
+    weight: float | None = Field(None, ge=0)
+    """Share of each step's tasks, relative to the other tasksets' weights. None:
+    proportional to the taskset's size, as Trinity-RFT's scheduler mixes."""
+    weight_schedule: list[WeightPoint] = Field(default_factory=list)
+    """The weight over the run, e.g. ``[{step: 0, weight: 1}, {step: 50, weight: 0.2}]``:
+    linear between points, flat before the first and after the last. Overrides ``weight``."""
 
 
 class ExperienceBufferConfig(Section):
@@ -573,7 +620,10 @@ class ExperienceBufferConfig(Section):
 
 class ExplorerInputConfig(Section):
     taskset: TasksetConfig | None = None
-    """The training taskset."""
+    """The training taskset (or use ``tasksets`` for several)."""
+    tasksets: list[MixedTasksetConfig] = Field(default_factory=list)
+    """Several training tasksets mixed in every step by their ``weight`` (each with its own
+    workflow, reward, format and selector). Set this or ``taskset``, not both."""
     eval_tasksets: list[TasksetConfig] = Field(default_factory=list)
     """Evaluation tasksets."""
     default_workflow_type: str | None = None
@@ -582,6 +632,12 @@ class ExplorerInputConfig(Section):
     """Default workflow of eval tasksets; None: ``default_workflow_type``."""
     default_reward_fn_type: str | None = None
     """Default reward function of every taskset."""
+
+    def training(self) -> list[tuple[str, TasksetConfig]]:
+        """The training tasksets with their config paths: ``taskset``, or ``tasksets[i]``."""
+        if self.taskset is not None:
+            return [("buffer.explorer_input.taskset", self.taskset)]
+        return [(f"buffer.explorer_input.tasksets[{i}]", ts) for i, ts in enumerate(self.tasksets)]
 
 
 class TrainerInputConfig(Section):

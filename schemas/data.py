@@ -122,6 +122,10 @@ class Task:
     index: int = 0
     epoch: int = 0
     format: dict[str, Any] = field(default_factory=dict)
+    #: position of the task in its taskset's stream (rows handed out before it): unlike
+    #: ``(index, epoch)`` never the same for two tasks of a run, even when a selector draws a
+    #: row twice in an epoch; the group id is built from it
+    draw: int = 0
 
     def validate(self) -> None:
         """Raise ValueError naming the field if the task cannot be run as given."""
@@ -247,6 +251,8 @@ class ExperienceGroup:
     taskset: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    #: the task's row in its taskset (``Task.index``): where selector feedback goes
+    task_index: int | None = None
 
     @property
     def reward_mean(self) -> float | None:
@@ -263,7 +269,7 @@ class ExperienceGroup:
         """Deterministic id for ``Nats-Msg-Id``: the same group re-published (a retry after a
         crash) gets the same id, so JetStream drops the duplicate. Built from identity only
         (run, group, version), never from the wall clock or the content bytes; so two
-        different groups must never share a group id (the runner's is ``<task_id>@<epoch>``),
+        different groups must never share a group id (the runner's is ``<task_id>@<draw>``),
         or the second is dropped as a duplicate. Ids too long or odd for a header get a hash
         of the whole id appended (bus.publish.id_header), never cut short."""
         return f"{self.run_id}/{self.group_id}/v{self.model_version}"
@@ -386,6 +392,30 @@ class TaskDone:
 
 
 @dataclass(slots=True, eq=False)
+class TaskFeedback:
+    """What the buffer's pipeline made of one training group (``trinity.<run>.feedback``), for
+    the leading explorer's task selectors: the group's pass rate (``pass_rate_calculator``) and
+    how many of its experiences were kept (0: an operator dropped the group)."""
+
+    group_id: str
+    taskset: str
+    index: int
+    pass_rate: float | None = None
+    experiences: int = 0
+    kept: int = 0
+
+    def msg_id(self) -> str:
+        return f"feedback:{self.group_id}"
+
+    def validate(self) -> None:
+        _check_id("TaskFeedback", "group_id", self.group_id, required=True)
+        if self.index < 0:
+            raise ValueError(f"TaskFeedback.index: must be >= 0, got {self.index}")
+        if self.pass_rate is not None and not math.isfinite(self.pass_rate):
+            raise ValueError(f"TaskFeedback.pass_rate: must be finite, got {self.pass_rate}")
+
+
+@dataclass(slots=True, eq=False)
 class BatchRequest:
     """The trainer asks the buffer for train step ``step``'s batch of ``n`` experiences
     (``trinity.<run>.rpc.batch``). ``trainer_version``: the weights the trainer holds (staleness
@@ -472,6 +502,7 @@ SCHEMAS: dict[str, type] = {
     "metric": Metric,
     "task_order": TaskOrder,
     "task_done": TaskDone,
+    "task_feedback": TaskFeedback,
     "batch_request": BatchRequest,
     "batch_reply": BatchReply,
     "commit": Commit,

@@ -132,14 +132,18 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
 
     # tasksets
     ei = buf.explorer_input
-    tasksets = ([("buffer.explorer_input.taskset", ei.taskset, False)] if ei.taskset else []) + [
+    if ei.taskset is not None and ei.tasksets:
+        problems.append("buffer.explorer_input.tasksets: set it or buffer.explorer_input.taskset, not both")
+    tasksets = [(path, ts, False) for path, ts in ei.training()] + [
         (f"buffer.explorer_input.eval_tasksets[{i}]", ts, True)
         for i, ts in enumerate(ei.eval_tasksets)
     ]
     seen_names: dict[str, str] = {}
     for path, ts, is_eval in tasksets:
         if not ts.name:
-            put(ts, "name", "taskset" if not is_eval else f"eval_{path[-2]}", f"{path}.name")
+            name = (f"eval_{path[-2]}" if is_eval else "taskset" if path.endswith("taskset")
+                    else f"taskset_{path[-2]}")
+            put(ts, "name", name, f"{path}.name")
         if ts.name in seen_names:
             problems.append(
                 f"{path}.name: {ts.name!r} is also the name of {seen_names[ts.name]}; taskset names must be unique"
@@ -166,9 +170,12 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
                 ei.default_reward_fn_type,
                 f"{path}.default_reward_fn_type",
             )
-        if ts.task_selector is not None:
-            warnings.append(f"{path}.task_selector is deprecated; use data_selector")
-            put(ts, "data_selector", ts.task_selector, f"{path}.data_selector")
+        if getattr(ts, "weight", None) is not None and getattr(ts, "weight_schedule", None):
+            warnings.append(f"{path}.weight ({ts.weight}) is replaced by {path}.weight_schedule")
+        if ts.data_selector is not None:
+            warnings.append(f"{path}.data_selector is the older name of task_selector; use task_selector")
+            put(ts, "task_selector", ts.data_selector, f"{path}.task_selector")
+            put(ts, "data_selector", None, f"{path}.data_selector")
         ra = ts.rollout_args
         for attr, value in (
             ("temperature", m.temperature),

@@ -97,13 +97,18 @@ class Rendezvous:
 @dataclass(slots=True)
 class Cursor:
     """``cursor.explorer``: where a restarted leading explorer resumes. ``reader`` is the
-    taskset reader's state and ``done_from`` the task queue's first unacked sequence (explore);
-    ``episodes`` the API-serving explorer's count (serve)."""
+    taskset scheduler's state (every taskset's position and selector), ``done_from`` the task
+    queue's first unacked sequence and ``feedback_from`` the first feedback not yet handed to
+    the selectors (explore); ``batch`` the tasks of step ``step + 1`` while it runs (``[taskset,
+    row, epoch, draw]`` each), so a restarted leader re-runs exactly those; ``episodes`` the
+    API-serving explorer's count (serve)."""
 
     step: int
     reader: dict[str, Any] | None = None
     done_from: int | None = None
     episodes: int | None = None
+    feedback_from: int | None = None
+    batch: list[list[Any]] | None = None
 
     def validate(self) -> None:
         _check("Cursor.step", self.step >= 0, f"must be >= 0, got {self.step}")

@@ -40,11 +40,12 @@ from storage.datafiles import (
     load_rows,
     resolve_data_files,
 )
+from storage.selectors import OrderSelector, RowSelector, make_selector
 
 if TYPE_CHECKING:
     from schemas.config import ExperienceBufferConfig, FormatConfig, TasksetConfig
 
-Selector = Literal["sequential", "shuffle", "random"]
+Selector = Literal["sequential", "shuffle", "random", "offline_easy2hard"]
 T = TypeVar("T")
 
 
@@ -160,18 +161,9 @@ def format_row(
 
 
 def epoch_order(selector: Selector, size: int, seed: int, epoch: int) -> np.ndarray:
-    """Row indices of one epoch: a pure function of ``(selector, size, seed, epoch)``, which is
-    why a cursor of one integer is enough to resume."""
-    if selector == "sequential":
-        return np.arange(size, dtype=np.int64)
-    rng = np.random.default_rng([seed & 0xFFFFFFFF, epoch])
-    if selector == "shuffle":
-        return rng.permutation(size).astype(np.int64)
-    if selector == "random":
-        return rng.integers(0, size, size=size, dtype=np.int64)
-    raise ValueError(
-        f"data_selector.selector_type: unknown {selector!r} (sequential, shuffle, random)"
-    )
+    """Row indices of one epoch of an order selector: a pure function of ``(selector, size,
+    seed, epoch)``, which is why a cursor of one integer is enough to resume."""
+    return OrderSelector(selector, size, seed).order(epoch)
 
 
 @dataclass(frozen=True)
@@ -210,7 +202,7 @@ class DatasetReader(Generic[T]):
         transform: Callable[[int, dict[str, Any], int], T],
         total_epochs: int = 1,
         total_steps: int | None = None,
-        selector: Selector = "sequential",
+        selector: Selector | RowSelector = "sequential",
         seed: int = 42,
         offset: int = 0,
         drop_last: bool = True,
@@ -226,7 +218,9 @@ class DatasetReader(Generic[T]):
         self.name = name
         self.batch_size = batch_size
         self.transform = transform
-        self.selector: Selector = selector
+        #: chooses the rows of each stream position (``storage/selectors.py``)
+        self.selector: RowSelector = (OrderSelector(selector, len(rows), seed) if isinstance(selector, str)
+                                      else selector)
         self.seed = seed
         self.drop_last = drop_last
         self.total_samples = (
@@ -234,8 +228,6 @@ class DatasetReader(Generic[T]):
         )
         if len(rows) == 0 and total_steps:
             raise TasksetError(f"{name or 'dataset'}: no rows, cannot run {total_steps} steps")
-        self._order_epoch = -1
-        self._order = np.empty(0, dtype=np.int64)
         self.offset = 0
         self.seek(offset)
 
@@ -263,8 +255,9 @@ class DatasetReader(Generic[T]):
             "epoch": self.cursor.epoch,
             "index": self.cursor.index,
             "dataset_size": self.dataset_size,
-            "selector": self.selector,
+            "selector": self.selector.kind,
             "seed": self.seed,
+            "selector_state": self.selector.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -272,7 +265,7 @@ class DatasetReader(Generic[T]):
         rows (repeating some, skipping others), so it is an error naming the field."""
         for key, mine in (
             ("dataset_size", self.dataset_size),
-            ("selector", self.selector),
+            ("selector", self.selector.kind),
             ("seed", self.seed),
         ):
             if key in state and state[key] != mine:
@@ -280,6 +273,7 @@ class DatasetReader(Generic[T]):
                     f"{self.name or 'dataset'}: saved cursor has {key}={state[key]!r} but the "
                     f"reader has {mine!r}; resuming would repeat or skip rows"
                 )
+        self.selector.load_state_dict(state.get("selector_state") or {})
         self.seek(int(state["offset"]))
 
     # -- reading -----------------------------------------------------------------------------
@@ -297,30 +291,35 @@ class DatasetReader(Generic[T]):
         full, rest = divmod(self.total_samples, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    def _row_index(self, offset: int) -> int:
-        epoch, pos = divmod(offset, self.dataset_size)
-        if epoch != self._order_epoch:
-            self._order = epoch_order(self.selector, self.dataset_size, self.seed, epoch)
-            self._order_epoch = epoch
-        return int(self._order[pos])
-
-    def peek_indices(self, n: int | None = None) -> list[tuple[int, int]]:
-        """``(row_index, epoch)`` of the next batch, without moving the cursor."""
+    def peek(self, n: int | None = None) -> list[tuple[int, int, int]]:
+        """``(row_index, epoch, draw)`` of the next batch, without moving the cursor; ``draw`` is
+        the stream position (unique, unlike the row when a selector draws a row twice)."""
         n = self.batch_size if n is None else n
         take = min(n, self.remaining)
         if take == 0 or (self.drop_last and take < n):
             return []
-        out = []
-        for off in range(self.offset, self.offset + take):
-            out.append((self._row_index(off), off // self.dataset_size))
-        return out
+        rows = self.selector.pick(self.offset, take)
+        size = max(self.dataset_size, 1)
+        return [(r, off // size, off) for r, off in zip(rows, range(self.offset, self.offset + take), strict=True)]
+
+    def peek_indices(self, n: int | None = None) -> list[tuple[int, int]]:
+        """``(row_index, epoch)`` of the next batch, without moving the cursor."""
+        return [(i, epoch) for i, epoch, _ in self.peek(n)]
+
+    def make(self, index: int, epoch: int, draw: int) -> T:
+        """The item of row ``index`` handed out at stream position ``draw``."""
+        return self.transform(index, self.rows[index], epoch)
 
     def read_batch(self, n: int | None = None) -> list[T]:
         """The next batch (``batch_size`` unless ``n``), advancing the cursor; ``[]`` at the end."""
-        picked = self.peek_indices(n)
-        items = [self.transform(i, self.rows[i], epoch) for i, epoch in picked]
+        picked = self.peek(n)
+        items = [self.make(i, epoch, draw) for i, epoch, draw in picked]
         self.offset += len(picked)
         return items
+
+    def update(self, indices: Sequence[int], values: Sequence[float]) -> None:
+        """Feedback for the selector (per-row mean rewards; only adaptive selectors use it)."""
+        self.selector.update(indices, values)
 
     def __iter__(self) -> Iterator[list[T]]:
         while batch := self.read_batch():
@@ -359,9 +358,10 @@ class TaskSpec:
     workflow_key: str = ""
     reward_fn_key: str = ""
 
-    def make_task(self, index: int, row: dict[str, Any], epoch: int) -> Task:
+    def make_task(self, index: int, row: dict[str, Any], epoch: int, draw: int | None = None) -> Task:
         """The Task for row ``index``; ``task_id`` is ``<taskset>/<index>``, stable across runs
-        and epochs, so a re-published task deduplicates on the bus."""
+        and epochs, and ``draw`` its position in the taskset's stream (None: ``index``), so a
+        re-published task deduplicates on the bus."""
         workflow = (row.get(self.workflow_key) if self.workflow_key else None) or self.workflow
         if not workflow:
             raise TasksetError(
@@ -382,6 +382,7 @@ class TaskSpec:
             taskset=self.taskset,
             index=index,
             epoch=epoch,
+            draw=index if draw is None else draw,
             format=dict(self.format),
         )
 
@@ -412,6 +413,9 @@ class TaskReader(DatasetReader[Task]):
         kwargs.setdefault("drop_last", not spec.is_eval)
         super().__init__(rows, transform=spec.make_task, **kwargs)
 
+    def make(self, index: int, epoch: int, draw: int) -> Task:
+        return self.spec.make_task(index, self.rows[index], epoch, draw)
+
     @classmethod
     def from_config(
         cls,
@@ -434,9 +438,12 @@ class TaskReader(DatasetReader[Task]):
         rowset = load_rows(
             files, task_required_keys(cfg.format), skip_invalid_rows=cfg.skip_invalid_rows
         )
-        selector = cfg.task_selector or cfg.data_selector
+        sel = cfg.data_selector if cfg.data_selector is not None else cfg.task_selector
+        name = cfg.name or Path(cfg.path).name
+        selector = make_selector(sel.selector_type, rowset.rows, seed=sel.seed, feature_keys=sel.feature_keys,
+                                 kwargs=sel.kwargs, where=f"taskset {name!r}: task_selector")
         spec = TaskSpec(
-            taskset=cfg.name or Path(cfg.path).name,
+            taskset=name,
             workflow=cfg.default_workflow_type or default_workflow_type,
             reward_fn=cfg.default_reward_fn_type or default_reward_fn_type,
             rollout_args=cfg.rollout_args.model_dump(exclude_none=True),
@@ -454,8 +461,8 @@ class TaskReader(DatasetReader[Task]):
             batch_size=batch_size,
             total_epochs=1 if is_eval else total_epochs,
             total_steps=None if is_eval else total_steps,
-            selector=selector.selector_type,
-            seed=selector.seed,
+            selector=selector,
+            seed=sel.seed,
             offset=cfg.index,
             rowset=rowset,
         )
@@ -498,12 +505,21 @@ def dataset_reader_from_config(
 
 def check_taskset(cfg: TasksetConfig) -> None:
     """Raise :class:`TasksetError` when the taskset ``cfg`` describes cannot be read: no path,
-    no files for its split, no rows, or a first row without the prompt key (or a present
-    answer column's key). What :meth:`TaskReader.from_config` would find, from one row."""
+    no files for its split, no rows, a first row without the prompt key (or a present
+    answer column's key) or without the selector's ``feature_keys``, or selector ``kwargs``
+    the selector does not take. What :meth:`TaskReader.from_config` would find, from one row."""
     if not cfg.path:
         raise TasksetError("path is not set")
     files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
-    check_first_row(files, task_required_keys(cfg.format), skip_invalid_rows=cfg.skip_invalid_rows)
+    sel = cfg.data_selector if cfg.data_selector is not None else cfg.task_selector
+    decide = task_required_keys(cfg.format)
+
+    def required(first: dict[str, Any]) -> list[RequiredKey]:  # the selector's columns and kwargs too
+        make_selector(sel.selector_type, [first], seed=sel.seed, feature_keys=sel.feature_keys,
+                      kwargs=sel.kwargs, where="task_selector")
+        return decide(first)
+
+    check_first_row(files, required, skip_invalid_rows=cfg.skip_invalid_rows)
 
 
 def check_dataset(cfg: ExperienceBufferConfig, kind: Literal["sft", "dpo"] = "sft") -> None:

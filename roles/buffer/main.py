@@ -125,9 +125,11 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
             else:
                 items = await consumer.fetch(timeout=0.5)
                 if items:
-                    added, bad = await asyncio.to_thread(service.ingest, [d.obj for d in items])
+                    added, bad, feedback = await asyncio.to_thread(service.ingest, [d.obj for d in items])
                     for i, error in bad.items():  # to the dead-letter stream, never retried
                         await consumer.dead_letter(items[i].msgs, error)
+                    # before the acks: a buffer killed in between re-sends them (same ids: dropped)
+                    await asyncio.gather(*(pub.publish(f, "feedback") for f in feedback))
                     await consumer.ack([d for i, d in enumerate(items) if i not in bad])
                     log.debug("ingested", groups=len(items), experiences=added)
                 elif not service.source_done and await drained(consumer, state):

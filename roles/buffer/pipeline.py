@@ -24,6 +24,72 @@ from schemas.data import ExperienceGroup
 Operator = Callable[[ExperienceGroup], ExperienceGroup | None]
 
 
+SHAPING_OPS: dict[str, Callable[[float, float], float]] = {
+    "ADD": lambda r, x: r + x, "SUB": lambda r, x: r - x,
+    "MUL": lambda r, x: r * x, "DIV": lambda r, x: r / x if x != 0 else r,
+}
+
+
+def check_shaping_configs(reward_shaping_configs: list[dict[str, Any]]) -> None:
+    """Refuse a ``reward_shaping_configs`` entry that could not shape anything, naming it."""
+    if not isinstance(reward_shaping_configs, list) or not reward_shaping_configs:
+        raise ValueError("reward_shaping_configs: a non-empty list of {stats_key, op_type, weight}")
+    for j, c in enumerate(reward_shaping_configs):
+        where = f"reward_shaping_configs[{j}]"
+        if not isinstance(c, dict):
+            raise ValueError(f"{where}: a mapping with stats_key, op_type, weight; got {c!r}")
+        unknown = sorted(set(c) - {"stats_key", "op_type", "weight"})
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)} (stats_key, op_type, weight)")
+        if not isinstance(c.get("stats_key"), str) or not c["stats_key"]:
+            raise ValueError(f"{where}.stats_key: missing; name the experience info stat that shapes the reward")
+        if str(c.get("op_type", "ADD")).upper() not in SHAPING_OPS:
+            raise ValueError(f"{where}.op_type: {c.get('op_type')!r} is not one of {', '.join(SHAPING_OPS)}")
+        w = c.get("weight", 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ValueError(f"{where}.weight: a number is needed, got {w!r}")
+
+
+def reward_shaping_mapper(group: ExperienceGroup, *,
+                          reward_shaping_configs: list[dict[str, Any]]) -> ExperienceGroup:
+    """Trinity-RFT's ``reward_shaping_mapper``: for each ``{stats_key, op_type, weight}`` in
+    order, ``reward <op>= weight * info[stats_key]`` (op ADD, SUB, MUL or DIV; a zero divisor
+    leaves the reward). The stat comes from an earlier operator (e.g. a Data-Juicer scorer)
+    or the workflow. An experience without it is an error naming it, where Trinity-RFT
+    skips silently: shaping that never happens is a bug nobody would see."""
+    check_shaping_configs(reward_shaping_configs)
+    for i, e in enumerate(group.experiences):
+        if e.reward is None:
+            continue
+        r = float(e.reward)
+        for c in reward_shaping_configs:
+            key = c["stats_key"]
+            if key not in e.info:
+                raise ValueError(f"ExperienceGroup.experiences[{i}].info[{key!r}]: missing; "
+                                 f"reward_shaping_mapper's stats_key names it")
+            stat = e.info[key]
+            if isinstance(stat, bool) or not isinstance(stat, (int, float)):
+                raise ValueError(f"ExperienceGroup.experiences[{i}].info[{key!r}]: {stat!r} is not a number")
+            r = SHAPING_OPS[str(c.get("op_type", "ADD")).upper()](r, float(c.get("weight", 1.0)) * float(stat))
+        e.reward = r
+    return group
+
+
+def pass_rate_calculator(group: ExperienceGroup, *, success_threshold: float | None = None) -> ExperienceGroup:
+    """The group's pass rate into ``group.metrics["pass_rate"]``: the mean reward (Trinity-RFT's
+    definition), or with ``success_threshold`` the share of rewards at or above it (for rewards
+    outside [0, 1]). The buffer sends it back to the explorer's task selector
+    (``difficulty_based``) as a :class:`schemas.data.TaskFeedback`; place it before operators
+    that drop groups, so that dropped groups are counted too."""
+    rewards = [float(e.reward) for e in group.experiences if e.reward is not None]
+    if rewards:
+        if success_threshold is None:
+            group.metrics["pass_rate"] = sum(rewards) / len(rewards)
+        else:
+            group.metrics["pass_rate"] = sum(r >= success_threshold for r in rewards) / len(rewards)
+    return group
+
+
 def reward_shaping(group: ExperienceGroup, *, scale: float = 1.0, bias: float = 0.0,
                    clip: list[float] | None = None) -> ExperienceGroup:
     """``r' = clip(scale * r + bias)``: rescale rewards (e.g. map {0, 1} to {-1, 1})."""
@@ -54,7 +120,8 @@ def drop_truncated(group: ExperienceGroup) -> ExperienceGroup | None:
 
 OPERATORS: dict[str, Callable[..., ExperienceGroup | None]] = {
     "reward_shaping": reward_shaping,
-    "reward_shaping_mapper": reward_shaping,
+    "reward_shaping_mapper": reward_shaping_mapper,
+    "pass_rate_calculator": pass_rate_calculator,
     "reward_filter": drop_equal_reward_groups,
     "drop_equal_reward_groups": drop_equal_reward_groups,
     "drop_truncated": drop_truncated,
@@ -139,19 +206,37 @@ class Pipeline:
                 raise ValueError(
                     f"data_processor.experience_pipeline.operators[{i}] ({name}).args: {e}"
                 ) from e
+            if name == "reward_shaping_mapper":
+                try:
+                    check_shaping_configs(args["reward_shaping_configs"])
+                except ValueError as e:
+                    raise ValueError(f"data_processor.experience_pipeline.operators[{i}] ({name}).args.{e}") from e
             ops_.append((name, lambda g, fn=fn, args=args: fn(g, **args)))
         return cls(ops_, spec)
 
     def __call__(self, group: ExperienceGroup) -> ExperienceGroup | None:
+        return self.run(group)[0]
+
+    @property
+    def feeds_back(self) -> bool:
+        """Whether groups leave a pass rate for the task selectors (``pass_rate_calculator``)."""
+        return any(name == "pass_rate_calculator" for name, _ in self.operators)
+
+    def run(self, group: ExperienceGroup) -> tuple[ExperienceGroup | None, float | None]:
+        """The group out (None: dropped) and its pass rate, read from the last form the group
+        had, so a group dropped after ``pass_rate_calculator`` still reports it."""
         g: ExperienceGroup | None = group
+        rate: float | None = None
         for name, op in self.operators:
+            last = g
             g = op(g)
+            rate = (g or last).metrics.get("pass_rate", rate)  # type: ignore[union-attr]
             if g is None:
                 self.dropped[name] = self.dropped.get(name, 0) + 1
-                return None
+                return None, rate
         spec = self.spec
         if spec is not None and spec.advantage_fn and not spec.compute_advantage_in_trainer:
             g = group_advantages(g, spec)
             if g is None:
                 self.dropped["advantage"] = self.dropped.get("advantage", 0) + 1
-        return g
+        return g, rate

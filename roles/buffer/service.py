@@ -33,7 +33,7 @@ import structlog
 import ops
 from ops.sampling import BatchPlan
 from schemas import codec
-from schemas.data import ExperienceGroup
+from schemas.data import ExperienceGroup, TaskFeedback
 from storage.replay import ReplayError, ReplayStore
 
 from .files import FileBuffer
@@ -115,23 +115,30 @@ class BufferService:
 
     # -- ingest -------------------------------------------------------------------------------
 
-    def ingest(self, groups: list[ExperienceGroup]) -> tuple[int, dict[int, Exception]]:
+    def ingest(self, groups: list[ExperienceGroup]) -> tuple[int, dict[int, Exception], list[TaskFeedback]]:
         """Run the pipeline and store the surviving groups in one transaction. Returns the
-        number of experiences newly stored and, by their index in ``groups``, the groups
-        quarantined with their error (see the module doc). Synchronous: call it from a
+        number of experiences newly stored, by their index in ``groups`` the groups
+        quarantined with their error (see the module doc), and when the pipeline has a
+        ``pass_rate_calculator`` one :class:`TaskFeedback` per training group it ran through
+        (kept or dropped) for the explorer's task selectors. Synchronous: call it from a
         thread."""
         keep: dict[int, ExperienceGroup] = {}
         bad: dict[int, Exception] = {}
+        feedback: dict[int, TaskFeedback] = {}
         for i, g in enumerate(groups):
             self.groups_in += 1
             if g.is_eval:
                 continue
             try:
                 check_tokens(g, self.vocab)
-                out = self.pipeline(g)
+                n = len(g.experiences)
+                out, rate = self.pipeline.run(g)
                 if out is not None:
                     out.validate()  # what the pipeline computed (advantages) must be finite too
                     keep[i] = out
+                if self.pipeline.feeds_back and g.task_index is not None:
+                    feedback[i] = TaskFeedback(g.group_id, g.taskset, g.task_index, rate, n,
+                                               len(out.experiences) if out is not None else 0)
             except Exception as e:  # one group's problem: it must not stop the others
                 bad[i] = e
         added = 0
@@ -152,7 +159,7 @@ class BufferService:
             g = groups[i]
             error = f"{type(e).__name__}: {e}"
             log.warning("quarantined", group_id=g.group_id, task_id=g.task_id, error=error)
-        return added, bad
+        return added, bad, [f for i, f in feedback.items() if i not in bad]
 
     def arrived_threadsafe(self) -> None:
         """Set :attr:`arrived` on its loop, from the ingest's thread or the loop itself (none

@@ -21,10 +21,10 @@ from roles.explorer.main import (
     served_model_name,
     start_auxiliary_apis,
     stop_auxiliary_apis,
-    train_reader,
 )
 from schemas.config import TrinityConfig
 from schemas.data import Experience
+from storage.scheduler import scheduler_from_config
 
 
 def experience_json(e: Experience) -> dict[str, Any]:
@@ -57,7 +57,11 @@ async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict
         pool = make_pool(cfg, engines, auxiliary, api)
         if api is not None:
             await start_auxiliary_apis(cfg, pool)
-        tasks = train_reader(cfg).read_batch(n_tasks)
+        tasks_of = scheduler_from_config(cfg)  # one step's tasks, or the first n_tasks
+        tasks = tasks_of.next_batch()
+        while n_tasks is not None and len(tasks) < n_tasks and (batch := tasks_of.next_batch()):
+            tasks += batch
+        tasks = tasks[:n_tasks]
         results = await asyncio.gather(*(pool.run_task(t) for t in tasks))
     finally:
         if api is not None:

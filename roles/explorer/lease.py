@@ -39,15 +39,16 @@ RENEW_S = 2.0
 def join_fingerprint(cfg: Any) -> dict[str, Any]:
     """The settings every explorer of one run must share: the same model, taskset, algorithm,
     group size and weight sync (a task run on another model would train the wrong policy)."""
-    ts = cfg.buffer.explorer_input.taskset
-    return {
+    out = {
         "model.model_path": cfg.model.model_path,
         "explorer.rollout_model.engine_type": cfg.explorer.rollout_model.engine_type,
-        "buffer.explorer_input.taskset.path": getattr(ts, "path", None),
         "algorithm.algorithm_type": cfg.algorithm.algorithm_type,
         "algorithm.repeat_times": cfg.algorithm.repeat_times,
         "synchronizer.sync_method": cfg.synchronizer.sync_method,
     }
+    for path, ts in cfg.buffer.explorer_input.training():
+        out[f"{path}.path"] = ts.path
+    return out
 
 
 def check_joining(cfg: Any, theirs: JoinSettings | None) -> None:

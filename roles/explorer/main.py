@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import bus
 from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
 from roles.explorer.eval import evaluate, group_metrics
+from roles.explorer.feedback import FeedbackInbox
 from roles.explorer.follow import CheckpointFollower, NoSync
 from roles.explorer.lease import (
     JOIN_KEY,
@@ -53,7 +54,7 @@ from schemas.config import TrinityConfig
 from schemas.data import Metric
 from schemas.modes import MODES
 from schemas.state import ApiAddress, Cursor, ExplorerFinished, JoinSettings
-from storage.tasksets import TaskReader
+from storage.scheduler import TaskScheduler, scheduler_from_config
 
 log = logging.getLogger("trinity.explorer")
 
@@ -144,19 +145,14 @@ def served_model_name(cfg: TrinityConfig) -> str:
     return origin.split("@", 1)[0] if origin else path
 
 
-def train_reader(cfg: TrinityConfig) -> TaskReader:
-    ei = cfg.buffer.explorer_input
-    if ei.taskset is None:
-        raise ValueError("buffer.explorer_input.taskset: not set; the explorer has nothing to run")
-    return TaskReader.from_config(
-        ei.taskset,
-        batch_size=cfg.buffer.batch_size,
-        total_epochs=cfg.buffer.total_epochs,
-        total_steps=cfg.buffer.total_steps,
-        default_workflow_type=ei.default_workflow_type,
-        default_reward_fn_type=ei.default_reward_fn_type,
-        repeat_times=cfg.algorithm.repeat_times,
-    )
+#: Per-taskset rollout metrics of a mixed run (``<taskset>/<metric>``).
+TASKSET_METRICS = ("tasks", "reward_mean", "accuracy", "groups_with_signal", "response_length_mean")
+
+
+def needs_feedback(cfg: TrinityConfig) -> bool:
+    """Whether a taskset's selector learns from the buffer's pass rates."""
+    return any(ts.task_selector.selector_type == "difficulty_based"
+               for _, ts in cfg.buffer.explorer_input.training())
 
 
 def over_rollout_minimum(n: int, cfg: TrinityConfig) -> int:
@@ -297,16 +293,24 @@ class Explorer:
             await bus.stop_tasks(keep, done)
 
     async def run(self, sync: SyncClient) -> ExplorerStats:
-        """The leader's steps (:meth:`explore` calls it once this process leads)."""
+        """The leader's steps (:meth:`explore` calls it once this process leads). A step's tasks
+        are saved in the cursor before they are queued, so a restarted leader re-runs that very
+        step; the selectors get the buffer's feedback only just before a step is picked."""
         cfg, name = self.cfg, self.cfg.explorer.name
-        reader = train_reader(cfg)
+        tasks_of = scheduler_from_config(cfg)
         saved = await self.state.get(CURSOR_KEY)
+        in_flight = None
         if saved:
-            reader.load_state_dict(saved.reader or {})
-            self.step = saved.step
-            log.info("resuming step=%d offset=%d", self.step, reader.offset)
+            tasks_of.load_state_dict(saved.reader or {})
+            self.step, in_flight = saved.step, saved.batch
+            log.info("resuming step=%d offset=%d%s", self.step, tasks_of.offset, " (step in flight)" if in_flight else "")
         self.queue = TaskQueue(self.nc, cfg, self.pub)
-        await self.queue.start((saved.done_from or 1) if saved else 1)
+        done_from = (saved.done_from or 1) if saved else 1
+        await self.queue.start(done_from)
+        inbox = None
+        if needs_feedback(cfg):
+            inbox = FeedbackInbox(self.queue.js, cfg.run_id)
+            inbox.start((saved.feedback_from or 1) if saved else 1)
         version = self.engines[0].model_version
         await self.state.set_model_version(name, version)
         every_s = cfg.explorer.runner_state_report_interval
@@ -314,7 +318,7 @@ class Explorer:
         try:
             if cfg.explorer.eval_on_startup and self.step == 0:
                 await until_stopped(evaluate(cfg, self.pool, 0, self.report), self.stop)
-            while not self.stop.is_set() and not reader.exhausted:
+            while not self.stop.is_set() and (in_flight or not tasks_of.exhausted):
                 ok, _ = await until_stopped(sync.before_step(self.step, self.sync_engines), self.stop)
                 if not ok:
                     break
@@ -322,26 +326,33 @@ class Explorer:
                     version = self.engines[0].model_version
                     await self.state.set_model_version(name, version)
                 t0 = time.monotonic()
-                offset = reader.offset
-                tasks = reader.read_batch()
+                if in_flight:
+                    tasks, in_flight = tasks_of.rebuild(in_flight), None
+                else:
+                    if inbox is not None:
+                        inbox.apply(tasks_of)
+                    tasks = tasks_of.next_batch()
+                    await self.state.put(CURSOR_KEY, Cursor(
+                        self.step, reader=tasks_of.state_dict(), done_from=done_from,
+                        feedback_from=inbox.next_seq if inbox else None, batch=TaskScheduler.picks(tasks)))
                 finished, results = await until_stopped(
                     self._explore_step(tasks), self.stop, self.shutdown_grace)
-                if not finished:
-                    reader.seek(offset)  # the abandoned step is re-run after a restart
+                if not finished:  # the cursor holds the step: a restart re-runs it
                     self.stats.interrupted = True
                     log.warning("SIGTERM: abandoned step %d (nothing half published)", self.step + 1)
                     break
                 self.step += 1
                 self.stats.steps += 1
                 self.pool.steps_seen = self.step
-                await self.state.put(CURSOR_KEY, Cursor(self.step, reader=reader.state_dict(),
-                                                                done_from=await self.queue.next_done_seq()))
-                await self._step_metrics(results, time.monotonic() - t0)
+                done_from = await self.queue.next_done_seq()
+                await self.state.put(CURSOR_KEY, Cursor(self.step, reader=tasks_of.state_dict(), done_from=done_from,
+                                                        feedback_from=inbox.next_seq if inbox else None))
+                await self._step_metrics(results, time.monotonic() - t0, tasks_of, inbox)
                 await sync.after_step(self.step)
                 every = cfg.explorer.eval_interval
                 # after the last step _finish evaluates the final weights: an interval
                 # evaluation here would rate the weights before them, under the same step
-                last = reader.exhausted
+                last = tasks_of.exhausted
                 if every > 0 and self.step % every == 0 and not last and cfg.buffer.explorer_input.eval_tasksets:
                     await until_stopped(evaluate(cfg, self.pool, self.step, self.report), self.stop)
             await self.pub.flush()
@@ -349,10 +360,19 @@ class Explorer:
                 self.stats.interrupted = True
             else:
                 await self._finish(sync)
+                if inbox is not None and not self.stats.interrupted:
+                    # the final weights are in: every group was trained, so every pass rate
+                    # is on the stream; take them in so the final selector state is complete
+                    await inbox.tail.caught_up()
+                    inbox.apply(tasks_of)
+                    await self.report(Metric(role="explorer", step=self.step, kind="selection",
+                                             values=tasks_of.metrics()))
         finally:
             if report is not None:
                 report.cancel()
             await self.queue.close()
+            if inbox is not None:
+                await inbox.close()
             if self.monitor is not None:
                 self.monitor.close()
             self.beat_name = ""  # no "running" beat after this one
@@ -504,8 +524,16 @@ class Explorer:
             self.stats.interrupted = not ok
             await self.pub.flush()
 
-    async def _step_metrics(self, results: list[TaskResult], seconds: float) -> None:
-        values = group_metrics(results, self.cfg.monitor.detailed_stats)
+    async def _step_metrics(self, results: list[TaskResult], seconds: float, tasks_of: TaskScheduler,
+                            inbox: FeedbackInbox | None = None) -> None:
+        values = group_metrics(results, self.cfg.monitor.detailed_stats) | tasks_of.metrics()
+        sets = sorted({r.task.taskset for r in results})
+        if len(self.cfg.buffer.explorer_input.training()) > 1:  # per taskset: how the mix went
+            for ts in sets:
+                part = group_metrics([r for r in results if r.task.taskset == ts])
+                values.update({f"{ts}/{k}": v for k, v in part.items() if k in TASKSET_METRICS})
+        if inbox is not None:
+            values["feedback_applied"] = float(inbox.applied)
         tokens = sum(e.response_length for r in results if r.group for e in r.group.experiences)
         values.update(step_seconds=seconds, tokens_per_second=tokens / max(seconds, 1e-9),
                       model_version=float(self.engines[0].model_version))

@@ -37,7 +37,6 @@ from typing import Any
 
 import nats
 import structlog
-from nats.js import api
 from nats.js.errors import NotFoundError
 
 import bus
@@ -105,67 +104,21 @@ class TaskQueue:
         self.names = bus.names(cfg.run_id)
         self.done: dict[int, dict[int, TaskDone]] = {}
         self.arrived = asyncio.Event()
-        self.read_to = 0  # the last ``done`` stream sequence the subscription delivered
         self.floor = 0  # notices of steps below this one are of finished steps: dropped
-        self._reader: asyncio.Task[None] | None = None
-        self._closing = False
+        self.tail = bus.StreamTail(self.js, cfg.run_id, "done", self._on_done)
 
     async def start(self, done_from: int) -> None:
         """Read ``done`` notices from stream sequence ``done_from`` on (the cursor's)."""
-        self.read_to = max(1, done_from) - 1
-        self._reader = asyncio.create_task(self._read())
+        self.tail.start(done_from)
 
     async def close(self) -> None:
-        """Stop the reader. By a flag it checks every fetch, not by cancelling alone: a cancel
-        that lands as nats-py's fetch times out can be lost, and the reader would go on."""
-        self._closing = True
-        await bus.stop_tasks(self._reader)
-        self._reader = None
-
-    async def _read(self) -> None:
-        """Fetch notices in order through a consumer of our own that starts after the last one
-        read; one lost to a server restart or a reconnect is made again from there."""
-        sub = None
-        try:
-            while not self._closing:
-                if sub is None:
-                    try:
-                        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                                    opt_start_seq=self.read_to + 1, ack_policy=api.AckPolicy.NONE,
-                                                    inactive_threshold=60.0)
-                        sub = await self.js.pull_subscribe(self.names.subject("done"), stream=self.names.stream("done"),
-                                                           config=config)
-                    except (nats.errors.Error, OSError) as e:
-                        log.warning("task_done_reader_retry", error=f"{type(e).__name__}: {e}")
-                        await asyncio.sleep(0.5)
-                        continue
-                try:
-                    msgs = await sub.fetch(256, timeout=1.0)
-                except (asyncio.TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except (nats.errors.Error, OSError) as e:  # e.g. the consumer is gone with a restarted server
-                    log.warning("task_done_reader_retry", error=f"{type(e).__name__}: {e}")
-                    with contextlib.suppress(Exception):
-                        await sub.unsubscribe()
-                    sub = None
-                    await asyncio.sleep(0.5)
-                    continue
-                for m in msgs:
-                    self._on_done(m)
-        finally:
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+        await self.tail.close()
 
     def _on_done(self, msg: Any) -> None:
-        seq = msg.metadata.sequence.stream
-        if seq <= self.read_to:
-            return
-        self.read_to = seq
         try:
             d = codec.decode(msg.data, TaskDone)
         except codec.CodecError as e:  # a report, never worth stopping the run for
-            log.error("task_done_unreadable", seq=seq, error=str(e))
+            log.error("task_done_unreadable", seq=msg.metadata.sequence.stream, error=str(e))
             return
         if d.step >= self.floor:
             self.done.setdefault(d.step, {})[d.index] = d
@@ -191,14 +144,6 @@ class TaskQueue:
             return -1
         return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
-    async def _all_read(self) -> None:
-        """Wait until the subscription has delivered every notice stored so far."""
-        last = (await self.next_done_seq()) - 1
-        while self.read_to < last:
-            self.arrived.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.arrived.wait(), 0.25)
-
     async def wait_step(self, step: int, tasks: list[Task], need: int, after_min: float) -> list[TaskResult]:
         """The results of step ``step`` once ``need`` of its tasks are done, plus whatever
         else finishes within ``after_min`` seconds after that (``over_rollout``). Orders the
@@ -214,7 +159,7 @@ class TaskQueue:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.arrived.wait(), 1.0)
             if len(got) < len(tasks) and not self.arrived.is_set() and await self.outstanding() == 0:
-                await self._all_read()
+                await self.tail.caught_up()
                 for i in set(range(len(tasks))) - set(got):
                     log.error("task_given_up", step=step, index=i, task_id=tasks[i].task_id,
                               max_deliver=self.cfg.nats.max_deliver)

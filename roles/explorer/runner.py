@@ -78,9 +78,10 @@ class _Part:
 
 
 def group_id(task: Task) -> str:
-    """Deterministic group id: the same task in the same epoch is the same group (a
-    re-published group after a restart de-duplicates on the bus)."""
-    return f"{task.task_id}@{task.epoch}"
+    """Deterministic group id: the task at the same position of its taskset's stream is the
+    same group (a re-published group after a restart de-duplicates on the bus), and a row a
+    selector draws twice makes two groups."""
+    return f"{task.task_id}@{task.draw}"
 
 
 class RunnerPool:
@@ -302,7 +303,7 @@ class RunnerPool:
         version = min(e.model_version for e in exps)
         group = ExperienceGroup(
             group_id=gid, task_id=task.task_id, run_id=self.run_id, model_version=version,
-            experiences=exps, is_eval=task.is_eval, taskset=task.taskset,
+            experiences=exps, is_eval=task.is_eval, taskset=task.taskset, task_index=task.index,
         )
         try:
             group.validate()

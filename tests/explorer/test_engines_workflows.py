@@ -325,7 +325,8 @@ async def test_stop_abandons_the_step_without_half_groups_or_cursor_move(
     tmp_path, tiny_model, arith, hf_engine, nats_server
 ) -> None:
     """What SIGTERM does (its handler sets ``stop``): the step in flight gets a grace period,
-    then is abandoned; finished groups are whole, the cursor stays before the step."""
+    then is abandoned; finished groups are whole, the cursor stays before the step and holds
+    the step's tasks, which a restart runs again (the finished groups de-duplicate)."""
     import bus
     from roles.explorer.main import CURSOR_KEY, Explorer, NoSync
 
@@ -343,7 +344,8 @@ async def test_stop_abandons_the_step_without_half_groups_or_cursor_move(
         stats = await asyncio.wait_for(run, 60)
         assert stats.interrupted and stats.steps == 0 and stats.published == 2
         state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id)
-        assert await state.get(CURSOR_KEY) is None
+        cursor = await state.get(CURSOR_KEY)
+        assert cursor.step == 0 and cursor.batch == [["arith", i, 0, i] for i in range(3)]
         hb = (await state.heartbeats())["explorer"]
         assert hb["state"] == "stopped"
     finally:

@@ -54,6 +54,7 @@ from roles.explorer.workflows import register_workflow
 from roles.explorer.workflows.math import MathWorkflow
 from schemas.config import UNUSED_FIELDS, TrinityConfig
 from schemas.derive import unused_settings
+from storage.scheduler import scheduler_from_config
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The key the agent probe presents to the explorer's OpenAI API (which checks none by default).
@@ -100,7 +101,8 @@ def field_paths(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Fie
 def declared_unused(path: str) -> bool:
     """The field, or a section it belongs to, is in UNUSED_FIELDS."""
     parts = path.split(".")
-    return any(".".join(parts[:i]) in UNUSED_FIELDS for i in range(1, len(parts) + 1))
+    return any(".".join(parts[:i]) in UNUSED_FIELDS or ".".join(parts[:i]).removesuffix("[]") in UNUSED_FIELDS
+               for i in range(1, len(parts) + 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,11 +289,11 @@ def base_grpo(f: Files) -> dict[str, Any]:
                 "taskset": {"name": "train", "path": str(f.tasks), "split": "train",
                             "format": {"prompt_key": "question", "response_key": "answer",
                                        "system_prompt": "be brief"},
-                            "data_selector": {"selector_type": "shuffle", "seed": 5},
+                            "task_selector": {"selector_type": "shuffle", "seed": 5},
                             "skip_invalid_rows": True},
                 "eval_tasksets": [{"name": "eval", "path": str(f.tasks), "split": "test",
                                    "format": {"response_key": "answer"},
-                                   "data_selector": {"selector_type": "shuffle", "seed": 5},
+                                   "task_selector": {"selector_type": "shuffle", "seed": 5},
                                    "skip_invalid_rows": True}],
                 "default_workflow_type": "math_workflow",
                 "default_reward_fn_type": "math_reward",
@@ -400,8 +402,22 @@ def base_serve(f: Files) -> dict[str, Any]:
 #: The configurations every field is tried on, in order: a field proven on the first is not
 #: tried on the others. Several, because a field may act only under another setting (a
 #: critic's optimizer only with a critic, a dataset's format only with a file buffer).
+def base_mixed(f: Files) -> dict[str, Any]:
+    """:func:`base_grpo` with two training tasksets mixed by weight (``tasksets``), the
+    first with its own workflow (:func:`base_agent`'s probe)."""
+    raw = base_grpo(f)
+    ei = raw["buffer"]["explorer_input"]
+    first = ei.pop("taskset")
+    second = copy.deepcopy(first) | {"name": "train2", "task_selector": {"selector_type": "sequential"},
+                                     "weight": 1.0}
+    ei["tasksets"] = [first | {"weight_schedule": [{"step": 0, "weight": 1.0}, {"step": 4, "weight": 3.0}],
+                               "default_workflow_type": "field_effects_agent"}, second]
+    raw["buffer"]["batch_size"] = 4  # a step of two tasks of each: the first taskset's two are base_grpo's first step
+    return raw
+
+
 BASES: dict[str, Callable[[Files], dict[str, Any]]] = {
-    "grpo": base_grpo, "agent": base_agent, "ppo": base_ppo, "chord_messages": base_chord_messages,
+    "grpo": base_grpo, "mixed": base_mixed, "agent": base_agent, "ppo": base_ppo, "chord_messages": base_chord_messages,
     "sft": base_sft, "sft_plain": base_sft_plain, "dpo": base_dpo, "serve": base_serve,
 }
 
@@ -418,6 +434,8 @@ _NONE = object()
 #: (``format.prompt_key`` matches every taskset's and buffer's); the longest match wins.
 #: Callables get the files.
 OVERRIDES: dict[str, Any] = {
+    "data_selector.feature_keys": ["answer"],
+    "data_selector.kwargs": {"target_reward": 0.5},
     "project": "proj2",
     "name": "exp2",
     "mode": "train",
@@ -482,6 +500,10 @@ OVERRIDES: dict[str, Any] = {
     "taskset.format.prompt_key": "q2",
     "eval_tasksets[].format.prompt_key": "question",
     "taskset.format.response_key": "a2",
+    "tasksets[].format.prompt_key": "q2",
+    "tasksets[].format.response_key": "a2",
+    "tasksets[].path": lambda f: str(f.tasks / "other"),
+    "tasksets[].split": "test",
     "eval_tasksets[].format.response_key": "a2",
     "format.prompt_key": "p2",
     "format.response_key": "r2",
@@ -968,8 +990,8 @@ async def _explore(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]
             sync = await explorer_main.make_sync(cfg, None, None, None)
             out["sync_client"] = {"kind": type(sync).__name__, "plan": plain(getattr(sync, "plan", None)),
                                   "interval": getattr(sync, "interval", None)}
-            if cfg.buffer.explorer_input.taskset is not None:
-                out["train_reader"] = _reader(explorer_main.train_reader(cfg))
+            if cfg.buffer.explorer_input.training():
+                out["train_readers"] = [_reader(r) for r in scheduler_from_config(cfg).readers]
                 queue, evals = _Queue(pool), []
 
                 async def record_eval(cfg: Any, pool: Any, step: int, publish: Any = None, final: bool = False) -> list:
@@ -1403,6 +1425,11 @@ def observe(cfg: TrinityConfig) -> dict[str, Any]:
 #: retries, reconnects, servers), each with the test that exercises that effect. The test is
 #: checked to exist and to mention the field.
 RUNTIME_EFFECTS: dict[str, str] = {
+    **{f"buffer.explorer_input.{ts}.{sel}.{leaf}": f"tests/storage/test_selectors.py::{test}"
+       for ts in ("taskset", "tasksets[]", "eval_tasksets[]")
+       for sel in ("task_selector", "data_selector")
+       for leaf, test in (("feature_keys", "test_offline_easy2hard_sorts_by_feature_keys_largest_first"),
+                          ("kwargs", "test_difficulty_based_picks_rows_near_the_target_and_resumes_exactly"))},
     "cluster.cpu_tuning": "tests/roles/test_cli.py::test_cpu_tuning_applies_where_the_setting_says",
     "explorer.max_retry_times":
         "tests/explorer/test_engines_workflows.py::test_failing_workflow_is_counted_and_others_published",
@@ -1540,6 +1567,7 @@ class World:
 #: Where to try a field first (path prefix -> bases): only speed depends on it, a field not
 #: proven there is tried on every other base.
 FIRST_TRIED: dict[str, list[str]] = {
+    "buffer.explorer_input.tasksets": ["mixed"],
     "buffer.trainer_input.experience_buffer.format.chosen_key": ["dpo"],
     "buffer.trainer_input.experience_buffer.format.rejected_key": ["dpo"],
     "buffer.trainer_input.experience_buffer.format.": ["sft", "sft_plain"],
@@ -1553,7 +1581,8 @@ FIRST_TRIED: dict[str, list[str]] = {
 def bases_for(path: str) -> list[str]:
     """The bases to try ``path`` on, in order: :data:`FIRST_TRIED`'s, then the others."""
     first = next((v for k, v in sorted(FIRST_TRIED.items(), key=lambda kv: -len(kv[0])) if path.startswith(k)), [])
-    return first + [b for b in BASES if b not in first]
+    # the mixed base has no ``taskset`` section, and creating one beside its tasksets is refused
+    return first + [b for b in BASES if b not in first and b != "mixed"]
 
 
 @pytest.fixture(scope="module")

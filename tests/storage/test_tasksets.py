@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.config import DataSelectorConfig, ExperienceBufferConfig, FormatConfig, TasksetConfig
+from schemas.config import ExperienceBufferConfig, FormatConfig, TaskSelectorConfig, TasksetConfig
 from storage.datafiles import TasksetError, load_rows, resolve_data_files
 from storage.tasksets import (
     DatasetReader,
@@ -96,11 +96,11 @@ def test_resolve_other_layouts(tmp_path: Path) -> None:
 def test_parquet_hf_layout_and_jsonl_give_same_tasks(gsm8k_dir: Path, tmp_path: Path) -> None:
     jsonl = _write_jsonl(tmp_path / "gsm8k.jsonl", ROWS)
     for selector in ("sequential", "shuffle"):
-        sel = DataSelectorConfig(selector_type=selector, seed=7)
+        sel = TaskSelectorConfig(selector_type=selector, seed=7)
         a = TaskReader.from_config(
-            _cfg(gsm8k_dir, subset_name="main", data_selector=sel), batch_size=4, total_epochs=2
+            _cfg(gsm8k_dir, subset_name="main", task_selector=sel), batch_size=4, total_epochs=2
         )
-        b = TaskReader.from_config(_cfg(jsonl, data_selector=sel), batch_size=4, total_epochs=2)
+        b = TaskReader.from_config(_cfg(jsonl, task_selector=sel), batch_size=4, total_epochs=2)
         ta = [t for batch in a for t in batch]
         tb = [t for batch in b for t in batch]
         assert len(ta) == len(tb) == (2 * len(ROWS)) // 4 * 4
@@ -148,30 +148,30 @@ def test_missing_key_names_file_row_and_key(tmp_path: Path) -> None:
 
 def test_cursor_resume_neither_repeats_nor_skips(tmp_path: Path) -> None:
     f = _write_jsonl(tmp_path / "t.jsonl", ROWS)
-    sel = DataSelectorConfig(selector_type="shuffle", seed=3)
-    full = TaskReader.from_config(_cfg(f, data_selector=sel), batch_size=5, total_steps=11)
+    sel = TaskSelectorConfig(selector_type="shuffle", seed=3)
+    full = TaskReader.from_config(_cfg(f, task_selector=sel), batch_size=5, total_steps=11)
     expected = [(t.index, t.epoch) for batch in full for t in batch]
     assert len(expected) == 55  # total_steps * batch_size, spanning 3 epochs of 23
     # each epoch is a permutation of all rows, and epochs differ
     assert sorted(i for i, e in expected if e == 0) == list(range(23))
     assert [i for i, e in expected if e == 0] != [i for i, e in expected if e == 1]
 
-    first = TaskReader.from_config(_cfg(f, data_selector=sel), batch_size=5, total_steps=11)
+    first = TaskReader.from_config(_cfg(f, task_selector=sel), batch_size=5, total_steps=11)
     got = [(t.index, t.epoch) for _ in range(4) for t in first.read_batch()]
     state = json.loads(json.dumps(first.state_dict()))
     assert state["epoch"] == 0 and state["index"] == 20
-    resumed = TaskReader.from_config(_cfg(f, data_selector=sel), batch_size=5, total_steps=11)
+    resumed = TaskReader.from_config(_cfg(f, task_selector=sel), batch_size=5, total_steps=11)
     resumed.load_state_dict(state)
     got += [(t.index, t.epoch) for batch in resumed for t in batch]
     assert got == expected
     # also via TasksetConfig.index (what the loader sets from the checkpoint)
     via_index = TaskReader.from_config(
-        _cfg(f, data_selector=sel, index=20), batch_size=5, total_steps=11
+        _cfg(f, task_selector=sel, index=20), batch_size=5, total_steps=11
     )
     assert [(t.index, t.epoch) for t in via_index.read_batch()] == expected[20:25]
     # a changed dataset is refused
     small = TaskReader.from_config(
-        _cfg(_write_jsonl(tmp_path / "s.jsonl", ROWS[:5]), data_selector=sel), batch_size=5
+        _cfg(_write_jsonl(tmp_path / "s.jsonl", ROWS[:5]), task_selector=sel), batch_size=5
     )
     with pytest.raises(TasksetError, match="dataset_size"):
         small.load_state_dict(state)

@@ -170,7 +170,7 @@ def test_ingest_quarantines_each_bad_group_and_stores_the_others(tmp_path):
         groups = [make_group(group_id=gid, n=2, tokens=16, prompt=4) for gid in ("ok", "nan", "vocab")]
         groups[2].experiences[1].tokens = groups[2].experiences[1].tokens.copy()
         groups[2].experiences[1].tokens[3] = 10**6
-        added, bad = service.ingest(groups)
+        added, bad, _ = service.ingest(groups)
         assert added == 2 and sorted(bad) == [1, 2]
         assert "experiences[0].advantages: holds NaN" in str(bad[1])
         assert "experiences[1].tokens: token id 1000000 is past the model's vocabulary" in str(bad[2])

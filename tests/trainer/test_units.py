@@ -98,6 +98,41 @@ def test_pipeline_rejects_unknown_operator_and_args():
         Pipeline.from_config([OperatorConfig(name="reward_shaping", args={"scael": 1})], None)
 
 
+def test_reward_shaping_mapper_and_pass_rate_as_trinity_rft_writes_them():
+    """The configuration guide's ``reward_shaping_mapper`` (``reward_shaping_configs`` of
+    ``{stats_key, op_type, weight}``) shapes rewards by experience stats in order; an entry
+    without ``stats_key`` fails when the pipeline is built, naming it; an experience without
+    the stat fails naming it (the buffer quarantines that group). ``pass_rate_calculator``
+    before a dropping operator still reports the dropped group's pass rate."""
+    shaping = {"reward_shaping_configs": [{"stats_key": "llm_quality_score", "op_type": "ADD", "weight": 1.0},
+                                          {"stats_key": "length_ratio", "op_type": "MUL", "weight": 0.5}]}
+    pipe = Pipeline.from_config([OperatorConfig(name="pass_rate_calculator"),
+                                 OperatorConfig(name="reward_shaping_mapper", args=shaping),
+                                 OperatorConfig(name="drop_equal_reward_groups")], None)
+    assert pipe.feeds_back
+    g = _group([1.0, 0.0])
+    for e, q in zip(g.experiences, (0.5, 0.25), strict=True):
+        e.info.update(llm_quality_score=q, length_ratio=2.0)
+    out, rate = pipe.run(g)
+    assert rate == 0.5 and [e.reward for e in out.experiences] == [1.5, 0.25]
+    same = _group([1.0, 1.0])
+    for e in same.experiences:
+        e.info.update(llm_quality_score=0.0, length_ratio=1.0)
+    assert pipe.run(same) == (None, 1.0)  # dropped, and its pass rate still goes back
+    with pytest.raises(ValueError, match=r"operators\[0\] \(reward_shaping_mapper\).args.reward_shaping_configs\[0\]"
+                                         r".stats_key: missing"):
+        Pipeline.from_config([OperatorConfig(name="reward_shaping_mapper", args={
+            "reward_shaping_configs": [{"op_type": "ADD", "weight": 1.0}]})], None)
+    with pytest.raises(ValueError, match=r"reward_shaping_configs\[0\].op_type: 'POW'"):
+        Pipeline.from_config([OperatorConfig(name="reward_shaping_mapper", args={
+            "reward_shaping_configs": [{"stats_key": "x", "op_type": "POW"}]})], None)
+    bare = _group([1.0, 0.0])
+    with pytest.raises(ValueError, match=r"experiences\[0\].info\['llm_quality_score'\]: missing"):
+        pipe.run(bare)
+    thr = Pipeline.from_config([OperatorConfig(name="pass_rate_calculator", args={"success_threshold": 0.9})], None)
+    assert thr.run(_group([1.0, 0.5, 0.95, 0.0]))[1] == 0.5
+
+
 def test_collate_aligns_response_positions_and_dpo_pairs():
     g = _group([0.0, 1.0])
     b = collate(g.experiences)

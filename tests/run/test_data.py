@@ -1,0 +1,116 @@
+"""Task selection and mixing through ``trinity run``: two tasksets mixed by weight, one of them
+on the online curriculum (``difficulty_based``) fed by the buffer's ``pass_rate_calculator``,
+and a SIGKILLed explorer that resumes exactly."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bus.server import free_port
+from roles.monitor import read_metrics
+from storage.tiny import build_arithmetic_taskset
+from tests.helpers import wait_for
+
+from .helpers import role_pid, run_to_end, running, steps_log, tiny_run_config, trained_exactly_once
+
+pytestmark = pytest.mark.slow
+
+STEPS = 8
+
+
+def _mixed_config(tmp_path: Path, model: Path, arith: Path, **changes: object) -> Path:
+    """The tiny run with ``tasksets``: ``arith`` (24 rows, difficulty_based, weight 2) and
+    ``more`` (12 other rows, its own reward function, weight 1): 2 + 1 tasks a step."""
+    more = build_arithmetic_taskset(tmp_path / "more", n_train=12, n_eval=3, seed=7)
+    path = tiny_run_config(tmp_path / "c.yaml", model=model, data=arith, port=free_port(), stages=False)
+    cfg = yaml.safe_load(path.read_text())
+    ei = cfg["buffer"]["explorer_input"]
+    first = ei.pop("taskset")
+    ei["tasksets"] = [
+        first | {"weight": 2.0, "task_selector": {"selector_type": "difficulty_based", "seed": 1,
+                                                  "kwargs": {"target_reward": 0.5, "tau": 0.5}}},
+        first | {"name": "more", "path": str(more), "weight": 1.0, "default_reward_fn_type": "math_reward"},
+    ]
+    cfg["buffer"]["total_steps"] = STEPS
+    cfg["data_processor"] = {"experience_pipeline": {"operators": [{"name": "pass_rate_calculator"}]}}
+    for dotted, value in changes.items():
+        node = cfg
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def test_two_tasksets_mix_by_weight_learn_pass_rates_and_resume_after_sigkill(tmp_path, tiny_model, arith):
+    """Each step trains 2 groups of ``arith`` and 1 of ``more`` (weights 2:1), every
+    experience once, with per-taskset rollout metrics; the explorer is SIGKILLed mid-run and
+    its restart resumes the selector and the feedback stream exactly: every group's pass rate
+    reaches the selector once (16 updates for 16 ``arith`` groups)."""
+    cfg = _mixed_config(tmp_path, tiny_model, arith)
+    job = tmp_path / "ckpt/t/r"
+    log = tmp_path / "run.log"
+    with running("run", "--config", str(cfg), log=log) as p:
+        wait_for("train step 3", lambda: any(e["step"] >= 3 for e in steps_log(job)), p, log=log)
+        victim = role_pid("explorer", cfg)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    assert "explorer exited with -9; restart 1/" in text
+    final = trained_exactly_once(job, STEPS, 12)
+    for step, ids in final.items():
+        assert Counter(i.split("/", 1)[0] for i in ids) == {"arith": 8, "more": 4}, (step, ids)
+    rollouts = [r for r in read_metrics(job) if r["kind"] == "rollout"]
+    assert sorted({r["step"] for r in rollouts}) == list(range(1, STEPS + 1))
+    for r in rollouts:
+        v = r["values"]
+        assert (v["arith/tasks"], v["more/tasks"]) == (2.0, 1.0) and "arith/reward_mean" in v, v
+    selection = [r["values"] for r in read_metrics(job) if r["kind"] == "selection"]
+    assert selection and selection[-1] == {"arith/drawn": 16.0, "arith/selector_updates": 16.0,
+                                           "more/drawn": 8.0}, selection
+
+
+def test_bad_mixing_and_selection_fail_before_start_naming_the_field(tmp_path, tiny_model, arith):
+    """A weight of 0 for every taskset, an unknown selector, a curriculum without the operator
+    that feeds it, an unknown selector kwarg and a shaping entry without its stats key all fail
+    before any process starts, naming the field."""
+    cases = {
+        "buffer.explorer_input.tasksets[].weight: 0 for every taskset at step 0":
+            {"buffer.explorer_input.tasksets": None},
+        "buffer.explorer_input.tasksets[0].task_selector.selector_type: got 'easiest_first'":
+            {"buffer.explorer_input.tasksets.0.task_selector.selector_type": "easiest_first"},
+        "buffer.explorer_input.tasksets[0].task_selector.selector_type: difficulty_based learns from pass rates":
+            {"data_processor.experience_pipeline.operators": []},
+        "task_selector.kwargs: unknown temprature":
+            {"buffer.explorer_input.tasksets.0.task_selector.kwargs": {"temprature": 1}},
+        "reward_shaping_configs[0].stats_key: missing": {"data_processor.experience_pipeline.operators": [
+            {"name": "pass_rate_calculator"},
+            {"name": "reward_shaping_mapper", "args": {"reward_shaping_configs": [{"op_type": "ADD"}]}}]},
+    }
+    for i, (needle, change) in enumerate(cases.items()):
+        sub = tmp_path / str(i)
+        sub.mkdir()
+        cfg = _mixed_config(sub, tiny_model, arith)
+        raw = yaml.safe_load(cfg.read_text())
+        if "buffer.explorer_input.tasksets" in change:  # every weight 0
+            for ts in raw["buffer"]["explorer_input"]["tasksets"]:
+                ts["weight"] = 0.0
+        else:
+            for dotted, value in change.items():
+                node = raw
+                *parents, last = dotted.split(".")
+                for p in parents:
+                    node = node[int(p)] if isinstance(node, list) else node[p]
+                node[last] = value
+        cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+        rc, out = run_to_end(cfg, sub / "run.log", timeout=120)
+        assert rc == 2 and needle in out, (needle, out[-3000:])
+        assert not (sub / "ckpt").exists(), "a process started before the config was checked"
