@@ -429,6 +429,23 @@ def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], li
     return problems, missing
 
 
+def run_task_pipelines(stages: list[TrinityConfig], entry: str) -> list[str]:
+    """Run each stage's ``data_processor.task_pipeline`` (its output is the taskset the
+    checks then read); one line per failure."""
+    out = []
+    for i, s in enumerate(stages):
+        tp = s.data_processor.task_pipeline
+        if tp is None or not tp.inputs or "explorer" not in NEEDS[entry] or not MODES[s.mode].reads_taskset:
+            continue
+        from roles.juicer import run_task_pipeline
+
+        try:
+            run_task_pipeline(s)
+        except ValueError as e:
+            out.append(f"{_where(stages, i)}{e}")
+    return out
+
+
 def preflight(stages: list[TrinityConfig], entry: str = "run") -> None:
     """Raise :class:`ConfigError` naming every input ``entry`` reads that is missing or
     unusable: what every command runs before it does any work.
@@ -436,6 +453,7 @@ def preflight(stages: list[TrinityConfig], entry: str = "run") -> None:
     Hub ids it reads that the cache lacks are downloaded first (``HF_HUB_OFFLINE`` unset) and
     ``stages`` point at the snapshots: the work that follows runs on local paths."""
     hub_errors, failed = resolve_hub_paths(stages, NEEDS[entry], download=True)
+    hub_errors += run_task_pipelines(stages, entry)
     problems, missing = check_inputs(stages, entry)
     missing = [m for m in missing if m.split(": ", 1)[0] not in failed]
     if hub_errors or problems or missing:

@@ -34,8 +34,11 @@ IGNORED_PATHS: dict[str, str] = {
     "ignore_validator_suggestions": "trinity has no GPU-memory config validator",
     "group": "experiment groups are not implemented; use project/name",
     "cod": "CoD task packing is not implemented",
-    "service": "Data-Juicer services are not implemented",
-    "data_processor.task_pipeline": "the Data-Juicer task pipeline is not implemented",
+    "service": "Data-Juicer runs in-process (the py-data-juicer package): there is no server to reach or start",
+    "data_processor.task_pipeline.num_process": "the task pipeline runs in the launching process",
+    "data_processor.task_pipeline.output": "the output is the training taskset (buffer.explorer_input.taskset)",
+    "data_processor.task_pipeline.priority_weights": "priority scoring of tasks is not implemented",
+    "data_processor.task_pipeline.top_k": "priority scoring of tasks is not implemented",
     "actor_rollout_ref": "veRL-only trainer settings; trinity's trainer is DeepSpeed/PyTorch (the ones it has are read: VERL_FIELDS)",
     "critic.strategy": "veRL-only; trinity's critic trains in the trainer process",
     "critic.model": "veRL-only; the critic loads model.critic_model_path",
@@ -972,13 +975,43 @@ class OperatorConfig(Section):
 class ExperiencePipelineConfig(Section):
     operators: list[OperatorConfig] = Field(default_factory=list)
     """Operators applied in order to each experience group in the buffer."""
+
+    def fill_rounds(self) -> int:
+        """How many times a step draws more tasks for the groups ``drop_equal_reward_groups``
+        dropped (its ``fill: true``, DAPO's dynamic sampling; ``max_fill_rounds``, default 3);
+        0: a dropped group leaves the step short."""
+        for op in self.operators:
+            if op.name in ("drop_equal_reward_groups", "reward_filter") and op.args.get("fill"):
+                return int(op.args.get("max_fill_rounds", 3))
+        return 0
+
+    def feeds_back(self) -> bool:
+        """Whether the buffer tells the explorer what became of each group (TaskFeedback):
+        for ``pass_rate_calculator`` (the task selectors) or for filling dropped groups."""
+        return self.fill_rounds() > 0 or any(op.name == "pass_rate_calculator" for op in self.operators)
     save_input: bool = True
     """Keep the pipeline's input groups (they stay in the experience stream)."""
     input_save_path: str | None = None
     """Accepted for compatibility; the experience stream already keeps the input."""
 
 
+class TaskPipelineConfig(Section):
+    operators: list[OperatorConfig] = Field(default_factory=list)
+    """Data-Juicer operators (``name``: a Data-Juicer op, ``args``: its arguments) applied in
+    order to the raw tasks; filters drop rows and add their stats as columns (e.g.
+    ``text_len``: a selector's ``feature_keys`` can sort by it), mappers rewrite text."""
+    config_path: str | None = None
+    """A Data-Juicer recipe file whose ``process`` list is used instead of ``operators``."""
+    inputs: list[str] = Field(default_factory=list)
+    """Raw task files (jsonl, json or parquet). The result becomes the training taskset
+    (``buffer.explorer_input.taskset.path``), written under the job folder."""
+    target_fields: list[str] = Field(default_factory=list)
+    """Row fields the operators read; the first is their ``text_key`` unless an op sets one."""
+
+
 class DataProcessorConfig(Section):
+    task_pipeline: TaskPipelineConfig | None = None
+    """Data-Juicer on the raw tasks before the run (needs the py-data-juicer extra)."""
     experience_pipeline: ExperiencePipelineConfig = Field(default_factory=ExperiencePipelineConfig)
     """Processing of experience groups before they reach the replay store."""
 

@@ -134,6 +134,22 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
     ei = buf.explorer_input
     if ei.taskset is not None and ei.tasksets:
         problems.append("buffer.explorer_input.tasksets: set it or buffer.explorer_input.taskset, not both")
+    tp = cfg.data_processor.task_pipeline
+    if tp is not None and tp.inputs:  # its output is the training taskset (Trinity-RFT's rule)
+        out = task_pipeline_dir(cfg)
+        if ei.tasksets:
+            problems.append("data_processor.task_pipeline.inputs: its output is the one training taskset; "
+                            "buffer.explorer_input.tasksets mixes several")
+        elif ei.taskset is None:
+            problems.append("data_processor.task_pipeline.inputs: set buffer.explorer_input.taskset "
+                            "(name, format, ...): the task pipeline's output becomes its path")
+        else:
+            if ei.taskset.path and ei.taskset.path != out:
+                warnings.append(f"buffer.explorer_input.taskset.path ({ei.taskset.path}) is replaced by the "
+                                f"task pipeline's output ({out})")
+            put(ei.taskset, "path", out, "buffer.explorer_input.taskset.path")
+            put(ei.taskset, "split", "train", "buffer.explorer_input.taskset.split")
+            put(ei.taskset, "subset_name", None, "buffer.explorer_input.taskset.subset_name")
     tasksets = [(path, ts, False) for path, ts in ei.training()] + [
         (f"buffer.explorer_input.eval_tasksets[{i}]", ts, True)
         for i, ts in enumerate(ei.eval_tasksets)
@@ -358,3 +374,8 @@ def unused_settings(cfg: TrinityConfig) -> list[tuple[str, str]]:
             if getattr(node, leaf) != default:
                 out.append((f"{where}.{leaf}", why))
     return out
+
+
+def task_pipeline_dir(cfg: TrinityConfig) -> str:
+    """Where ``data_processor.task_pipeline`` writes the training taskset (``train.jsonl``)."""
+    return os.path.join(cfg.checkpoint_job_dir, "task_pipeline")

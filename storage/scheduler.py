@@ -95,11 +95,11 @@ class TaskScheduler:
             return True
         return sum(r.remaining for r in self.readers) < self.batch_size
 
-    def counts(self) -> tuple[list[int], list[float]]:
-        """Tasks per taskset in the next step and the credits after it (no state change)."""
+    def counts(self, n: int | None = None) -> tuple[list[int], list[float]]:
+        """Tasks per taskset in the next ``n`` (a step's) and the credits after (no state change)."""
         w = [max(0.0, f(self.step)) for f in self.weights]
         try:
-            return allocate(self.batch_size, w, self.credits, [r.remaining for r in self.readers])
+            return allocate(self.batch_size if n is None else n, w, self.credits, [r.remaining for r in self.readers])
         except ValueError as e:
             raise TasksetError(f"buffer.explorer_input.tasksets: at step {self.step}: {e}") from e
 
@@ -107,12 +107,22 @@ class TaskScheduler:
         """The next step's tasks, taskset by taskset; ``[]`` once exhausted."""
         if self.exhausted:
             return []
-        got, self.credits = self.counts()
-        tasks: list[Task] = []
-        for reader, n in zip(self.readers, got, strict=True):
-            if n:
-                tasks += reader.read_batch(n)
+        tasks = self._take(self.batch_size)
         self.step += 1
+        return tasks
+
+    def more(self, n: int) -> list[Task]:
+        """``n`` more tasks for the current step (to replace dropped groups), mixed by the
+        same weights; fewer when the tasksets run out."""
+        n = min(n, sum(r.remaining for r in self.readers))
+        return self._take(n) if n > 0 else []
+
+    def _take(self, n: int) -> list[Task]:
+        got, self.credits = self.counts(n)
+        tasks: list[Task] = []
+        for reader, k in zip(self.readers, got, strict=True):
+            if k:
+                tasks += reader.read_batch(k)
         return tasks
 
     def rebuild(self, picks: Sequence[Sequence[Any]]) -> list[Task]:
@@ -182,9 +192,13 @@ def scheduler_from_config(cfg: Any) -> TaskScheduler:
     if not training:
         raise TasksetError("buffer.explorer_input.taskset: not set; the explorer has nothing to run")
     readers, weights = [], []
+    # filled steps (dynamic sampling) draw up to batch_size more tasks a round: with
+    # total_steps the readers must not run dry before the steps do
+    per_step = 1 + cfg.data_processor.experience_pipeline.fill_rounds()
     for _, ts in training:
         reader = TaskReader.from_config(
-            ts, batch_size=buf.batch_size, total_epochs=buf.total_epochs, total_steps=buf.total_steps,
+            ts, batch_size=buf.batch_size, total_epochs=buf.total_epochs,
+            total_steps=None if buf.total_steps is None else buf.total_steps * per_step,
             default_workflow_type=ei.default_workflow_type, default_reward_fn_type=ei.default_reward_fn_type,
             repeat_times=cfg.algorithm.repeat_times)
         if len(training) > 1:

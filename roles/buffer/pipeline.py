@@ -90,6 +90,29 @@ def pass_rate_calculator(group: ExperienceGroup, *, success_threshold: float | N
     return group
 
 
+def data_juicer(group: ExperienceGroup, *, config_path: str | None = None, operators: list[Any] | None = None,
+                keep_filtered: bool = False) -> ExperienceGroup | None:
+    """Real Data-Juicer filters on each experience's response (``text``; its prompt is
+    ``prompt``), in-process (``roles/juicer.py``): every stat they compute goes into
+    ``info`` (e.g. ``text_len`` for ``reward_shaping_mapper``), and the experiences a filter
+    rejects are dropped (``keep_filtered``: only scored). ``config_path``: a Data-Juicer recipe
+    (its ``process`` list); ``operators``: the same list inline."""
+    from roles import juicer
+
+    built = juicer.load(juicer.recipe(config_path, operators), rows_only=True)
+    rows = []
+    for i, e in enumerate(group.experiences):
+        if e.response_text is None:
+            raise ValueError(f"ExperienceGroup.experiences[{i}].response_text: none; data_juicer scores the response text")
+        rows.append({"text": e.response_text, "prompt": e.prompt_text or ""})
+    out, kept = juicer.run(built, rows)
+    for e, row in zip(group.experiences, out, strict=True):
+        e.info.update(juicer.stats_of(row))
+    if not keep_filtered:
+        group.experiences = [e for e, k in zip(group.experiences, kept, strict=True) if k]
+    return group if group.experiences else None
+
+
 def reward_shaping(group: ExperienceGroup, *, scale: float = 1.0, bias: float = 0.0,
                    clip: list[float] | None = None) -> ExperienceGroup:
     """``r' = clip(scale * r + bias)``: rescale rewards (e.g. map {0, 1} to {-1, 1})."""
@@ -103,9 +126,12 @@ def reward_shaping(group: ExperienceGroup, *, scale: float = 1.0, bias: float = 
     return group
 
 
-def drop_equal_reward_groups(group: ExperienceGroup, *, min_size: int = 2) -> ExperienceGroup | None:
+def drop_equal_reward_groups(group: ExperienceGroup, *, min_size: int = 2, fill: bool = False,
+                             max_fill_rounds: int = 3) -> ExperienceGroup | None:
     """Drop a group whose rewards are all equal: a group baseline gives every member advantage
-    0, so it costs a training slot and teaches nothing (DAPO's dynamic sampling)."""
+    0, so it costs a training slot and teaches nothing. With ``fill`` (DAPO's dynamic
+    sampling) the explorer runs as many more tasks in the step as groups were dropped, up to
+    ``max_fill_rounds`` times, so the trainer still gets a full batch (``roles/explorer``)."""
     rewards = [e.reward for e in group.experiences if e.reward is not None]
     if len(rewards) >= min_size and max(rewards) == min(rewards):
         return None
@@ -122,6 +148,7 @@ OPERATORS: dict[str, Callable[..., ExperienceGroup | None]] = {
     "reward_shaping": reward_shaping,
     "reward_shaping_mapper": reward_shaping_mapper,
     "pass_rate_calculator": pass_rate_calculator,
+    "data_juicer": data_juicer,
     "reward_filter": drop_equal_reward_groups,
     "drop_equal_reward_groups": drop_equal_reward_groups,
     "drop_truncated": drop_truncated,
@@ -206,21 +233,29 @@ class Pipeline:
                 raise ValueError(
                     f"data_processor.experience_pipeline.operators[{i}] ({name}).args: {e}"
                 ) from e
+            where = f"data_processor.experience_pipeline.operators[{i}] ({name})"
             if name == "reward_shaping_mapper":
                 try:
                     check_shaping_configs(args["reward_shaping_configs"])
                 except ValueError as e:
-                    raise ValueError(f"data_processor.experience_pipeline.operators[{i}] ({name}).args.{e}") from e
+                    raise ValueError(f"{where}.args.{e}") from e
+            elif name == "data_juicer":  # the package, the recipe, each op's name and args
+                from roles import juicer
+
+                try:
+                    juicer.load(juicer.recipe(args.get("config_path"), args.get("operators")), rows_only=True)
+                except (ValueError, TypeError) as e:
+                    raise ValueError(f"{where}: {e}") from e
             ops_.append((name, lambda g, fn=fn, args=args: fn(g, **args)))
-        return cls(ops_, spec)
+        from schemas.config import ExperiencePipelineConfig
+
+        return cls(ops_, spec, feeds_back=ExperiencePipelineConfig(operators=list(operators)).feeds_back())
 
     def __call__(self, group: ExperienceGroup) -> ExperienceGroup | None:
         return self.run(group)[0]
 
-    @property
-    def feeds_back(self) -> bool:
-        """Whether groups leave a pass rate for the task selectors (``pass_rate_calculator``)."""
-        return any(name == "pass_rate_calculator" for name, _ in self.operators)
+    #: whether the buffer reports each group's fate (``ExperiencePipelineConfig.feeds_back``)
+    feeds_back: bool = False
 
     def run(self, group: ExperienceGroup) -> tuple[ExperienceGroup | None, float | None]:
         """The group out (None: dropped) and its pass rate, read from the last form the group

@@ -11,6 +11,8 @@ acking its group re-sends it under the same id, which the stream drops).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections import defaultdict
 from typing import Any
@@ -26,10 +28,13 @@ log = logging.getLogger("trinity.explorer")
 class FeedbackInbox:
     """Feedback delivered but not yet handed to the selectors, and where to resume."""
 
-    def __init__(self, js: Any, run_id: str) -> None:
+    def __init__(self, js: Any, run_id: str, track_kept: bool = False) -> None:
         self.pending: list[tuple[int, TaskFeedback]] = []
         self.applied_to = 0
         self.applied = 0  # handed over since start (a metric)
+        #: group id -> experiences the pipeline kept (0: dropped), for filling a step
+        self.kept: dict[str, int] = {}
+        self.track_kept = track_kept
         self.tail = bus.StreamTail(js, run_id, "feedback", self._on_msg)
 
     def start(self, from_seq: int) -> None:
@@ -47,7 +52,10 @@ class FeedbackInbox:
     def _on_msg(self, msg: Any) -> None:
         seq = msg.metadata.sequence.stream
         try:
-            self.pending.append((seq, codec.decode(msg.data, TaskFeedback)))
+            fb = codec.decode(msg.data, TaskFeedback)
+            self.pending.append((seq, fb))
+            if self.track_kept:
+                self.kept[fb.group_id] = fb.kept
         except codec.CodecError as e:  # one unreadable report must not stop the run
             log.error("feedback_unreadable seq=%d error=%s", seq, e)
             self.pending.append((seq, None))  # type: ignore[arg-type]
@@ -69,3 +77,14 @@ class FeedbackInbox:
                 log.warning("feedback for unknown taskset %r (%d rows) ignored", name, len(indices))
         self.applied += n
         return n
+
+    async def fates(self, group_ids: list[str], timeout: float) -> dict[str, int]:
+        """Experiences kept of each group in ``group_ids``, once the buffer has reported them
+        all or ``timeout`` seconds passed (a group not reported by then is missing)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any(g not in self.kept for g in group_ids) and loop.time() < deadline:
+            self.tail.arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.tail.arrived.wait(), 0.5)
+        return {g: self.kept.pop(g) for g in group_ids if g in self.kept}

@@ -46,7 +46,7 @@ from roles.explorer.lease import (
     join_fingerprint,
 )
 from roles.explorer.queue import TaskQueue, TaskWorker
-from roles.explorer.runner import RunnerPool, TaskResult
+from roles.explorer.runner import RunnerPool, TaskResult, group_id
 from roles.signals import stop_on_signals, until_stopped
 from roles.synchronizer.client import ExplorerSyncClient
 from schemas import keys
@@ -145,14 +145,17 @@ def served_model_name(cfg: TrinityConfig) -> str:
     return origin.split("@", 1)[0] if origin else path
 
 
+#: Seconds a step waits for the buffer's verdict on its groups before filling dropped ones.
+FILL_WAIT_S = 60.0
 #: Per-taskset rollout metrics of a mixed run (``<taskset>/<metric>``).
 TASKSET_METRICS = ("tasks", "reward_mean", "accuracy", "groups_with_signal", "response_length_mean")
 
 
 def needs_feedback(cfg: TrinityConfig) -> bool:
-    """Whether a taskset's selector learns from the buffer's pass rates."""
-    return any(ts.task_selector.selector_type == "difficulty_based"
-               for _, ts in cfg.buffer.explorer_input.training())
+    """Whether the leader reads the buffer's feedback: a taskset's selector learns from pass
+    rates, or dropped groups are replaced (``drop_equal_reward_groups`` with ``fill``)."""
+    return cfg.data_processor.experience_pipeline.fill_rounds() > 0 or any(
+        ts.task_selector.selector_type == "difficulty_based" for _, ts in cfg.buffer.explorer_input.training())
 
 
 def over_rollout_minimum(n: int, cfg: TrinityConfig) -> int:
@@ -188,6 +191,10 @@ class Explorer:
         self.me = f"{cfg.explorer.name}-{socket.gethostname()}-{os.getpid()}"
         self.beat_name = cfg.explorer.name  # a helper explorer beats under ``self.me``
         self.queue: TaskQueue | None = None
+        #: the leader's taskset scheduler, feedback inbox and first unread ``done`` sequence
+        self.tasks_of: TaskScheduler | None = None
+        self.inbox: FeedbackInbox | None = None
+        self.done_from = 1
         self.worker: TaskWorker | None = None
 
     async def start_api(self) -> str:
@@ -297,6 +304,10 @@ class Explorer:
         are saved in the cursor before they are queued, so a restarted leader re-runs that very
         step; the selectors get the buffer's feedback only just before a step is picked."""
         cfg, name = self.cfg, self.cfg.explorer.name
+        if cfg.data_processor.task_pipeline is not None:  # done by the launcher; not when started alone
+            from roles.juicer import run_task_pipeline
+
+            await asyncio.to_thread(run_task_pipeline, cfg)
         tasks_of = scheduler_from_config(cfg)
         saved = await self.state.get(CURSOR_KEY)
         in_flight = None
@@ -305,12 +316,13 @@ class Explorer:
             self.step, in_flight = saved.step, saved.batch
             log.info("resuming step=%d offset=%d%s", self.step, tasks_of.offset, " (step in flight)" if in_flight else "")
         self.queue = TaskQueue(self.nc, cfg, self.pub)
-        done_from = (saved.done_from or 1) if saved else 1
-        await self.queue.start(done_from)
+        self.done_from = (saved.done_from or 1) if saved else 1
+        await self.queue.start(self.done_from)
         inbox = None
         if needs_feedback(cfg):
-            inbox = FeedbackInbox(self.queue.js, cfg.run_id)
+            inbox = FeedbackInbox(self.queue.js, cfg.run_id, track_kept=cfg.data_processor.experience_pipeline.fill_rounds() > 0)
             inbox.start((saved.feedback_from or 1) if saved else 1)
+        self.inbox, self.tasks_of = inbox, tasks_of
         version = self.engines[0].model_version
         await self.state.set_model_version(name, version)
         every_s = cfg.explorer.runner_state_report_interval
@@ -333,7 +345,7 @@ class Explorer:
                         inbox.apply(tasks_of)
                     tasks = tasks_of.next_batch()
                     await self.state.put(CURSOR_KEY, Cursor(
-                        self.step, reader=tasks_of.state_dict(), done_from=done_from,
+                        self.step, reader=tasks_of.state_dict(), done_from=self.done_from,
                         feedback_from=inbox.next_seq if inbox else None, batch=TaskScheduler.picks(tasks)))
                 finished, results = await until_stopped(
                     self._explore_step(tasks), self.stop, self.shutdown_grace)
@@ -344,8 +356,8 @@ class Explorer:
                 self.step += 1
                 self.stats.steps += 1
                 self.pool.steps_seen = self.step
-                done_from = await self.queue.next_done_seq()
-                await self.state.put(CURSOR_KEY, Cursor(self.step, reader=tasks_of.state_dict(), done_from=done_from,
+                self.done_from = await self.queue.next_done_seq()
+                await self.state.put(CURSOR_KEY, Cursor(self.step, reader=tasks_of.state_dict(), done_from=self.done_from,
                                                         feedback_from=inbox.next_seq if inbox else None))
                 await self._step_metrics(results, time.monotonic() - t0, tasks_of, inbox)
                 await sync.after_step(self.step)
@@ -496,6 +508,22 @@ class Explorer:
         await self.queue.put(step, tasks, self.engines[0].model_version)
         results = await self.queue.wait_step(step, tasks, over_rollout_minimum(len(tasks), self.cfg),
                                              self.cfg.explorer.over_rollout.wait_after_min)
+        rounds = self.cfg.data_processor.experience_pipeline.fill_rounds()
+        new = results
+        for _ in range(rounds if self.inbox is not None else 0):  # DAPO's dynamic sampling
+            fates = await self.inbox.fates([group_id(r.task) for r in new if r.ok], FILL_WAIT_S)
+            dropped = sum(1 for kept in fates.values() if kept == 0)
+            extra = self.tasks_of.more(dropped) if dropped else []
+            if not extra:
+                break
+            log.info("fill: step %d draws %d more tasks for %d dropped groups", step, len(extra), dropped)
+            start, tasks = len(tasks), tasks + extra
+            await self.state.put(CURSOR_KEY, Cursor(  # a restart re-runs the filled step whole
+                self.step, reader=self.tasks_of.state_dict(), done_from=self.done_from,
+                feedback_from=self.inbox.next_seq, batch=TaskScheduler.picks(tasks)))
+            await self.queue.put(step, extra, self.engines[0].model_version, start=start)
+            results = await self.queue.wait_step(step, tasks, len(tasks), 0.0)
+            new = results[start:]
         if len(results) < len(tasks):
             log.info("over_rollout: step %d goes on with %d of %d tasks (%d still running)",
                      step, len(results), len(tasks), len(tasks) - len(results))

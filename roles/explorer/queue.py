@@ -129,9 +129,10 @@ class TaskQueue:
         info = await ride_out(lambda: self.js.stream_info(self.names.stream("done")), "stream info (done)")
         return int(info.state.last_seq) + 1
 
-    async def put(self, step: int, tasks: list[Task], min_version: int) -> None:
-        """Queue step ``step``'s tasks (a re-sent one is a duplicate the server drops)."""
-        await asyncio.gather(*(self.pub.publish(TaskOrder(step=step, index=i, task=t, min_version=min_version),
+    async def put(self, step: int, tasks: list[Task], min_version: int, start: int = 0) -> None:
+        """Queue step ``step``'s tasks as its orders ``start, start + 1, ...`` (a re-sent one
+        is a duplicate the server drops)."""
+        await asyncio.gather(*(self.pub.publish(TaskOrder(step=step, index=start + i, task=t, min_version=min_version),
                                                 "tasks") for i, t in enumerate(tasks)))
 
     async def outstanding(self) -> int:

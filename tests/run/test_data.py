@@ -17,7 +17,7 @@ from roles.monitor import read_metrics
 from storage.tiny import build_arithmetic_taskset
 from tests.helpers import wait_for
 
-from .helpers import role_pid, run_to_end, running, steps_log, tiny_run_config, trained_exactly_once
+from .helpers import role_pid, run_to_end, running, steps_log, tiny_run_config, trained_exactly_once, trinity
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +76,43 @@ def test_two_tasksets_mix_by_weight_learn_pass_rates_and_resume_after_sigkill(tm
     selection = [r["values"] for r in read_metrics(job) if r["kind"] == "selection"]
     assert selection and selection[-1] == {"arith/drawn": 16.0, "arith/selector_updates": 16.0,
                                            "more/drawn": 8.0}, selection
+
+
+def test_dynamic_sampling_fills_the_steps_dropped_groups(tmp_path, tiny_model, arith):
+    """DAPO's dynamic sampling: ``drop_equal_reward_groups`` with ``fill`` drops the groups
+    whose rewards are all equal (here every task with an even answer: ``split_reward``) and
+    the explorer runs as many more tasks in the step, so every training step is full and
+    on-policy (sync every step), without waiting out ``max_read_timeout``."""
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(), stages=False, extra={
+        "buffer.total_steps": 4, "buffer.total_epochs": 20,
+        "buffer.explorer_input.default_reward_fn_type": "split_reward",
+        "buffer.trainer_input.experience_buffer": {"name": "exp", "max_read_timeout": 600},
+        "synchronizer.sync_offset": 0,
+        "data_processor.experience_pipeline.operators": [
+            {"name": "drop_equal_reward_groups", "args": {"fill": True, "max_fill_rounds": 12}}]})
+    job = tmp_path / "ckpt/t/r"
+    log = tmp_path / "run.log"
+    p = trinity("run", "--config", str(cfg), log=log,
+                env_extra={"TRINITY_PLUGIN_DIRS": str(Path(__file__).parent / "plugins")})
+    p.wait(timeout=300)
+    text = log.read_text()
+    assert p.returncode == 0, text[-4000:]
+    assert "fill: step 1 draws" in text, text[-3000:]
+    for step, ids in trained_exactly_once_groups(job).items():
+        assert len(ids) == 12, (step, ids)  # 3 groups of 4, none of them all-equal
+    tasks = [r["values"]["tasks"] for r in read_metrics(job) if r["kind"] == "rollout"]
+    assert len(tasks) == 4 and max(tasks) > 3, tasks  # filled steps ran more than batch_size tasks
+
+
+def trained_exactly_once_groups(job: Path) -> dict[int, list[str]]:
+    """Each step's trained experience ids: steps 1..4, no experience twice."""
+    from .helpers import final_ids
+
+    final = final_ids(steps_log(job))
+    assert sorted(final) == [1, 2, 3, 4], sorted(final)
+    ids = [i for v in final.values() for i in v]
+    assert len(ids) == len(set(ids))
+    return final
 
 
 def test_bad_mixing_and_selection_fail_before_start_naming_the_field(tmp_path, tiny_model, arith):

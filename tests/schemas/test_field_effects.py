@@ -1425,6 +1425,8 @@ def observe(cfg: TrinityConfig) -> dict[str, Any]:
 #: retries, reconnects, servers), each with the test that exercises that effect. The test is
 #: checked to exist and to mention the field.
 RUNTIME_EFFECTS: dict[str, str] = {
+    **{f"data_processor.task_pipeline.{leaf}": "tests/roles/test_juicer.py::test_guide_selector_snippet_and_data_processor_load"
+       for leaf in ("operators[].name", "operators[].args", "config_path", "inputs", "target_fields")},
     **{f"buffer.explorer_input.{ts}.{sel}.{leaf}": f"tests/storage/test_selectors.py::{test}"
        for ts in ("taskset", "tasksets[]", "eval_tasksets[]")
        for sel in ("task_selector", "data_selector")
