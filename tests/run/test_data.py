@@ -17,7 +17,15 @@ from roles.monitor import read_metrics
 from storage.tiny import build_arithmetic_taskset
 from tests.helpers import wait_for
 
-from .helpers import role_pid, run_to_end, running, steps_log, tiny_run_config, trained_exactly_once, trinity
+from .helpers import (
+    role_pid,
+    run_to_end,
+    running,
+    steps_log,
+    tiny_run_config,
+    trained_exactly_once,
+    trinity,
+)
 
 pytestmark = pytest.mark.slow
 
