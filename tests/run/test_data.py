@@ -34,7 +34,8 @@ STEPS = 8
 
 def _mixed_config(tmp_path: Path, model: Path, arith: Path, **changes: object) -> Path:
     """The tiny run with ``tasksets``: ``arith`` (24 rows, difficulty_based, weight 2) and
-    ``more`` (12 other rows, its own reward function, weight 1): 2 + 1 tasks a step."""
+    ``more`` (12 other rows, its own reward function, weight 1): 2 + 1 tasks a step; the
+    buffer's pipeline: pass rates, Data-Juicer's text length, reward shaped by it."""
     more = build_arithmetic_taskset(tmp_path / "more", n_train=12, n_eval=3, seed=7)
     path = tiny_run_config(tmp_path / "c.yaml", model=model, data=arith, port=free_port(), stages=False)
     cfg = yaml.safe_load(path.read_text())
@@ -46,7 +47,14 @@ def _mixed_config(tmp_path: Path, model: Path, arith: Path, **changes: object) -
         first | {"name": "more", "path": str(more), "weight": 1.0, "default_reward_fn_type": "math_reward"},
     ]
     cfg["buffer"]["total_steps"] = STEPS
-    cfg["data_processor"] = {"experience_pipeline": {"operators": [{"name": "pass_rate_calculator"}]}}
+    cfg["data_processor"] = {"experience_pipeline": {"operators": [
+        {"name": "pass_rate_calculator"},
+        # real Data-Juicer in the buffer: every response's length, kept whatever it is ...
+        {"name": "data_juicer", "args": {"operators": [{"text_length_filter": {"min_len": 0, "max_len": 10**6}}],
+                                         "keep_filtered": True}},
+        # ... added to its reward (the trainer's batches show it)
+        {"name": "reward_shaping_mapper", "args": {"reward_shaping_configs": [
+            {"stats_key": "text_len", "op_type": "ADD", "weight": 1.0}]}}]}}
     for dotted, value in changes.items():
         node = cfg
         *parents, last = dotted.split(".")
@@ -59,7 +67,8 @@ def _mixed_config(tmp_path: Path, model: Path, arith: Path, **changes: object) -
 
 def test_two_tasksets_mix_by_weight_learn_pass_rates_and_resume_after_sigkill(tmp_path, tiny_model, arith):
     """Each step trains 2 groups of ``arith`` and 1 of ``more`` (weights 2:1), every
-    experience once, with per-taskset rollout metrics; the explorer is SIGKILLed mid-run and
+    experience once, with per-taskset rollout metrics and rewards shaped by a Data-Juicer
+    stat in the buffer; the explorer is SIGKILLed mid-run and
     its restart resumes the selector and the feedback stream exactly: every group's pass rate
     reaches the selector once (16 updates for 16 ``arith`` groups)."""
     cfg = _mixed_config(tmp_path, tiny_model, arith)
@@ -81,6 +90,9 @@ def test_two_tasksets_mix_by_weight_learn_pass_rates_and_resume_after_sigkill(tm
     for r in rollouts:
         v = r["values"]
         assert (v["arith/tasks"], v["more/tasks"]) == (2.0, 1.0) and "arith/reward_mean" in v, v
+    # rewards are at most 1 as the explorer scored them; the trainer's include the length
+    assert max(r["values"]["reward_mean"] for r in rollouts) <= 1.0
+    assert all(r["values"]["reward_mean"] > 2.0 for r in read_metrics(job) if r["kind"] == "train")
     selection = [r["values"] for r in read_metrics(job) if r["kind"] == "selection"]
     assert selection and selection[-1] == {"arith/drawn": 16.0, "arith/selector_updates": 16.0,
                                            "more/drawn": 8.0}, selection
