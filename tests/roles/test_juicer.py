@@ -127,3 +127,19 @@ def test_guide_selector_snippet_and_data_processor_load(tmp_path: Path) -> None:
     assert {"question", "answer", "correct", "uncertainty", "text_len"} <= set(rows[0])
     before = out.stat().st_mtime_ns
     assert run_task_pipeline(cfg) == out and out.stat().st_mtime_ns == before  # done once
+
+
+def test_without_the_package_the_error_names_it() -> None:
+    """Without py-data-juicer installed (here: its import blocked), a pipeline that names a
+    Data-Juicer operator fails when it is built, naming the package and the extra."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['data_juicer'] = None\n"
+            "from roles.buffer.pipeline import Pipeline\nfrom schemas.config import OperatorConfig\n"
+            "Pipeline.from_config([OperatorConfig(name='data_juicer', args={'operators': ['text_length_filter']})], None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 1
+    assert ("data_processor.experience_pipeline.operators[0] (data_juicer): the data_juicer operators need "
+            "the py-data-juicer package: pip install -e \".[data-juicer]\"") in out.stderr, out.stderr[-2000:]
