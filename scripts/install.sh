@@ -32,5 +32,8 @@ fi
 # Byte-compile once, in parallel: where PYTHONDONTWRITEBYTECODE is set (as on these
 # machines) Python never writes .pyc files itself, and every process would compile torch,
 # transformers and vLLM from source again (a vLLM engine spawns three such processes).
-.venv/bin/python -m compileall -q -j 0 .venv/lib/python*/site-packages bus roles storage schemas ops >/dev/null || true
+# (Not ray and Data-Juicer's UI packages: only the Data-Juicer operators import them, in one
+# process, and ray alone is thousands of files.)
+.venv/bin/python -m compileall -q -j 0 -x '/site-packages/(ray|streamlit|altair|pydeck)/' \
+    .venv/lib/python*/site-packages bus roles storage schemas ops >/dev/null || true
 .venv/bin/python -c "import bus, roles, storage, schemas, ops; print('trinity installed in .venv')"
