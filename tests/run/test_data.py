@@ -5,7 +5,9 @@ and a SIGKILLed explorer that resumes exactly."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from .helpers import (
 pytestmark = pytest.mark.slow
 
 STEPS = 8
+PLUGINS = {"TRINITY_PLUGIN_DIRS": str(Path(__file__).parent / "plugins")}
 
 
 def _mixed_config(tmp_path: Path, model: Path, arith: Path, **changes: object) -> Path:
@@ -44,7 +47,9 @@ def _mixed_config(tmp_path: Path, model: Path, arith: Path, **changes: object) -
     ei["tasksets"] = [
         first | {"weight": 2.0, "task_selector": {"selector_type": "difficulty_based", "seed": 1,
                                                   "kwargs": {"target_reward": 0.5, "tau": 0.5}}},
-        first | {"name": "more", "path": str(more), "weight": 1.0, "default_reward_fn_type": "math_reward"},
+        # its tasks take 2 s: the kill below lands inside a step (the cursor holds its tasks)
+        first | {"name": "more", "path": str(more), "weight": 1.0, "default_reward_fn_type": "math_reward",
+                 "default_workflow_type": "slow_math_workflow", "workflow_args": {"delay": 2.0}},
     ]
     cfg["buffer"]["total_steps"] = STEPS
     cfg["data_processor"] = {"experience_pipeline": {"operators": [
@@ -74,14 +79,19 @@ def test_two_tasksets_mix_by_weight_learn_pass_rates_and_resume_after_sigkill(tm
     cfg = _mixed_config(tmp_path, tiny_model, arith)
     job = tmp_path / "ckpt/t/r"
     log = tmp_path / "run.log"
-    with running("run", "--config", str(cfg), log=log) as p:
-        wait_for("train step 3", lambda: any(e["step"] >= 3 for e in steps_log(job)), p, log=log)
+    with running("run", "--config", str(cfg), log=log, env_extra=PLUGINS) as p:
+        # the explorer loads the weights of train step 3 and starts step 4 at once (2 s long):
+        # its tasks are in the cursor
+        loaded = re.compile(r"explorer \|.*weights_loaded.*version=3\b")
+        wait_for("explorer weights v3", lambda: loaded.search(log.read_text(errors="replace")), p, log=log)
+        time.sleep(0.3)
         victim = role_pid("explorer", cfg)
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
     text = log.read_text()
     assert p.returncode == 0, text[-4000:]
     assert "explorer exited with -9; restart 1/" in text
+    assert "resuming step=3 offset=12 (step in flight)" in text, text[-4000:]
     final = trained_exactly_once(job, STEPS, 12)
     for step, ids in final.items():
         assert Counter(i.split("/", 1)[0] for i in ids) == {"arith": 8, "more": 4}, (step, ids)
@@ -112,8 +122,7 @@ def test_dynamic_sampling_fills_the_steps_dropped_groups(tmp_path, tiny_model, a
             {"name": "drop_equal_reward_groups", "args": {"fill": True, "max_fill_rounds": 12}}]})
     job = tmp_path / "ckpt/t/r"
     log = tmp_path / "run.log"
-    p = trinity("run", "--config", str(cfg), log=log,
-                env_extra={"TRINITY_PLUGIN_DIRS": str(Path(__file__).parent / "plugins")})
+    p = trinity("run", "--config", str(cfg), log=log, env_extra=PLUGINS)
     p.wait(timeout=300)
     text = log.read_text()
     assert p.returncode == 0, text[-4000:]
