@@ -60,8 +60,10 @@ def _stop(nodes: list[tuple[Any, Path, str]]) -> None:
 
 async def _jetstream_ready(url: str, timeout: float = 60.0) -> None:
     """Until the cluster has elected its JetStream meta leader (an R3 stream can be made)."""
+    # the nodes are `trinity server` processes: on a busy machine they take more than the
+    # default 10 s to listen (CI, 2026-11-27: refused for 10 s while the suite ran vLLM)
+    nc = await bus.connect(NatsConfig(url=url, embedded=False), name="probe", connect_wait=timeout)
     deadline = time.monotonic() + timeout
-    nc = await bus.connect(NatsConfig(url=url, embedded=False), name="probe")
     try:
         js = bus.jetstream(nc, NatsConfig(url=url))
         while True:
