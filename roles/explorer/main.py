@@ -344,9 +344,7 @@ class Explorer:
                     if inbox is not None:
                         inbox.apply(tasks_of)
                     tasks = tasks_of.next_batch()
-                    await self.state.put(CURSOR_KEY, Cursor(
-                        self.step, reader=tasks_of.state_dict(), done_from=self.done_from,
-                        feedback_from=inbox.next_seq if inbox else None, batch=TaskScheduler.picks(tasks)))
+                    await self._save_cursor(batch=tasks)
                 finished, results = await until_stopped(
                     self._explore_step(tasks), self.stop, self.shutdown_grace)
                 if not finished:  # the cursor holds the step: a restart re-runs it
@@ -357,9 +355,8 @@ class Explorer:
                 self.stats.steps += 1
                 self.pool.steps_seen = self.step
                 self.done_from = await self.queue.next_done_seq()
-                await self.state.put(CURSOR_KEY, Cursor(self.step, reader=tasks_of.state_dict(), done_from=self.done_from,
-                                                        feedback_from=inbox.next_seq if inbox else None))
-                await self._step_metrics(results, time.monotonic() - t0, tasks_of, inbox)
+                await self._save_cursor()
+                await self._step_metrics(results, time.monotonic() - t0)
                 await sync.after_step(self.step)
                 every = cfg.explorer.eval_interval
                 # after the last step _finish evaluates the final weights: an interval
@@ -518,9 +515,7 @@ class Explorer:
                 break
             log.info("fill: step %d draws %d more tasks for %d dropped groups", step, len(extra), dropped)
             start, tasks = len(tasks), tasks + extra
-            await self.state.put(CURSOR_KEY, Cursor(  # a restart re-runs the filled step whole
-                self.step, reader=self.tasks_of.state_dict(), done_from=self.done_from,
-                feedback_from=self.inbox.next_seq, batch=TaskScheduler.picks(tasks)))
+            await self._save_cursor(batch=tasks)  # a restart re-runs the filled step whole
             await self.queue.put(step, extra, self.engines[0].model_version, start=start)
             results = await self.queue.wait_step(step, tasks, len(tasks), 0.0)
             new = results[start:]
@@ -552,16 +547,24 @@ class Explorer:
             self.stats.interrupted = not ok
             await self.pub.flush()
 
-    async def _step_metrics(self, results: list[TaskResult], seconds: float, tasks_of: TaskScheduler,
-                            inbox: FeedbackInbox | None = None) -> None:
-        values = group_metrics(results, self.cfg.monitor.detailed_stats) | tasks_of.metrics()
-        sets = sorted({r.task.taskset for r in results})
+    async def _save_cursor(self, batch: list[Any] | None = None) -> None:
+        """The leader's position after ``self.step`` steps; ``batch``: the tasks of the step
+        now starting, which a restarted leader then runs again."""
+        assert self.tasks_of is not None
+        await self.state.put(CURSOR_KEY, Cursor(
+            self.step, reader=self.tasks_of.state_dict(), done_from=self.done_from,
+            feedback_from=self.inbox.next_seq if self.inbox else None,
+            batch=TaskScheduler.picks(batch) if batch is not None else None))
+
+    async def _step_metrics(self, results: list[TaskResult], seconds: float) -> None:
+        assert self.tasks_of is not None
+        values = group_metrics(results, self.cfg.monitor.detailed_stats) | self.tasks_of.metrics()
         if len(self.cfg.buffer.explorer_input.training()) > 1:  # per taskset: how the mix went
-            for ts in sets:
+            for ts in sorted({r.task.taskset for r in results}):
                 part = group_metrics([r for r in results if r.task.taskset == ts])
                 values.update({f"{ts}/{k}": v for k, v in part.items() if k in TASKSET_METRICS})
-        if inbox is not None:
-            values["feedback_applied"] = float(inbox.applied)
+        if self.inbox is not None:
+            values["feedback_applied"] = float(self.inbox.applied)
         tokens = sum(e.response_length for r in results if r.group for e in r.group.experiences)
         values.update(step_seconds=seconds, tokens_per_second=tokens / max(seconds, 1e-9),
                       model_version=float(self.engines[0].model_version))
