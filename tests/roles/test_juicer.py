@@ -127,6 +127,13 @@ def test_guide_selector_snippet_and_data_processor_load(tmp_path: Path) -> None:
     assert {"question", "answer", "correct", "uncertainty", "text_len"} <= set(rows[0])
     before = out.stat().st_mtime_ns
     assert run_task_pipeline(cfg) == out and out.stat().st_mtime_ns == before  # done once
+    # an input that is not there fails before start, naming it
+    raw["data_processor"]["task_pipeline"]["inputs"] = [str(tmp_path / "nowhere.jsonl")]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    from schemas.loader import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data_processor.task_pipeline.inputs\[0\]: no file .*nowhere.jsonl"):
+        preflight([load_config(str(path)).config], "run")
 
 
 def test_without_the_package_the_error_names_it() -> None:
