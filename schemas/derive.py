@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any
 
-from schemas.config import UNUSED_FIELDS, ExperienceBufferConfig, TrinityConfig, ceil_div
+from schemas.config import UNUSED_FIELDS, ExperienceBufferConfig, TasksetConfig, TrinityConfig, ceil_div
 from schemas.modes import MODES
 
 #: The name of a checkpoint folder (``storage.checkpoints.STEP_DIR_RE``; not imported: this
@@ -140,10 +140,12 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
         if ei.tasksets:
             problems.append("data_processor.task_pipeline.inputs: its output is the one training taskset; "
                             "buffer.explorer_input.tasksets mixes several")
-        elif ei.taskset is None:
-            problems.append("data_processor.task_pipeline.inputs: set buffer.explorer_input.taskset "
-                            "(name, format, ...): the task pipeline's output becomes its path")
         else:
+            if ei.taskset is None:  # "the output will be set to the explorer input automatically"
+                put(ei, "taskset", TasksetConfig(name="taskset"), "buffer.explorer_input.taskset")
+                warnings.append("buffer.explorer_input.taskset is made from data_processor.task_pipeline's "
+                                "output with the default format (prompt_key 'prompt', ...); set the "
+                                "taskset to choose its format and workflow")
             if ei.taskset.path and ei.taskset.path != out:
                 warnings.append(f"buffer.explorer_input.taskset.path ({ei.taskset.path}) is replaced by the "
                                 f"task pipeline's output ({out})")

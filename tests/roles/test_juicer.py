@@ -134,6 +134,14 @@ def test_guide_selector_snippet_and_data_processor_load(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"data_processor.task_pipeline.inputs\[0\]: no file .*nowhere.jsonl"):
         preflight([load_config(str(path)).config], "run")
+    # no taskset at all: "the output will be set to the explorer input automatically", with the
+    # default format, said in a warning
+    raw["data_processor"]["task_pipeline"]["inputs"] = [str(tasks / "train.jsonl")]
+    del raw["buffer"]["explorer_input"]["taskset"]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    loaded = load_config(str(path))
+    assert loaded.config.buffer.explorer_input.taskset.path.endswith("task_pipeline")
+    assert any("buffer.explorer_input.taskset is made from" in w for w in loaded.warnings)
 
 
 def test_without_the_package_the_error_names_it() -> None:
