@@ -27,6 +27,7 @@ HELP = {
     "inspect": "show a run's streams, consumers, KV state and dead letters",
     "convert": "convert trainer checkpoints into Hugging Face folders",
     "debug": "run one module (e.g. a workflow) on a few tasks and dump the results",
+    "studio": "the web app: write a config, start a run, watch it and browse its trajectories",
 }
 
 
@@ -82,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
                            help="restart a role that died up to N times before failing the run (default 2)")
             p.add_argument("--plan", action="store_true",
                            help="print the device plan (processes, GPUs, ports, broadcast group) and exit; starts nothing")
+        if name == "studio":
+            p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+            p.add_argument("--host", default="127.0.0.1",
+                           help="bind address (default 127.0.0.1; any other needs a token: --token or a printed one)")
+            p.add_argument("--checkpoint-root", default=None, metavar="DIR",
+                           help="where jobs live (default $TRINITY_CHECKPOINT_ROOT_DIR or ./checkpoints)")
+            p.add_argument("--nats-url", default=None, metavar="URL",
+                           help="the bus of the runs to watch (default: the URL each run recorded in run.json)")
+            p.add_argument("--token", default=None, help="the token a non-loopback studio requires (default: random)")
         if name == "debug":
             p.add_argument("--module", default="workflow", choices=["workflow"])
             p.add_argument("--output-file", default=None)
@@ -148,6 +158,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     cfg = load(args).config
     preflight([cfg], "inspect")
+    from roles.runrecord import latest_name
+
+    newer = latest_name(cfg)
+    if newer and newer != cfg.name.split("/", 1)[0]:  # continue_from_checkpoint: false renamed the run
+        stage = cfg.name.split("/", 1)[1:]
+        cfg = cfg.model_copy(update={"name": "/".join([newer, *stage])})
+        print(f"trinity inspect: the newest run of this config is {newer} (continue_from_checkpoint: false "
+              "renamed it); showing it", file=sys.stderr)
     try:
         report = asyncio.run(inspect_run(cfg.nats, cfg.run_id, args.tail, args.stream))
     except BusConnectError as e:
@@ -312,6 +330,13 @@ def cmd_debug(args: argparse.Namespace) -> int:
     return debug_main(cfg, args.output_file)
 
 
+def cmd_studio(args: argparse.Namespace) -> int:
+    """``trinity studio``: see ``roles/studio/app.py``."""
+    from roles.studio.main import serve
+
+    return serve(args)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``trinity run``: every role of the experiment as supervised processes."""
     from roles.run import main as run_main
@@ -330,6 +355,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "buffer": cmd_buffer,
     "trainer": cmd_trainer,
     "synchronizer": cmd_synchronizer,
+    "studio": cmd_studio,
 }
 
 

@@ -35,6 +35,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -161,6 +162,8 @@ class Supervisor:
         self.started = time.time()
         #: No job folder yet: a new experiment (bus state under its name is stale).
         self.fresh = not Path(self.cfg.checkpoint_job_dir).exists()
+        #: ``<job>/run.json`` (roles/runrecord.py), set by :func:`main`.
+        self.record: Any = None
 
     def say(self, line: str) -> None:
         if self.tty and self.status:
@@ -184,6 +187,8 @@ class Supervisor:
             start_new_session=True,  # Ctrl-C reaches us only; we stop the roles in order
         )
         child.pump = asyncio.get_running_loop().create_task(self.pump(child, child.proc))
+        if self.record is not None:
+            self.record.role(child.role, "running", child.restarts)
 
     async def pump(self, child: Child, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -261,12 +266,16 @@ class Supervisor:
                 if rc == 0:
                     c.done = True
                     self.say(f"trinity run: {c.role} finished")
+                    if self.record is not None:
+                        self.record.role(c.role, "finished", c.restarts, 0)
                     continue
                 await asyncio.sleep(0.2)  # let the pump print the last lines
                 if rc == 2 or c.restarts >= self.max_restarts:  # 2: its config or a pre-start check
                     self.say(f"trinity run: {c.role} failed for good (exit {rc}); last output:")
                     for line in list(c.tail)[-10:]:
                         self.say(f"  {line}")
+                    if self.record is not None:
+                        self.record.role(c.role, "failed", c.restarts, rc)
                     await self.stop_all()
                     return 1
                 c.restarts += 1
@@ -335,13 +344,16 @@ def main(args: argparse.Namespace) -> int:
     """``trinity run``: see the module doc. Exit 0 done, 1 a role failed, 2 config, 130 stopped."""
     from bus.server import default_store_dir, ensure_server
     from roles.placement import child_env, describe, device_plan, trainer_ranks
+    from roles.runrecord import RunRecord, mark_renamed
     from roles.settings import load
     from roles.stages import roles_needed
 
     loaded = load(args)
     new_name = fresh_name(loaded.config)
+    renamed_from = None
     if new_name:
-        print(f"trinity run: {loaded.config.checkpoint_job_dir} exists and continue_from_checkpoint "
+        renamed_from = loaded.config.checkpoint_job_dir
+        print(f"trinity run: {renamed_from} exists and continue_from_checkpoint "
               f"is false: this run is named {new_name}")
         args.overrides = [*args.overrides, f"name={new_name}"]
         loaded = load(args)
@@ -364,10 +376,15 @@ def main(args: argparse.Namespace) -> int:
     server = ensure_server(cfg.nats, cfg.nats.store_dir or default_store_dir(cfg.nats, cfg.checkpoint_root_dir))
     if server is not None:
         print(f"trinity run: embedded nats-server at {server.url} (store {server.store_dir})")
+    if renamed_from:  # tools reading the config (its old name) find this run (roles/runrecord.py)
+        mark_renamed(renamed_from, new_name)
     sup = Supervisor(loaded, role_args(args), args.max_restarts, plan, server)
+    sup.record = RunRecord(stages, args.config, renamed_from)
+    rc = 1
     try:
         rc = asyncio.run(sup.run(roles_needed(stages)))
     finally:
+        sup.record.end(rc)
         if server is not None:
             server.stop()
     if sup.tty:

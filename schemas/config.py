@@ -947,6 +947,10 @@ class MonitorConfig(Section):
     detailed_stats: bool = False
     """Add the max, min and std of rewards and response lengths to the rollout and eval
     metrics (their mean is always there)."""
+    trajectory_steps: int = Field(default=100, ge=-1)
+    """How many recent training steps' experiences the trainer keeps under
+    ``<job>/trajectories/`` for ``trinity studio``'s trajectory browser (tokens, log-probs,
+    advantages, rewards as trained on): -1 every step, 0 none."""
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -1175,9 +1179,13 @@ class TrinityConfig(BaseSettings):
     @property
     def run_id(self) -> str:
         """``<project>.<name>`` made safe for NATS subject tokens and stream names."""
+        return run_id_of(self.project, self.name)
 
-        raw = f"{self.project}.{self.name}"
-        return ".".join(re.sub(r"[^A-Za-z0-9_-]+", "_", part) for part in raw.split(".") if part)
+
+def run_id_of(project: str, name: str) -> str:
+    """A run's bus id: ``<project>.<name>`` made safe for NATS subject tokens and stream names
+    (the studio names runs it finds as folders the same way)."""
+    return ".".join(re.sub(r"[^A-Za-z0-9_-]+", "_", part) for part in f"{project}.{name}".split(".") if part)
 
 
 def ceil_div(a: int, b: int) -> int:

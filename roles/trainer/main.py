@@ -40,6 +40,7 @@ from schemas.modes import MODES
 from schemas.state import TrainerFinished
 from storage import checkpoints as ckpt
 from storage import lora
+from storage.trajectories import keep_trajectories
 
 from .engine import TorchEngine, config_overrides, load_model
 from .ranks import STOP, DataParallel
@@ -247,6 +248,7 @@ class Trainer:
             with open(self.job / STEPS_LOG, "a") as f:
                 f.write(json.dumps({"step": step, "ids": [e.id for e in exps], "pid": os.getpid(),
                                     "world": self.engine.world_size}) + "\n")
+            keep_trajectories(self.job, step, exps, self.cfg.monitor.trajectory_steps)
         return metrics
 
     def sync_tensors(self) -> list[tuple[str, Any]]:

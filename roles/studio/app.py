@@ -1,0 +1,274 @@
+"""``trinity studio``: the web app (aiohttp). Pages are one static single-page app under
+``static/`` (no build step, no CDN); everything else is JSON under ``/api`` and one
+server-sent-event stream per run view.
+
+Safe by default: it listens on loopback, where requests must name a loopback host (a web page
+elsewhere cannot reach it by DNS rebinding); bound to any other address it requires a token
+(``--token`` or a random one it prints), given once as ``?token=`` and kept in a cookie. The
+run view only reads. Writing (save a config, start a run) is a POST that must carry the
+``X-Studio`` header, which a page on another site cannot send. Nothing from the bus or a job
+is turned into HTML on the server; the page writes it as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from roles.studio import builder, jobs, live
+
+STATIC = Path(__file__).parent / "static"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+#: Seconds between two pushes of a run view's event stream (files), and of its bus snapshot.
+TICK, BUS_TICK = 1.0, 2.0
+NO_URL = {"reachable": False, "error": "the job recorded no bus URL (run.json): start the studio with --nats-url"}
+
+
+def _dumps(x: Any) -> str:
+    """JSON for the page: NaN and infinities (a diverged loss) become null, which JSON has."""
+    return json.dumps(_nan_free(x), default=str)
+
+
+def _nan_free(x: Any) -> Any:
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_free(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_nan_free(v) for v in x]
+    return x
+
+
+def ok(x: Any, status: int = 200) -> web.Response:
+    return web.Response(text=_dumps(x), status=status, content_type="application/json")
+
+
+def fail(status: int, message: str) -> web.Response:
+    return ok({"error": message}, status)
+
+
+class Studio:
+    """The app's state: where jobs live, which bus to ask, the runs it started."""
+
+    def __init__(self, root: Path, nats_url: str | None, token: str | None, loopback: bool, cwd: Path) -> None:
+        self.root, self.nats_url, self.token, self.loopback, self.cwd = root, nats_url, token, loopback, cwd
+        self.launched: dict[int, Any] = {}
+
+    # -- safety --------------------------------------------------------------------------------
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        host = request.host.rsplit(":", 1)[0] if not request.host.startswith("[") else request.host.split("]")[0] + "]"
+        if self.loopback and host not in LOOPBACK_HOSTS:
+            return fail(403, f"host {request.host!r}: the studio on loopback answers only 127.0.0.1/localhost")
+        if self.token:
+            given = request.query.get("token") or request.cookies.get("studio_token") or \
+                request.headers.get("Authorization", "").removeprefix("Bearer ")
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return fail(401, "this studio needs its token: open the URL it printed (…/?token=…)")
+        if request.method == "POST" and request.headers.get("X-Studio") != "1":
+            return fail(403, "POST needs the X-Studio: 1 header (the studio's page sends it)")
+        resp = await handler(request)
+        resp.headers["Content-Security-Policy"] = ("default-src 'self'; img-src 'self' data:; "
+                                                   "style-src 'self'; script-src 'self'; frame-ancestors 'none'")
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Referrer-Policy"] = "no-referrer"
+        if self.token and request.query.get("token"):
+            resp.set_cookie("studio_token", self.token, httponly=True, samesite="Strict")
+        return resp
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    async def index(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    async def static(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        path = STATIC / name
+        if "/" in name or not path.is_file():
+            return fail(404, f"no file {name!r}")
+        return web.FileResponse(path, headers={"Cache-Control": "no-cache"})
+
+    # -- builder -------------------------------------------------------------------------------
+
+    async def schema(self, request: web.Request) -> web.Response:
+        return ok({"form": builder.form_schema(), "examples": builder.examples(self.cwd)})
+
+    async def example(self, request: web.Request) -> web.Response:
+        try:
+            return ok(builder.read_example(self.cwd, request.query.get("path", "")))
+        except FileNotFoundError as e:
+            return fail(404, str(e))
+
+    async def _doc(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError as e:
+            raise web.HTTPBadRequest(text=_dumps({"error": f"request body: not JSON ({e})"}),
+                                     content_type="application/json") from e
+        doc = body.get("doc") if isinstance(body, dict) else None
+        if not isinstance(doc, dict):
+            raise web.HTTPBadRequest(text=_dumps({"error": "request body: 'doc' must be a mapping (the config)"}),
+                                     content_type="application/json")
+        return body
+
+    async def validate(self, request: web.Request) -> web.Response:
+        body = await self._doc(request)
+        return ok(await asyncio.to_thread(builder.validate, body["doc"]))
+
+    async def save(self, request: web.Request) -> web.Response:
+        body = await self._doc(request)
+        try:
+            path = builder.save(body["doc"], str(body.get("path", "")), self.cwd)
+        except ValueError as e:
+            return fail(400, str(e))
+        return ok({"path": str(path)})
+
+    async def run(self, request: web.Request) -> web.Response:
+        body = await self._doc(request)
+        checked = await asyncio.to_thread(builder.validate, body["doc"])
+        if not checked["ok"]:
+            return ok({"started": False, **checked}, 400)
+        try:
+            path = builder.save(body["doc"], str(body.get("path", "")), self.cwd)
+        except ValueError as e:
+            return fail(400, str(e))
+        proc = builder.start_run(path, self.root / "studio_logs")
+        self.launched[proc.pid] = proc
+        return ok({"started": True, "pid": proc.pid, "path": str(path)})
+
+    async def launch(self, request: web.Request) -> web.Response:
+        """A run the studio started: its job once ``run.json`` names its pid, its exit code."""
+        pid = int(request.match_info["pid"])
+        proc = self.launched.get(pid)
+        if proc is None:
+            return fail(404, f"the studio started no run with pid {pid}")
+        key = next((j.key for j in jobs.find_jobs(self.root) if j.record and j.record.get("pid") == pid), None)
+        return ok({"pid": pid, "exit_code": proc.poll(), "job": key})
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def _job(self, request: web.Request) -> jobs.Job:
+        project, name = request.match_info["project"], request.match_info["name"]
+        job = jobs.load_job(self.root, project, name) if jobs.SAFE.match(project) and jobs.SAFE.match(name) else None
+        if job is None:
+            raise web.HTTPNotFound(text=_dumps({"error": f"no job {project}/{name} under {self.root}"}),
+                                   content_type="application/json")
+        return job
+
+    def _stage(self, request: web.Request, job: jobs.Job) -> jobs.Stage:
+        label = request.query.get("stage")
+        for s in job.stages:
+            if s.label == label:
+                return s
+        if label is None:
+            return job.stages[-1]
+        raise web.HTTPNotFound(text=_dumps({"error": f"job {job.key} has no stage {label!r}"}),
+                               content_type="application/json")
+
+    def _job_json(self, job: jobs.Job) -> dict[str, Any]:
+        return {"key": job.key, "project": job.project, "name": job.name, "state": job.state,
+                "record": job.record, "figures": job.figures, "renamed_to": jobs.renamed_to(self.root, job.project, job.name),
+                "stages": [{"label": s.label, "mode": s.mode, "run_id": s.run_id, "total_steps": s.total_steps}
+                           for s in job.stages]}
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        found = await asyncio.to_thread(jobs.find_jobs, self.root)
+        return ok({"root": str(self.root), "jobs": [self._job_json(j) for j in found]})
+
+    async def job(self, request: web.Request) -> web.Response:
+        job = self._job(request)
+        out = self._job_json(job)
+        out["metrics"], out["sync"], out["offsets"] = {}, {}, {}
+        for s in job.stages:  # the event stream goes on from these offsets
+            (out["metrics"][s.label], m), (out["sync"][s.label], e) = jobs.metrics(s), jobs.sync_events(s)
+            out["offsets"][s.label] = [m, e]
+        return ok(out)
+
+    def _url(self, job: jobs.Job) -> str | None:
+        return self.nats_url or (job.record or {}).get("nats_url")
+
+    async def bus(self, request: web.Request) -> web.Response:
+        job = self._job(request)
+        stage, url = self._stage(request, job), self._url(job)
+        if not url:
+            return ok(NO_URL)
+        return ok(await live.bus_snapshot(url, stage.run_id))
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: new metric and sync records as the roles write them, the run's
+        record when it changes, and the bus every few seconds."""
+        job = self._job(request)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        offsets = {s.label: [int(request.query.get("m_" + s.label, 0)), int(request.query.get("s_" + s.label, 0))]
+                   for s in job.stages}
+        last_record, last_bus = None, 0.0
+        try:
+            while True:
+                job = jobs.load_job(self.root, job.project, job.name, with_figures=False) or job
+                for s in job.stages:
+                    off = offsets.setdefault(s.label, [0, 0])
+                    m, off[0] = jobs.metrics(s, off[0])
+                    e, off[1] = jobs.sync_events(s, off[1])
+                    if m or e:
+                        await resp.write(f"event: records\ndata: {_dumps({'stage': s.label, 'metrics': m, 'sync': e})}\n\n".encode())
+                state = {"state": job.state, "record": job.record}
+                if state != last_record:
+                    last_record = state
+                    await resp.write(f"event: run\ndata: {_dumps(state)}\n\n".encode())
+                url = self._url(job)
+                every = BUS_TICK if job.state in ("running", "unknown") else 5 * BUS_TICK
+                if time.monotonic() - last_bus > every:
+                    snap = await live.bus_snapshot(url, self._running_stage(job).run_id) if url else NO_URL
+                    last_bus = time.monotonic()
+                    await resp.write(f"event: bus\ndata: {_dumps(snap)}\n\n".encode())
+                await asyncio.sleep(TICK)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return resp
+
+    @staticmethod
+    def _running_stage(job: jobs.Job) -> jobs.Stage:
+        """The stage a live run is in: the last one that has written anything."""
+        written = [s for s in job.stages if (s.dir / "monitor").is_dir()]
+        return written[-1] if written else job.stages[0]
+
+    async def steps(self, request: web.Request) -> web.Response:
+        job = self._job(request)
+        stage = self._stage(request, job)
+        return ok({"stage": stage.label, "steps": jobs.kept_steps(stage)})
+
+    async def step(self, request: web.Request) -> web.Response:
+        job = self._job(request)
+        stage = self._stage(request, job)
+        n = int(request.match_info["step"])
+        try:
+            exps = await asyncio.to_thread(jobs.experiences, stage, n)
+        except FileNotFoundError:
+            return fail(404, f"step {n} of {job.key}/{stage.label} is not kept (monitor.trajectory_steps)")
+        tok = await asyncio.to_thread(live.tokenizer, stage.model_path)
+        return ok({"stage": stage.label, "step": n, "decoded": tok is not None,
+                   "experiences": [live.experience_view(e, n, tok) for e in exps]})
+
+
+def make_app(root: Path, nats_url: str | None = None, token: str | None = None, loopback: bool = True,
+             cwd: Path | None = None) -> web.Application:
+    s = Studio(root, nats_url, token, loopback, cwd or Path.cwd())
+    app = web.Application(middlewares=[s.guard])
+    app.add_routes([
+        web.get("/", s.index), web.get("/static/{name}", s.static),
+        web.get("/api/schema", s.schema), web.get("/api/example", s.example),
+        web.post("/api/validate", s.validate), web.post("/api/save", s.save), web.post("/api/run", s.run),
+        web.get("/api/launch/{pid}", s.launch), web.get("/api/jobs", s.list_jobs),
+        web.get("/api/jobs/{project}/{name}", s.job), web.get("/api/jobs/{project}/{name}/bus", s.bus),
+        web.get("/api/jobs/{project}/{name}/events", s.events), web.get("/api/jobs/{project}/{name}/steps", s.steps),
+        web.get("/api/jobs/{project}/{name}/steps/{step}", s.step),
+    ])
+    return app

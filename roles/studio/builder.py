@@ -1,0 +1,163 @@
+"""The config builder's server side: the form (made from the config schema), validation by the
+loader ``trinity config`` uses, saving, and starting ``trinity run``.
+
+The form is data, not code: :func:`form_schema` walks :class:`schemas.config.TrinityConfig`
+and gives each field its dotted path, kind, default, choices and docstring, so a field added to
+the schema shows up in the studio with its help text and nothing here changes. Fields whose
+value is a list or a free mapping of sections (``stages``, ``eval_tasksets``, operators) are
+edited as YAML text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel
+
+from schemas.config import TrinityConfig
+from schemas.loader import ConfigError, to_yaml
+
+#: The fields of the beginner view: what a first run changes (Trinity-RFT's studio shows a
+#: similar set in its beginner mode). Everything is in the expert view.
+BEGINNER = (
+    "project", "name", "mode", "checkpoint_root_dir", "continue_from_checkpoint",
+    "model.model_path", "model.max_model_len", "model.max_response_tokens",
+    "algorithm.algorithm_type", "algorithm.repeat_times", "algorithm.optimizer.lr",
+    "buffer.batch_size", "buffer.total_epochs", "buffer.total_steps",
+    "buffer.explorer_input.taskset.name", "buffer.explorer_input.taskset.path",
+    "buffer.explorer_input.taskset.split", "buffer.explorer_input.default_workflow_type",
+    "buffer.explorer_input.default_reward_fn_type", "buffer.explorer_input.eval_tasksets",
+    "explorer.eval_interval", "explorer.rollout_model.engine_type", "explorer.rollout_model.engine_num",
+    "synchronizer.sync_method", "synchronizer.sync_interval", "trainer.trainer_type", "trainer.save_interval",
+    "monitor.monitor_type", "stages",
+)
+
+
+def _section(tp: Any) -> type[BaseModel] | None:
+    """The section class of a field typed ``Section`` or ``Section | None``."""
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 and all(a in (models[0], type(None)) for a in args) else None
+
+
+def _kind(tp: Any) -> tuple[str, list[Any]]:
+    """The form control of a leaf type, and its choices."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (
+        typing.Union, types.UnionType) else [tp]
+    if len(args) == 1:
+        a = args[0]
+        if typing.get_origin(a) is Literal:
+            return "enum", list(typing.get_args(a))
+        if a is bool:
+            return "bool", []
+        if a is int:
+            return "int", []
+        if a is float:
+            return "float", []
+        if a is str:
+            return "str", []
+    if all(a in (int, float) for a in args):
+        return "float", []
+    return "yaml", []
+
+
+def form_schema(model: type[BaseModel] = TrinityConfig, prefix: str = "") -> list[dict[str, Any]]:
+    """The form: a tree of sections and fields, each with path, kind, default, choices, help."""
+    out = []
+    for name, f in model.model_fields.items():
+        path = f"{prefix}{name}"
+        sec = _section(f.annotation)
+        if sec is not None:
+            out.append({"path": path, "kind": "section", "help": f.description or "",
+                        "fields": form_schema(sec, f"{path}.")})
+            continue
+        kind, choices = _kind(f.annotation)
+        default = None if f.is_required() else f.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = default.model_dump(mode="json")
+        out.append({"path": path, "kind": kind, "choices": choices, "default": _jsonable(default),
+                    "help": f.description or "", "beginner": path in BEGINNER})
+    return out
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, BaseModel):
+        return v.model_dump(mode="json")
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v if v is None or isinstance(v, str | int | float | bool) else str(v)
+
+
+def examples(root: Path) -> list[str]:
+    """The example configs under ``root/examples`` (relative paths), to start a config from."""
+    base = root / "examples"
+    return sorted(str(p.relative_to(root)) for p in base.rglob("*.yaml") if "_build" not in p.parts) if base.is_dir() else []
+
+
+def read_example(root: Path, rel: str) -> dict[str, Any]:
+    """An example's YAML as the user wrote it (interpolations kept, comments dropped)."""
+    if rel not in examples(root):
+        raise FileNotFoundError(f"no example {rel!r}")
+    return yaml.safe_load((root / rel).read_text()) or {}
+
+
+def field_of(problem: str) -> str:
+    """The dotted field a loader problem names (``a.b[0].c: why`` -> ``a.b``'s form path,
+    ``a.b[0].c``), or "" when it names none."""
+    head = problem.split(":", 1)[0].split(" ", 1)[0]
+    return head if head and all(c.isalnum() or c in "._[]-" for c in head) and ":" in problem else ""
+
+
+def validate(doc: dict[str, Any]) -> dict[str, Any]:
+    """Load ``doc`` (a config as YAML would give it) exactly as ``trinity config`` does:
+    ``{ok, problems: [{field, message}], warnings, yaml, resolved}``."""
+    from roles.checks import check_inputs
+    from roles.settings import load
+
+    text = yaml.safe_dump(doc, sort_keys=False)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(text)
+    try:
+        loaded = load(argparse.Namespace(config=f.name, overrides=[], dotenv=None), quiet=True)
+        problems, missing = check_inputs(loaded.stages or [loaded.config], "config")
+        if problems:
+            raise ConfigError(problems)
+    except ConfigError as e:
+        said = [p.replace(f.name, "the form") for p in e.problems]
+        return {"ok": False, "problems": [{"field": field_of(p), "message": p} for p in said],
+                "warnings": [], "yaml": text, "resolved": ""}
+    finally:
+        os.unlink(f.name)
+    warnings = list(loaded.warnings) + [f"{m} (trinity run needs it)" for m in missing]
+    return {"ok": True, "problems": [], "warnings": warnings, "yaml": text, "resolved": to_yaml(loaded)}
+
+
+def save(doc: dict[str, Any], path: str, cwd: Path) -> Path:
+    """Write ``doc`` as YAML to ``path`` (relative to the studio's folder, inside it)."""
+    target = (cwd / path).resolve()
+    if not path.endswith((".yaml", ".yml")) or not target.is_relative_to(cwd.resolve()):
+        raise ValueError(f"path: {path!r} must be a .yaml file inside {cwd}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return target
+
+
+def start_run(config: Path, log_dir: Path) -> subprocess.Popen:
+    """``trinity run --config <config>`` in the background, its output to a log file; the run
+    writes ``<job>/run.json`` with this process's pid, which is how the studio finds it."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / f"{config.stem}-{os.getpid()}-{len(list(log_dir.iterdir()))}.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "roles.cli", "run", "--config", str(config)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -1,0 +1,163 @@
+"""The job folders under a checkpoint root, read for the studio: what runs exist, their stages,
+metrics, sync events and the experiences of each kept step.
+
+Everything here reads files the roles write (``run.json``, ``monitor/metrics.jsonl``,
+``monitor/sync_events.jsonl``, ``trajectories/``); nothing writes. A job is
+``<root>/<project>/<name>``; its stages are the job itself (one stage) or its subfolders with a
+``monitor/`` folder. A run that ``continue_from_checkpoint: false`` renamed to
+``<name>_<timestamp>`` is its own folder, so it is listed as itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from roles.runrecord import LATEST, RECORD, read
+from schemas.config import run_id_of
+from storage.trajectories import read_step, steps
+
+#: A job or stage path segment as it appears in a URL: names made only of these.
+SAFE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+@dataclass
+class Stage:
+    label: str
+    dir: Path
+    mode: str = ""
+    run_id: str = ""
+    model_path: str = ""
+    total_steps: int | None = None
+
+
+@dataclass
+class Job:
+    project: str
+    name: str
+    dir: Path
+    stages: list[Stage]
+    record: dict[str, Any] | None = None
+    state: str = "unknown"
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.project}/{self.name}"
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def load_job(root: Path, project: str, name: str, with_figures: bool = True) -> Job | None:
+    """The job ``<root>/<project>/<name>``, or None when it is not one (``with_figures``: read
+    its metrics for :func:`figures` too)."""
+    d = root / project / name
+    if not d.is_dir():
+        return None
+    rec = read(d / RECORD)
+    if rec:
+        stages = [Stage(s["label"], Path(s["dir"]), s.get("mode", ""), s.get("run_id", ""), s.get("model_path", ""),
+                        s.get("total_steps")) for s in rec["stages"]]
+        state = rec.get("state", "unknown")
+        if state == "running" and not _alive(rec.get("pid")):
+            state = "stopped"  # trinity run was killed without writing its end
+    elif (d / "monitor").is_dir():
+        stages, state = [Stage(name, d, "", run_id_of(project, name))], "unknown"
+    else:
+        subs = sorted((p for p in d.iterdir() if (p / "monitor").is_dir()), key=lambda p: p.stat().st_mtime)
+        stages = [Stage(p.name, p, "", run_id_of(project, f"{name}/{p.name}")) for p in subs]
+        state = "unknown"
+    if not stages:
+        return None
+    job = Job(project, name, d, stages, rec, state)
+    if with_figures:
+        job.figures = figures(job)
+    return job
+
+
+def find_jobs(root: Path) -> list[Job]:
+    """Every job under ``root``, newest first."""
+    out = []
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and p.name != "nats" and SAFE.match(p.name):
+                for n in p.iterdir():
+                    if n.is_dir() and SAFE.match(n.name) and (job := load_job(root, p.name, n.name)):
+                        out.append(job)
+    return sorted(out, key=lambda j: -j.figures.get("updated", 0))
+
+
+def read_jsonl(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Records of a JSON-lines file from byte ``offset``, and the offset after the last whole
+    line (a line being written is left for next time)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    out = []
+    for line in data[:end].splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out, offset + end
+
+
+def metrics(stage: Stage, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    return read_jsonl(stage.dir / "monitor" / "metrics.jsonl", offset)
+
+
+def sync_events(stage: Stage, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    return read_jsonl(stage.dir / "monitor" / "sync_events.jsonl", offset)
+
+
+def figures(job: Job) -> dict[str, Any]:
+    """The numbers a runs list shows: last train step, last rollout reward, first and last eval
+    accuracy per taskset, when the job last wrote."""
+    out: dict[str, Any] = {"updated": job.dir.stat().st_mtime, "stages": []}
+    for s in job.stages:
+        recs, _ = metrics(s)
+        f: dict[str, Any] = {"label": s.label}
+        for r in recs:
+            if r["kind"] == "train":
+                f["train_step"] = r["step"]
+            elif r["kind"] == "rollout":
+                f["reward"] = r["values"].get("reward_mean")
+            elif r["kind"] == "eval" and "accuracy" in r["values"]:
+                acc = f.setdefault("eval", {}).setdefault(r.get("taskset") or "eval", [None, None])
+                if acc[0] is None:
+                    acc[0] = r["values"]["accuracy"]
+                acc[1] = r["values"]["accuracy"]
+            out["updated"] = max(out["updated"], r.get("ts", 0))
+        out["stages"].append(f)
+    return out
+
+
+def renamed_to(root: Path, project: str, name: str) -> str | None:
+    rec = read(root / project / name / LATEST)
+    return rec.get("name") if rec else None
+
+
+def kept_steps(stage: Stage) -> list[int]:
+    return steps(stage.dir)
+
+
+def experiences(stage: Stage, step: int) -> list[Any]:
+    return read_step(stage.dir, step)

@@ -1,0 +1,93 @@
+"""What the studio reads from a live run: the bus (streams, consumers, KV, dead letters) and the
+experiences of a step, made ready to show.
+
+The bus part is ``trinity inspect``'s report (:func:`bus.inspect_run`) plus what a person asks
+of it: each role's heartbeat age and model version, and each dead letter's reason. A run whose
+bus is gone (the quickstart's embedded server stops with the run) says so instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import lru_cache
+from typing import Any
+
+from bus import BusError, inspect_run
+from bus.publish import H_ERROR
+from schemas.config import NatsConfig
+from schemas.data import Experience
+
+async def bus_snapshot(url: str, run_id: str, dead_letters: int = 20) -> dict[str, Any]:
+    """Streams, consumers, KV, roles and the newest ``dead_letters`` dead letters of a run."""
+    try:
+        report = await asyncio.wait_for(inspect_run(NatsConfig(url=url, connect_wait=2.0), run_id, dead_letters, "dlq"),
+                                        timeout=6.0)
+    except (BusError, OSError, asyncio.TimeoutError) as e:
+        return {"reachable": False, "url": url, "error": str(e) or type(e).__name__}
+    kv = report.get("kv") or {}
+    now = time.time()
+    roles: dict[str, dict[str, Any]] = {}
+    for key, value in kv.items():
+        kind, _, role = key.partition(".")
+        if kind == "heartbeat" and isinstance(value, dict):  # schemas.state.Heartbeat
+            roles.setdefault(role, {}).update(heartbeat_age_s=round(now - float(value.get("ts", now)), 1),
+                                              state=value.get("state"), step=value.get("step"), pid=value.get("pid"))
+        elif kind == "version" and isinstance(value, dict):  # schemas.state.ModelVersion
+            roles.setdefault(role, {})["model_version"] = value.get("version")
+    letters = []
+    for m in (report.get("tail") or {}).get("messages", []):
+        h = m.get("headers", {})
+        letters.append({"seq": m["seq"], "time": m.get("time"), "subject": m.get("subject"),
+                        "reason": h.get(H_ERROR, ""), "headers": h})
+    return {"reachable": True, "url": report["url"], "streams": report["streams"], "kv": kv,
+            "roles": roles, "dead_letters": report["dead_letters"], "letters": letters[::-1]}
+
+
+@lru_cache(maxsize=4)
+def tokenizer(path: str) -> Any:
+    """The run's tokenizer (cached: loading one takes a second); None when it cannot load."""
+    if not path:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:  # noqa: BLE001 - a moved or hub-only model: show token ids instead
+        return None
+
+
+def _floats(a: Any, n: int) -> list[float | None]:
+    if a is None:
+        return [None] * n
+    vals = [float(x) for x in list(a)[-n:]] if n else []
+    return [None] * (n - len(vals)) + vals
+
+
+def experience_view(e: Experience, step: int, tok: Any) -> dict[str, Any]:
+    """One experience as the trajectory browser shows it: texts, each response token with its
+    log-prob and advantage, reward, group, version, staleness (the trainer held version
+    ``step - 1`` when it trained on it), truncation, and an agent episode's turns."""
+    tokens = [int(t) for t in e.tokens]
+    resp = tokens[e.prompt_length:]
+    n = len(resp)
+    if tok is not None:
+        prompt = tok.decode(tokens[:e.prompt_length])
+        pieces = [tok.decode([t]) for t in resp]
+    else:
+        prompt = e.prompt_text or " ".join(map(str, tokens[:e.prompt_length]))
+        pieces = [f"<{t}>" for t in resp]
+    adv = e.advantages
+    if adv is not None and getattr(adv, "ndim", 1) == 0:
+        adv = [float(adv)] * n
+    mask = list(e.action_mask)[-n:] if e.action_mask is not None else [1] * n
+    return {
+        "id": e.id, "task_id": e.task_id, "group_id": e.group_id, "taskset": e.task_id.split("/", 1)[0],
+        "reward": e.reward, "model_version": e.model_version, "staleness": max(step - 1 - e.model_version, 0),
+        "prompt_truncated": e.prompt_truncated, "response_truncated": e.response_truncated,
+        "prompt": prompt, "response_text": e.response_text,
+        "tokens": [{"t": p, "logprob": lp, "advantage": a, "trained": bool(m)}
+                   for p, lp, a, m in zip(pieces, _floats(e.logprobs, n), _floats(adv, n), mask, strict=True)],
+        "messages": e.messages or [], "episode": e.episode, "info": {k: v for k, v in e.info.items()
+                                                                    if isinstance(v, str | int | float | bool)},
+    }

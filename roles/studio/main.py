@@ -1,0 +1,34 @@
+"""``trinity studio``: serve the app (``roles/studio/app.py``) until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import secrets
+from pathlib import Path
+
+from aiohttp import web
+
+from roles.studio.app import make_app
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(args: argparse.Namespace) -> int:
+    root = Path(args.checkpoint_root or os.environ.get("TRINITY_CHECKPOINT_ROOT_DIR") or "./checkpoints")
+    loopback = is_loopback(args.host)
+    token = args.token or (None if loopback else secrets.token_urlsafe(18))
+    app = make_app(root.resolve(), args.nats_url, token, loopback)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
+    print(f"trinity studio: {url} (jobs under {root.resolve()}; Ctrl-C stops)", flush=True)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    return 0
