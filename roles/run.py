@@ -35,9 +35,8 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from roles.checks import preflight
 from roles.monitor import summary

@@ -21,7 +21,13 @@ import os
 import re
 from typing import Any
 
-from schemas.config import UNUSED_FIELDS, ExperienceBufferConfig, TasksetConfig, TrinityConfig, ceil_div
+from schemas.config import (
+    UNUSED_FIELDS,
+    ExperienceBufferConfig,
+    TasksetConfig,
+    TrinityConfig,
+    ceil_div,
+)
 from schemas.modes import MODES
 
 #: The name of a checkpoint folder (``storage.checkpoints.STEP_DIR_RE``; not imported: this

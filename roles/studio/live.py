@@ -18,6 +18,7 @@ from bus.publish import H_ERROR
 from schemas.config import NatsConfig
 from schemas.data import Experience
 
+
 async def bus_snapshot(url: str, run_id: str, dead_letters: int = 20) -> dict[str, Any]:
     """Streams, consumers, KV, roles and the newest ``dead_letters`` dead letters of a run."""
     try:

@@ -1452,6 +1452,8 @@ RUNTIME_EFFECTS: dict[str, str] = {
     "trainer.resume_mode": "tests/trainer/test_resume_mode.py::test_resume_mode_chooses_where_the_trainer_starts",
     "monitor.monitor_type": "tests/roles/test_monitor.py::test_wandb_takes_the_seed_monitor_args_and_logs_offline",
     "monitor.monitor_args": "tests/roles/test_monitor.py::test_wandb_takes_the_seed_monitor_args_and_logs_offline",
+    # the trainer calls keep_trajectories with it after each step (tests/run/test_studio.py reads them)
+    "monitor.trajectory_steps": "tests/storage/test_trajectories.py::test_monitor_trajectory_steps_keeps_the_newest_steps_whole",
     # the level's effect on the role's log; roles/cli.py passes log.level to setup_logging
     "log.level": "tests/roles/test_logs.py::test_level_filters",
     "nats.connect_wait": "tests/bus/test_connection.py::test_connect_waits_for_a_starting_server",

@@ -1,0 +1,154 @@
+"""The studio's server, through real HTTP (aiohttp's test server): safe defaults, errors that
+name what is wrong, the builder's checks, job folders read as runs (a renamed run as itself),
+and the step a trajectory view shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from roles.studio.app import make_app
+from schemas.data import Experience
+from storage.trajectories import keep_trajectories
+
+POST = {"X-Studio": "1"}
+
+
+def _job(root: Path, name: str, record: dict | None = None) -> Path:
+    d = root / "p" / name
+    (d / "monitor").mkdir(parents=True)
+    recs = [{"role": "trainer", "kind": "train", "step": s, "ts": 1.0 + s, "values": {"loss": 0.5 / s}} for s in (1, 2)]
+    recs.append({"role": "explorer", "kind": "eval", "step": 0, "taskset": "test", "ts": 1.0, "values": {"accuracy": 0.25}})
+    (d / "monitor" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"torn')
+    if record:
+        (d / "run.json").write_text(json.dumps(record))
+    return d
+
+
+async def _client(root: Path, cwd: Path, **kw) -> TestClient:
+    client = TestClient(TestServer(make_app(root, cwd=cwd, **kw)))
+    await client.start_server()
+    return client
+
+
+@pytest.mark.unit
+async def test_loopback_checks_the_host_and_post_needs_the_header(tmp_path):
+    c = await _client(tmp_path, tmp_path)
+    try:
+        r = await c.get("/api/jobs", headers={"Host": "evil.example:8080"})
+        assert r.status == 403 and "loopback" in (await r.json())["error"]
+        r = await c.post("/api/validate", json={"doc": {}})
+        assert r.status == 403 and "X-Studio" in (await r.json())["error"]
+        r = await c.post("/api/validate", data=b"{not json", headers=POST)
+        assert r.status == 400 and "not JSON" in (await r.json())["error"]
+        r = await c.post("/api/validate", json={"doc": [1]}, headers=POST)
+        assert r.status == 400 and "'doc' must be a mapping" in (await r.json())["error"]
+        r = await c.get("/")
+        assert "default-src 'self'" in r.headers["Content-Security-Policy"]
+        assert "/static/app.js" in await r.text()
+        assert (await c.get("/static/../app.py")).status == 404
+    finally:
+        await c.close()
+
+
+@pytest.mark.unit
+async def test_a_non_loopback_studio_needs_its_token_then_keeps_it_in_a_cookie(tmp_path):
+    c = await _client(tmp_path, tmp_path, token="s3cret", loopback=False)
+    try:
+        r = await c.get("/api/jobs")
+        assert r.status == 401 and "token" in (await r.json())["error"]
+        assert (await c.get("/api/jobs?token=wrong")).status == 401
+        r = await c.get("/?token=s3cret")
+        assert r.status == 200 and "studio_token" in r.cookies
+        assert (await c.get("/api/jobs")).status == 200  # the cookie
+        assert (await c.get("/api/jobs", headers={"Authorization": "Bearer s3cret"})).status == 200
+    finally:
+        await c.close()
+
+
+@pytest.mark.unit
+async def test_the_builder_names_the_field_saves_inside_its_folder_and_lists_examples(tmp_path):
+    (tmp_path / "examples" / "a").mkdir(parents=True)
+    (tmp_path / "examples" / "a" / "a.yaml").write_text("project: p\nname: n\nalgorithm: {repeat_times: 2}\n")
+    c = await _client(tmp_path / "ckpt", tmp_path)
+    try:
+        schema = await (await c.get("/api/schema")).json()
+        assert schema["examples"] == ["examples/a/a.yaml"]
+        top = {f["path"]: f for f in schema["form"]}
+        assert top["mode"]["kind"] == "enum" and "bench" in top["mode"]["choices"] and top["mode"]["help"]
+        alg = {f["path"]: f for f in top["algorithm"]["fields"]}
+        assert alg["algorithm.repeat_times"]["kind"] == "int" and alg["algorithm.repeat_times"]["beginner"]
+        doc = await (await c.get("/api/example?path=examples/a/a.yaml")).json()
+        assert doc["algorithm"]["repeat_times"] == 2
+        assert (await c.get("/api/example?path=../etc/passwd")).status == 404
+        doc["algorithm"]["repeat_times"] = "many"
+        r = await (await c.post("/api/validate", json={"doc": doc}, headers=POST)).json()
+        assert not r["ok"] and r["problems"][0]["field"] == "algorithm.repeat_times"
+        assert "'many'" in r["problems"][0]["message"] and "the form" in r["problems"][0]["message"]
+        doc["algorithm"]["repeat_times"] = 4
+        r = await (await c.post("/api/validate", json={"doc": doc}, headers=POST)).json()
+        assert r["ok"] and "repeat_times: 4" in r["resolved"]
+        r = await c.post("/api/save", json={"doc": doc, "path": "../outside.yaml"}, headers=POST)
+        assert r.status == 400 and "inside" in (await r.json())["error"]
+        r = await (await c.post("/api/save", json={"doc": doc, "path": "cfg/x.yaml"}, headers=POST)).json()
+        assert Path(r["path"]).read_text().startswith("project: p")
+        doc["algorithm"]["repeat_times"] = 0  # Run refuses what the check refuses: nothing starts
+        r = await c.post("/api/run", json={"doc": doc, "path": "cfg/y.yaml"}, headers=POST)
+        assert r.status == 400 and not (await r.json())["started"] and not (tmp_path / "cfg" / "y.yaml").exists()
+    finally:
+        await c.close()
+
+
+@pytest.mark.unit
+async def test_jobs_are_found_as_themselves_with_figures_and_kept_steps(tmp_path):
+    root = tmp_path / "ckpt"
+    first = _job(root, "n", {"project": "p", "name": "n", "state": "done", "pid": 1, "stages": [
+        {"label": "n", "dir": str(root / "p" / "n"), "mode": "both", "run_id": "p.n", "model_path": ""}]})
+    _job(root, "n_20261127120000", {"project": "p", "name": "n_20261127120000", "state": "running", "pid": 2**22 + 7,
+                                    "renamed_from": str(first), "stages": [
+        {"label": "n_20261127120000", "dir": str(root / "p" / "n_20261127120000"), "mode": "both",
+         "run_id": "p.n_20261127120000", "model_path": ""}]})
+    (first / "latest_run.json").write_text(json.dumps({"name": "n_20261127120000"}))
+    exp = Experience(id="t/0@0/0", task_id="t/0", group_id="t/0@0", run_id="p.n", tokens=np.arange(6, dtype=np.int32),
+                     prompt_length=3, reward=1.0, logprobs=np.full(3, -0.5, np.float32),
+                     advantages=np.full(3, 0.7, np.float32), model_version=1, prompt_text="1+1=")
+    keep_trajectories(first, 3, [exp], 5)
+    c = await _client(root, tmp_path)
+    try:
+        jobs = {j["key"]: j for j in (await (await c.get("/api/jobs")).json())["jobs"]}
+        assert set(jobs) == {"p/n", "p/n_20261127120000"}
+        assert jobs["p/n"]["renamed_to"] == "n_20261127120000"
+        assert jobs["p/n_20261127120000"]["state"] == "stopped"  # its trinity run is gone without an end
+        assert jobs["p/n"]["figures"]["stages"][0] == {"label": "n", "train_step": 2, "eval": {"test": [0.25, 0.25]}}
+        job = await (await c.get("/api/jobs/p/n")).json()
+        assert [r["step"] for r in job["metrics"]["n"] if r["kind"] == "train"] == [1, 2]  # the torn line waits
+        assert (await (await c.get("/api/jobs/p/n/steps")).json())["steps"] == [3]
+        step = await (await c.get("/api/jobs/p/n/steps/3")).json()
+        e = step["experiences"][0]
+        assert e["prompt"] == "1+1=" and e["staleness"] == 1 and e["tokens"][0]["advantage"] == pytest.approx(0.7)
+        r = await c.get("/api/jobs/p/n/steps/9")
+        assert r.status == 404 and "trajectory_steps" in (await r.json())["error"]
+        r = await c.get("/api/jobs/p/nothing")
+        assert r.status == 404 and "no job p/nothing" in (await r.json())["error"]
+        r = await c.get("/api/jobs/p/n/steps?stage=zzz")
+        assert r.status == 404 and "no stage 'zzz'" in (await r.json())["error"]
+    finally:
+        await c.close()
+
+
+@pytest.mark.unit
+def test_inspect_follows_a_renamed_run(tmp_path):
+    """``continue_from_checkpoint: false`` renamed the second run: a tool that reads the config
+    (the old name) finds the new run (roles/runrecord.py)."""
+    from roles.runrecord import latest_name, mark_renamed
+    from schemas.config import TrinityConfig
+
+    cfg = TrinityConfig(project="p", name="n", checkpoint_root_dir=str(tmp_path))
+    assert latest_name(cfg) is None
+    mark_renamed(tmp_path / "p" / "n", "n_20261127120000")
+    assert latest_name(cfg) == "n_20261127120000"
+    assert latest_name(TrinityConfig(project="p", name="n/grpo", checkpoint_root_dir=str(tmp_path))) == "n_20261127120000"
