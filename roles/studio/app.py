@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bus import BusError
 from roles.studio import builder, jobs, live
 
 STATIC = Path(__file__).parent / "static"
@@ -156,6 +157,8 @@ class Studio:
 
     def _job(self, request: web.Request) -> jobs.Job:
         project, name = request.match_info["project"], request.match_info["name"]
+        if project == jobs.BUS and self.nats_url and jobs.SAFE.match(name):
+            return jobs.bus_job(name)
         job = jobs.load_job(self.root, project, name) if jobs.SAFE.match(project) and jobs.SAFE.match(name) else None
         if job is None:
             raise web.HTTPNotFound(text=_dumps({"error": f"no job {project}/{name} under {self.root}"}),
@@ -179,19 +182,38 @@ class Studio:
                            for s in job.stages]}
 
     async def list_jobs(self, request: web.Request) -> web.Response:
+        """Every job folder, then (with ``--nats-url``) every run on the bus no folder here holds."""
         found = await asyncio.to_thread(jobs.find_jobs, self.root)
-        return ok({"root": str(self.root), "jobs": [self._job_json(j) for j in found]})
+        if self.nats_url:
+            here = {s.run_id for j in found for s in j.stages}
+            found += [jobs.bus_job(r) for r in await live.bus_runs(self.nats_url) if r not in here]
+        return ok({"root": str(self.root), "bus": self.nats_url, "jobs": [self._job_json(j) for j in found]})
+
+    async def _records(self, job: jobs.Job, stage: jobs.Stage, m_from: int, s_from: int) -> tuple[list, int, list, int]:
+        """New metric and sync records of a stage, and where to go on from: byte offsets in its
+        monitor files, or stream sequences for a run known only on the bus."""
+        if not job.bus_only:
+            (m, m_to), (e, s_to) = jobs.metrics(stage, m_from), jobs.sync_events(stage, s_from)
+            return m, m_to, e, s_to
+        assert self.nats_url is not None
+        m, m_to = await live.bus_records(self.nats_url, stage.run_id, "metrics", max(m_from, 1))
+        e, s_to = await live.bus_records(self.nats_url, stage.run_id, "sync", max(s_from, 1))
+        return m, m_to, e, s_to
 
     async def job(self, request: web.Request) -> web.Response:
         job = self._job(request)
         out = self._job_json(job)
         out["metrics"], out["sync"], out["offsets"] = {}, {}, {}
         for s in job.stages:  # the event stream goes on from these offsets
-            (out["metrics"][s.label], m), (out["sync"][s.label], e) = jobs.metrics(s), jobs.sync_events(s)
+            try:
+                out["metrics"][s.label], m, out["sync"][s.label], e = await self._records(job, s, 0, 0)
+            except (BusError, OSError, asyncio.TimeoutError) as err:
+                return fail(502, f"run {s.run_id}: the bus at {self.nats_url} does not answer ({err})")
             out["offsets"][s.label] = [m, e]
         return ok(out)
 
     def _url(self, job: jobs.Job) -> str | None:
+        """The bus to ask about a job: ``--nats-url``, else the URL its ``trinity run`` recorded."""
         return self.nats_url or (job.record or {}).get("nats_url")
 
     async def bus(self, request: web.Request) -> web.Response:
@@ -212,11 +234,14 @@ class Studio:
         last_record, last_bus = None, 0.0
         try:
             while True:
-                job = jobs.load_job(self.root, job.project, job.name, with_figures=False) or job
+                if not job.bus_only:
+                    job = jobs.load_job(self.root, job.project, job.name, with_figures=False) or job
                 for s in job.stages:
                     off = offsets.setdefault(s.label, [0, 0])
-                    m, off[0] = jobs.metrics(s, off[0])
-                    e, off[1] = jobs.sync_events(s, off[1])
+                    try:
+                        m, off[0], e, off[1] = await self._records(job, s, off[0], off[1])
+                    except (BusError, OSError, asyncio.TimeoutError):
+                        continue  # the bus is away: the bus panel says so; try again next tick
                     if m or e:
                         await resp.write(f"event: records\ndata: {_dumps({'stage': s.label, 'metrics': m, 'sync': e})}\n\n".encode())
                 state = {"state": job.state, "record": job.record}
@@ -237,16 +262,23 @@ class Studio:
     @staticmethod
     def _running_stage(job: jobs.Job) -> jobs.Stage:
         """The stage a live run is in: the last one that has written anything."""
+        if job.bus_only:
+            return job.stages[0]
         written = [s for s in job.stages if (s.dir / "monitor").is_dir()]
         return written[-1] if written else job.stages[0]
 
     async def steps(self, request: web.Request) -> web.Response:
         job = self._job(request)
+        if job.bus_only:
+            return fail(404, f"run {job.name} has no job folder here: its trajectories are kept in the job "
+                             "folder on the trainer's machine (run the studio there, or over an SSH tunnel)")
         stage = self._stage(request, job)
         return ok({"stage": stage.label, "steps": jobs.kept_steps(stage)})
 
     async def step(self, request: web.Request) -> web.Response:
         job = self._job(request)
+        if job.bus_only:
+            return await self.steps(request)
         stage = self._stage(request, job)
         n = int(request.match_info["step"])
         try:

@@ -44,6 +44,8 @@ class Job:
     record: dict[str, Any] | None = None
     state: str = "unknown"
     figures: dict[str, Any] = field(default_factory=dict)
+    #: Known only by its streams (no job folder here): records come from the bus.
+    bus_only: bool = False
 
     @property
     def key(self) -> str:
@@ -87,6 +89,16 @@ def load_job(root: Path, project: str, name: str, with_figures: bool = True) -> 
     if with_figures:
         job.figures = figures(job)
     return job
+
+
+#: The ``project`` of a run the studio knows only from the bus (``/run/_bus/<run_id>``).
+BUS = "_bus"
+
+
+def bus_job(run_id: str) -> Job:
+    """A run seen only on the bus: one stage, named by its run id."""
+    return Job(BUS, run_id, Path(), [Stage(run_id, Path(), "", run_id)], state="on the bus",
+               figures={"updated": 0, "stages": []}, bus_only=True)
 
 
 def find_jobs(root: Path) -> list[Job]:

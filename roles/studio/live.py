@@ -92,3 +92,73 @@ def experience_view(e: Experience, step: int, tok: Any) -> dict[str, Any]:
         "messages": e.messages or [], "episode": e.episode, "info": {k: v for k, v in e.info.items()
                                                                     if isinstance(v, str | int | float | bool)},
     }
+
+
+# -- runs known only by their bus (no job folder here: a cluster's run watched from a laptop) --
+
+
+async def bus_runs(url: str) -> list[str]:
+    """The ids of every run with streams on the bus at ``url`` ([] when it is unreachable)."""
+    from bus.connection import connect, jetstream
+
+    try:
+        nc = await asyncio.wait_for(connect(NatsConfig(url=url, connect_wait=2.0), name="trinity-studio"), 6.0)
+    except (BusError, OSError, asyncio.TimeoutError):
+        return []
+    try:
+        runs = set()
+        for si in await jetstream(nc, NatsConfig(url=url)).streams_info():
+            for subject in si.config.subjects or []:
+                head, _, kind = subject.rpartition(".")
+                if head.startswith("trinity.") and kind == "metrics":
+                    runs.add(head.removeprefix("trinity."))
+        return sorted(runs)
+    finally:
+        await nc.close()
+
+
+def _as_file_record(kind: str, x: Any) -> dict[str, Any]:
+    """A bus record in the shape its monitor file has (``metrics.jsonl``, ``sync_events.jsonl``)."""
+    from bus.inspect import to_jsonable
+
+    d = to_jsonable(x)
+    if kind == "metrics":
+        d["ts"] = d.pop("created_at", None)
+    return d
+
+
+async def bus_records(url: str, run_id: str, kind: str, from_seq: int = 1) -> tuple[list[dict[str, Any]], int]:
+    """The ``metrics`` or ``sync`` records of a run from stream sequence ``from_seq`` on, and
+    the sequence to go on from. Read with an ordered consumer (the stream keeps its history:
+    limits retention), so nothing is acknowledged and no role's consumer is touched."""
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    from bus.connection import connect, jetstream
+    from bus.subjects import names
+    from schemas import codec
+
+    cfg = NatsConfig(url=url, connect_wait=2.0)
+    nc = await asyncio.wait_for(connect(cfg, name="trinity-studio"), 6.0)
+    out: list[dict[str, Any]] = []
+    try:
+        js = jetstream(nc, cfg)
+        n = names(run_id)
+        last = (await js.stream_info(n.stream(kind))).state.last_seq
+        if last < from_seq:
+            return out, from_seq
+        sub = await js.subscribe(n.subject(kind), ordered_consumer=True, config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq))
+        try:
+            seq = from_seq - 1
+            while seq < last:
+                msg = await sub.next_msg(timeout=5.0)
+                seq = msg.metadata.sequence.stream
+                try:
+                    out.append(_as_file_record(kind, codec.decode(msg.data)))
+                except Exception:  # noqa: BLE001 - not a record: the dead-letter view shows such messages
+                    continue
+        finally:
+            await sub.unsubscribe()
+        return out, last + 1
+    finally:
+        await nc.close()

@@ -152,3 +152,41 @@ def test_inspect_follows_a_renamed_run(tmp_path):
     mark_renamed(tmp_path / "p" / "n", "n_20261127120000")
     assert latest_name(cfg) == "n_20261127120000"
     assert latest_name(TrinityConfig(project="p", name="n/grpo", checkpoint_root_dir=str(tmp_path))) == "n_20261127120000"
+
+
+async def test_a_run_known_only_on_the_bus_is_listed_and_its_curves_read_from_its_streams(tmp_path, nats_server):
+    """A studio with ``--nats-url`` and no job folder for a run (a cluster's run watched from
+    elsewhere) lists it as ``_bus/<run_id>`` and reads its metric and sync records from the
+    streams, in the shape of the monitor files; its trajectories are said to be elsewhere."""
+    import nats
+
+    from bus.streams import ensure_streams
+    from bus.subjects import names
+    from schemas import codec
+    from schemas.config import NatsConfig
+    from schemas.data import Metric, SyncEvent
+
+    run_id = "p.remote"
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, NatsConfig(url=nats_server.url), run_id)
+        for step in (1, 2, 3):
+            await js.publish(names(run_id).subject("metrics"),
+                             codec.encode(Metric(role="trainer", step=step, kind="train", values={"loss": 1.0 / step})))
+        await js.publish(names(run_id).subject("sync"), codec.encode(SyncEvent(kind="loaded", model_version=1, step=1)))
+    finally:
+        await nc.close()
+    c = await _client(tmp_path / "ckpt", tmp_path, nats_url=nats_server.url)
+    try:
+        keys = [j["key"] for j in (await (await c.get("/api/jobs")).json())["jobs"]]
+        assert f"_bus/{run_id}" in keys
+        job = await (await c.get(f"/api/jobs/_bus/{run_id}")).json()
+        train = job["metrics"][run_id]
+        assert [(r["step"], r["values"]["loss"]) for r in train] == [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
+        assert train[0]["kind"] == "train" and train[0]["ts"] > 0
+        assert job["sync"][run_id][0]["kind"] == "loaded" and job["offsets"][run_id] == [4, 2]
+        r = await c.get(f"/api/jobs/_bus/{run_id}/steps")
+        assert r.status == 404 and "trainer's machine" in (await r.json())["error"]
+    finally:
+        await c.close()
