@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--tail", type=int, default=None, metavar="N", help="print the last N messages decoded to JSON")
             p.add_argument("--stream", default=None, help="stream for --tail (exp, sync, metrics, ctl, dlq)")
             p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+            p.add_argument("--stage", type=int, default=None, metavar="I",
+                           help="the stage to show (default: the last one that has a job folder)")
         if name == "server":
             p.add_argument("--host", default=None, help="bind address (default: the host of nats.url)")
             p.add_argument("--port", type=int, default=None, help="client port (default: the port of nats.url)")
@@ -154,18 +156,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     from bus import BusConnectError, BusError, inspect_run, render_text
     from roles.checks import preflight
+    from roles.runrecord import inspected_stage, latest_name
     from roles.settings import load
 
-    cfg = load(args).config
-    preflight([cfg], "inspect")
-    from roles.runrecord import latest_name
-
-    newer = latest_name(cfg)
-    if newer and newer != cfg.name.split("/", 1)[0]:  # continue_from_checkpoint: false renamed the run
-        stage = cfg.name.split("/", 1)[1:]
-        cfg = cfg.model_copy(update={"name": "/".join([newer, *stage])})
+    loaded = load(args)
+    newer = latest_name(loaded.config)
+    if newer and newer != loaded.config.name:  # continue_from_checkpoint: false renamed the run
         print(f"trinity inspect: the newest run of this config is {newer} (continue_from_checkpoint: false "
               "renamed it); showing it", file=sys.stderr)
+        args.overrides = [*args.overrides, f"name={newer}"]
+        loaded = load(args, quiet=True)
+    stages = loaded.stages or [loaded.config]
+    if args.stage is not None and not 0 <= args.stage < len(stages):
+        print(f"trinity inspect: --stage {args.stage}: the config has {len(stages)} stages", file=sys.stderr)
+        return 2
+    cfg = inspected_stage(stages, args.stage)
+    preflight([cfg], "inspect")
+    if len(stages) > 1:
+        print(f"trinity inspect: stage {stages.index(cfg)} ({cfg.name}; --stage I picks another)", file=sys.stderr)
     try:
         report = asyncio.run(inspect_run(cfg.nats, cfg.run_id, args.tail, args.stream))
     except BusConnectError as e:

@@ -343,7 +343,7 @@ def main(args: argparse.Namespace) -> int:
     """``trinity run``: see the module doc. Exit 0 done, 1 a role failed, 2 config, 130 stopped."""
     from bus.server import default_store_dir, ensure_server
     from roles.placement import child_env, describe, device_plan, trainer_ranks
-    from roles.runrecord import RunRecord, mark_renamed
+    from roles.runrecord import RunRecord
     from roles.settings import load
     from roles.stages import roles_needed
 
@@ -375,8 +375,6 @@ def main(args: argparse.Namespace) -> int:
     server = ensure_server(cfg.nats, cfg.nats.store_dir or default_store_dir(cfg.nats, cfg.checkpoint_root_dir))
     if server is not None:
         print(f"trinity run: embedded nats-server at {server.url} (store {server.store_dir})")
-    if renamed_from:  # tools reading the config (its old name) find this run (roles/runrecord.py)
-        mark_renamed(renamed_from, new_name)
     sup = Supervisor(loaded, role_args(args), args.max_restarts, plan, server)
     sup.record = RunRecord(stages, args.config, renamed_from)
     rc = 1

@@ -61,11 +61,18 @@ class RunRecord:
         }
 
     def role(self, role: str, state: str, restarts: int = 0, exit_code: int | None = None) -> None:
-        """A role started (``running``), finished, failed or is restarting."""
+        """A role started (``running``), finished, failed or is restarting. The first call
+        also points the renamed run's original folder at this one (:func:`mark_renamed`)."""
+        if not self.data["roles"] and self.data["renamed_from"]:
+            mark_renamed(self.data["renamed_from"], self.data["name"])
         self.data["roles"][role] = {"state": state, "restarts": restarts, "exit_code": exit_code, "at": time.time()}
         _write(self.path, self.data)
 
     def end(self, exit_code: int) -> None:
+        """The run ended; nothing is written for a run that never started a role (a wrong
+        token, say: no job folder is made for it)."""
+        if not self.data["roles"]:
+            return
         state = {0: "done", 130: "stopped"}.get(exit_code, "failed")
         self.data.update(state=state, exit_code=exit_code, ended_at=time.time())
         _write(self.path, self.data)
@@ -82,3 +89,12 @@ def latest_name(cfg: TrinityConfig) -> str | None:
     base = cfg.name.split("/", 1)[0]  # a stage's name is <name>/<stage>
     rec = read(Path(cfg.checkpoint_root_dir) / cfg.project / base / LATEST)
     return rec.get("name") if rec else None
+
+
+def inspected_stage(stages: list[TrinityConfig], index: int | None = None) -> TrinityConfig:
+    """The stage a tool shows by default: ``index`` when given, else the last one whose job
+    folder exists (the running or last run one), else the first."""
+    if index is not None:
+        return stages[index]
+    started = [s for s in stages if Path(s.checkpoint_job_dir).is_dir()]
+    return started[-1] if started else stages[0]

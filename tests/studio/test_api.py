@@ -144,14 +144,50 @@ async def test_jobs_are_found_as_themselves_with_figures_and_kept_steps(tmp_path
 def test_inspect_follows_a_renamed_run(tmp_path):
     """``continue_from_checkpoint: false`` renamed the second run: a tool that reads the config
     (the old name) finds the new run (roles/runrecord.py)."""
-    from roles.runrecord import latest_name, mark_renamed
+    from roles.runrecord import RunRecord, latest_name
     from schemas.config import TrinityConfig
 
     cfg = TrinityConfig(project="p", name="n", checkpoint_root_dir=str(tmp_path))
-    assert latest_name(cfg) is None
-    mark_renamed(tmp_path / "p" / "n", "n_20261127120000")
+    new = TrinityConfig(project="p", name="n_20261127120000", checkpoint_root_dir=str(tmp_path))
+    record = RunRecord([new], "c.yaml", cfg.checkpoint_job_dir)
+    record.end(2)  # it never started a role (a wrong token): no folder, no pointer
+    assert latest_name(cfg) is None and not (tmp_path / "p").exists()
+    record.role("trainer", "running")
     assert latest_name(cfg) == "n_20261127120000"
+    record.role("trainer", "finished", 1, 0)
+    record.end(0)
+    written = json.loads((tmp_path / "p" / "n_20261127120000" / "run.json").read_text())
+    assert written["state"] == "done" and written["roles"]["trainer"] == {**written["roles"]["trainer"],
+                                                                          "state": "finished", "restarts": 1}
     assert latest_name(TrinityConfig(project="p", name="n/grpo", checkpoint_root_dir=str(tmp_path))) == "n_20261127120000"
+
+
+
+def test_inspect_shows_the_renamed_runs_live_stage(tmp_path):
+    """``trinity inspect --config X`` of a staged config that ``continue_from_checkpoint:
+    false`` renamed: it shows the new run's last started stage, saying so (no server here:
+    it then fails to connect, naming the URL, exit 1)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from roles.runrecord import mark_renamed
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "project": "p", "name": "n", "mode": "train", "checkpoint_root_dir": str(tmp_path / "ckpt"),
+        "nats": {"url": "nats://127.0.0.1:9", "connect_wait": 0.1, "connect_timeout": 0.5},
+        "stages": [{"stage_name": "a"}, {"stage_name": "b"}]}))
+    (tmp_path / "ckpt" / "p" / "n" / "b").mkdir(parents=True)  # the first run, finished
+    (tmp_path / "ckpt" / "p" / "n_2" / "a").mkdir(parents=True)  # the second, in its first stage
+    mark_renamed(tmp_path / "ckpt" / "p" / "n", "n_2")
+    r = subprocess.run([sys.executable, "-m", "roles.cli", "inspect", "--config", str(cfg), "--dotenv", str(tmp_path / "no.env")],
+                       capture_output=True, text=True, timeout=60)
+    assert "the newest run of this config is n_2" in r.stderr and "stage 0 (n_2/a" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "roles.cli", "inspect", "--config", str(cfg), "--stage", "5",
+                        "--dotenv", str(tmp_path / "no.env")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--stage 5: the config has 2 stages" in r.stderr
 
 
 async def test_a_run_known_only_on_the_bus_is_listed_and_its_curves_read_from_its_streams(tmp_path, nats_server):
