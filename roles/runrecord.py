@@ -51,9 +51,16 @@ class RunRecord:
         self.path = job_dir_of(stages) / RECORD
         s0 = stages[0]
         self.data: dict[str, Any] = {
-            "project": s0.project, "name": s0.name.split("/", 1)[0], "config_file": config_file and os.path.abspath(config_file),
-            "renamed_from": renamed_from, "pid": os.getpid(), "started_at": time.time(), "ended_at": None,
-            "state": "running", "exit_code": None, "nats_url": redact_url(s0.nats.url),
+            "project": s0.project,
+            "name": s0.name.split("/", 1)[0],
+            "config_file": config_file and os.path.abspath(config_file),
+            "renamed_from": renamed_from and os.path.abspath(renamed_from),
+            "pid": os.getpid(),  # how the studio finds the run it started
+            "started_at": time.time(),
+            "ended_at": None,
+            "state": "running",  # then done, failed or stopped (exit code 0, 1/2, 130)
+            "exit_code": None,
+            "nats_url": redact_url(s0.nats.url),
             "stages": [{"label": s.name.rsplit("/", 1)[-1], "mode": s.mode, "run_id": s.run_id,
                         "dir": os.path.abspath(s.checkpoint_job_dir), "model_path": s.model.model_path,
                         "total_steps": s.trainer.total_steps or s.buffer.total_steps} for s in stages],
