@@ -113,11 +113,13 @@ def test_build_run_watch_and_browse_in_a_real_browser(tmp_path, tiny_model, arit
             assert any(q in p for p in prompts for q in questions), prompts[:3]
             assert await b.js("document.querySelectorAll('.exp .tok').length") > 0
             await b.set_value("#f-color", "advantage")
+            assert await b.js("getComputedStyle(document.querySelector('.exp .tok')).backgroundColor") != "rgba(0, 0, 0, 0)"
             await b.screenshot(shots / "studio-trajectories.png")
             # the runs list finds it, as itself
             await b.goto(base + "#/runs")
             await b.wait_for("document.querySelector('tr[data-job=\"t/studio\"]')")
-            assert not [c for c in b.console if c.startswith("exception")], b.console
+            # no script error, and nothing the page does is refused by its own CSP
+            assert not [c for c in b.console if c.startswith(("exception", "error"))], b.console
 
     try:
         asyncio.run(session())

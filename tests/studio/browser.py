@@ -68,6 +68,7 @@ class Browser:
         self._reader = asyncio.get_running_loop().create_task(self._read())
         await self.send("Page.enable")
         await self.send("Runtime.enable")
+        await self.send("Log.enable")
         await self.send("Emulation.setDeviceMetricsOverride",
                         width=self.width, height=self.height, deviceScaleFactor=1, mobile=False)
         return self
@@ -87,6 +88,9 @@ class Browser:
                 self._waiting.pop(data["id"]).set_result(data)
             elif data.get("method") == "Runtime.consoleAPICalled":
                 self.console.append(" ".join(str(a.get("value", a.get("description", ""))) for a in data["params"]["args"]))
+            elif data.get("method") == "Log.entryAdded":  # the browser's own: CSP violations, failed loads
+                entry = data["params"]["entry"]
+                self.console.append(f"{entry['level']}: {entry.get('text', '')}")
             elif data.get("method") == "Runtime.exceptionThrown":
                 self.console.append("exception: " + json.dumps(data["params"]["exceptionDetails"])[:500])
             else:

@@ -11,6 +11,7 @@ function el(tag, attrs, ...kids) {
     if (v === null || v === undefined || v === false) continue;
     if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else if (k === "text") node.textContent = v;
+    else if (k === "style") node.style.cssText = v;  // CSSOM: the CSP forbids style attributes
     else node.setAttribute(k, v === true ? "" : v);
   }
   for (const kid of kids.flat(Infinity)) {
