@@ -6,8 +6,9 @@ Starts ``trinity studio`` on a free port over the job's checkpoint root, then ti
 view asks for (the page itself, the runs list, the run view's whole history, the builder's
 schema and a validation of the quickstart config, a step of trajectories when the job kept
 any), ``--n`` times each. Prints the median and the worst in milliseconds and the ratio of the
-worst to the target (300 ms: a page that answers slower than that feels slow). Default job:
-the newest under ``checkpoints/quickstart`` (run the README's quickstart first).
+worst to the target (300 ms: a page that answers slower than that feels slow), and records the
+worst figures in ``bench/results/studio.jsonl``. Default job: the newest under
+``checkpoints/quickstart`` (run the README's quickstart first).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 TARGET_MS = 300.0
+
+from bench.report import record  # noqa: E402
 
 
 def _free_port() -> int:
@@ -63,7 +67,8 @@ def main() -> int:
                 if time.monotonic() - t0 > 30:
                     raise
                 time.sleep(0.05)
-        print(f"trinity studio answered {time.monotonic() - t0:.2f} s after start (target < 5 s)")
+        start_s = time.monotonic() - t0
+        print(f"trinity studio answered {start_s:.2f} s after start (target < 5 s)")
         detail = json.loads(_get(f"{base}/api/jobs/{key}"))
         quick = json.loads(_get(f"{base}/api/example?path=examples/quickstart/quickstart.yaml"))
         calls = {"page /": (base + "/", None), "runs list": (base + "/api/jobs", None),
@@ -72,12 +77,13 @@ def main() -> int:
         for stage in detail["stages"]:
             kept = json.loads(_get(f"{base}/api/jobs/{key}/steps?stage={stage['label']}"))["steps"]
             if kept:
-                calls[f"trajectories ({stage['label']} step {kept[-1]})"] = (
+                calls[f"trajectories {stage['label']} (step {kept[-1]})"] = (
                     f"{base}/api/jobs/{key}/steps/{kept[-1]}?stage={stage['label']}", None)
         if not any(k.startswith("trajectories") for k in calls):
             print("(this job kept no trajectories: it predates monitor.trajectory_steps)")
         print(f"job {key}: {sum(len(v) for v in detail['metrics'].values())} metric records")
         print(f"{'call':40} {'median ms':>10} {'worst ms':>10} {'worst/target':>13}")
+        figures: dict[str, float] = {"start-up, s": round(start_s, 2)}
         for name, (url, body) in calls.items():
             _get(url, body)  # warm: the tokenizer loads once
             ms = []
@@ -86,6 +92,9 @@ def main() -> int:
                 _get(url, body)
                 ms.append((time.perf_counter() - t) * 1000)
             print(f"{name:40} {statistics.median(ms):10.1f} {max(ms):10.1f} {max(ms) / TARGET_MS:13.2f}")
+            figures[f"{name.split(' (')[0]}, worst ms"] = round(max(ms), 1)
+        record("studio", figures, target=f"start < 5 s, every call < {TARGET_MS:.0f} ms",
+               met=start_s < 5 and all(v < TARGET_MS for k, v in figures.items() if k.endswith("ms")))
     finally:
         proc.terminate()
         proc.wait(10)
