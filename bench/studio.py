@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,12 +27,7 @@ sys.path.insert(0, str(ROOT))
 TARGET_MS = 300.0
 
 from bench.report import record  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bus.server import free_port  # noqa: E402
 
 
 def _get(url: str, body: bytes | None = None) -> bytes:
@@ -53,7 +47,7 @@ def main() -> int:
         print("bench/studio.py: no quickstart job: run the README's quickstart first (or pass --job)")
         return 2
     root, key = job.parent.parent, f"{job.parent.name}/{job.name}"
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "roles.cli", "studio", "--port", str(port), "--checkpoint-root", str(root)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

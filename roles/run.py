@@ -36,10 +36,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from roles.checks import preflight
 from roles.monitor import summary
+from roles.runrecord import RunRecord
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
 
@@ -145,7 +146,7 @@ class Progress:
 
 class Supervisor:
     def __init__(self, loaded: LoadedConfig, role_args: list[str], max_restarts: int,
-                 plan: DevicePlan, server: EmbeddedServer | None = None) -> None:
+                 plan: DevicePlan, record: RunRecord, server: EmbeddedServer | None = None) -> None:
         self.stages = loaded.stages or [loaded.config]
         self.plan = plan  # each role's GPUs (roles/placement.py)
         self.server = server
@@ -161,8 +162,7 @@ class Supervisor:
         self.started = time.time()
         #: No job folder yet: a new experiment (bus state under its name is stale).
         self.fresh = not Path(self.cfg.checkpoint_job_dir).exists()
-        #: ``<job>/run.json`` (roles/runrecord.py), set by :func:`main`.
-        self.record: Any = None
+        self.record = record  # <job>/run.json: what a role did, for the studio and inspect
 
     def say(self, line: str) -> None:
         if self.tty and self.status:
@@ -186,8 +186,7 @@ class Supervisor:
             start_new_session=True,  # Ctrl-C reaches us only; we stop the roles in order
         )
         child.pump = asyncio.get_running_loop().create_task(self.pump(child, child.proc))
-        if self.record is not None:
-            self.record.role(child.role, "running", child.restarts)
+        self.record.role(child.role, "running", child.restarts)
 
     async def pump(self, child: Child, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -265,16 +264,14 @@ class Supervisor:
                 if rc == 0:
                     c.done = True
                     self.say(f"trinity run: {c.role} finished")
-                    if self.record is not None:
-                        self.record.role(c.role, "finished", c.restarts, 0)
+                    self.record.role(c.role, "finished", c.restarts, 0)
                     continue
                 await asyncio.sleep(0.2)  # let the pump print the last lines
                 if rc == 2 or c.restarts >= self.max_restarts:  # 2: its config or a pre-start check
                     self.say(f"trinity run: {c.role} failed for good (exit {rc}); last output:")
                     for line in list(c.tail)[-10:]:
                         self.say(f"  {line}")
-                    if self.record is not None:
-                        self.record.role(c.role, "failed", c.restarts, rc)
+                    self.record.role(c.role, "failed", c.restarts, rc)
                     await self.stop_all()
                     return 1
                 c.restarts += 1
@@ -343,7 +340,6 @@ def main(args: argparse.Namespace) -> int:
     """``trinity run``: see the module doc. Exit 0 done, 1 a role failed, 2 config, 130 stopped."""
     from bus.server import default_store_dir, ensure_server
     from roles.placement import child_env, describe, device_plan, trainer_ranks
-    from roles.runrecord import RunRecord
     from roles.settings import load
     from roles.stages import roles_needed
 
@@ -375,8 +371,8 @@ def main(args: argparse.Namespace) -> int:
     server = ensure_server(cfg.nats, cfg.nats.store_dir or default_store_dir(cfg.nats, cfg.checkpoint_root_dir))
     if server is not None:
         print(f"trinity run: embedded nats-server at {server.url} (store {server.store_dir})")
-    sup = Supervisor(loaded, role_args(args), args.max_restarts, plan, server)
-    sup.record = RunRecord(stages, args.config, renamed_from)
+    sup = Supervisor(loaded, role_args(args), args.max_restarts, plan, RunRecord(stages, args.config, renamed_from),
+                     server)
     rc = 1
     try:
         rc = asyncio.run(sup.run(roles_needed(stages)))

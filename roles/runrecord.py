@@ -91,11 +91,16 @@ def mark_renamed(original_job_dir: str | Path, new_name: str) -> None:
     _write(Path(original_job_dir) / LATEST, {"name": new_name, "at": time.time()})
 
 
-def latest_name(cfg: TrinityConfig) -> str | None:
-    """The name of the newest run made from ``cfg`` when ``trinity run`` renamed it, else None."""
-    base = cfg.name.split("/", 1)[0]  # a stage's name is <name>/<stage>
-    rec = read(Path(cfg.checkpoint_root_dir) / cfg.project / base / LATEST)
+def renamed_to(root: str | Path, project: str, name: str) -> str | None:
+    """The name of the newest run ``trinity run`` made from job ``<root>/<project>/<name>``
+    by renaming it, else None."""
+    rec = read(Path(root) / project / name / LATEST)
     return rec.get("name") if rec else None
+
+
+def latest_name(cfg: TrinityConfig) -> str | None:
+    """:func:`renamed_to` for the job ``cfg`` names (a stage's name is ``<name>/<stage>``)."""
+    return renamed_to(cfg.checkpoint_root_dir, cfg.project, cfg.name.split("/", 1)[0])
 
 
 def inspected_stage(stages: list[TrinityConfig], index: int | None = None) -> TrinityConfig:

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from bus import BusError
+from roles.runrecord import renamed_to
 from roles.studio import builder, jobs, live
 
 STATIC = Path(__file__).parent / "static"
@@ -150,7 +151,7 @@ class Studio:
         proc = self.launched.get(pid)
         if proc is None:
             return fail(404, f"the studio started no run with pid {pid}")
-        key = next((j.key for j in jobs.find_jobs(self.root) if j.record and j.record.get("pid") == pid), None)
+        key = next((j.key for j in jobs.find_jobs(self.root, with_figures=False) if j.record and j.record.get("pid") == pid), None)
         return ok({"pid": pid, "exit_code": proc.poll(), "job": key})
 
     # -- runs ----------------------------------------------------------------------------------
@@ -159,7 +160,9 @@ class Studio:
         project, name = request.match_info["project"], request.match_info["name"]
         if project == jobs.BUS and self.nats_url and jobs.SAFE.match(name):
             return jobs.bus_job(name)
-        job = jobs.load_job(self.root, project, name) if jobs.SAFE.match(project) and jobs.SAFE.match(name) else None
+        # no figures: only the runs list and the run view show them, from the records they read
+        job = jobs.load_job(self.root, project, name, with_figures=False) \
+            if jobs.SAFE.match(project) and jobs.SAFE.match(name) else None
         if job is None:
             raise web.HTTPNotFound(text=_dumps({"error": f"no job {project}/{name} under {self.root}"}),
                                    content_type="application/json")
@@ -177,7 +180,7 @@ class Studio:
 
     def _job_json(self, job: jobs.Job) -> dict[str, Any]:
         return {"key": job.key, "project": job.project, "name": job.name, "state": job.state,
-                "record": job.record, "figures": job.figures, "renamed_to": jobs.renamed_to(self.root, job.project, job.name),
+                "record": job.record, "figures": job.figures, "renamed_to": renamed_to(self.root, job.project, job.name),
                 "stages": [{"label": s.label, "mode": s.mode, "run_id": s.run_id, "total_steps": s.total_steps}
                            for s in job.stages]}
 
@@ -202,15 +205,15 @@ class Studio:
 
     async def job(self, request: web.Request) -> web.Response:
         job = self._job(request)
-        out = self._job_json(job)
-        out["metrics"], out["sync"], out["offsets"] = {}, {}, {}
+        records: dict[str, Any] = {"metrics": {}, "sync": {}, "offsets": {}}
         for s in job.stages:  # the event stream goes on from these offsets
             try:
-                out["metrics"][s.label], m, out["sync"][s.label], e = await self._records(job, s, 0, 0)
+                records["metrics"][s.label], m, records["sync"][s.label], e = await self._records(job, s, 0, 0)
             except (BusError, OSError, asyncio.TimeoutError) as err:
                 return fail(502, f"run {s.run_id}: the bus at {self.nats_url} does not answer ({err})")
-            out["offsets"][s.label] = [m, e]
-        return ok(out)
+            records["offsets"][s.label] = [m, e]
+        job.figures = jobs.figures(job, records["metrics"])
+        return ok(self._job_json(job) | records)
 
     def _url(self, job: jobs.Job) -> str | None:
         """The bus to ask about a job: ``--nats-url``, else the URL its ``trinity run`` recorded."""
@@ -249,12 +252,12 @@ class Studio:
                     last_record = state
                     await resp.write(f"event: run\ndata: {_dumps(state)}\n\n".encode())
                 url = self._url(job)
-                every = BUS_TICK if job.state in ("running", "unknown") else 5 * BUS_TICK
+                every = BUS_TICK if job.state in ("running", "unknown", "on the bus") else 5 * BUS_TICK
                 if time.monotonic() - last_bus > every:
                     snap = await live.bus_snapshot(url, self._running_stage(job).run_id) if url else NO_URL
                     last_bus = time.monotonic()
                     await resp.write(f"event: bus\ndata: {_dumps(snap)}\n\n".encode())
-                await asyncio.sleep(TICK)
+                await asyncio.sleep(BUS_TICK if job.bus_only else TICK)  # its records cost 2 connections
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         return resp

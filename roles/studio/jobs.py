@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roles.runrecord import LATEST, RECORD, read
+from roles.runrecord import RECORD, read
 from schemas.config import run_id_of
 from storage.trajectories import read_step, steps
 
@@ -101,16 +101,17 @@ def bus_job(run_id: str) -> Job:
                figures={"updated": 0, "stages": []}, bus_only=True)
 
 
-def find_jobs(root: Path) -> list[Job]:
-    """Every job under ``root``, newest first."""
+def find_jobs(root: Path, with_figures: bool = True) -> list[Job]:
+    """Every job under ``root``, newest first (``with_figures``: see :func:`load_job`; without,
+    in no particular order)."""
     out = []
     if root.is_dir():
         for p in root.iterdir():
             if p.is_dir() and p.name != "nats" and SAFE.match(p.name):
                 for n in p.iterdir():
-                    if n.is_dir() and SAFE.match(n.name) and (job := load_job(root, p.name, n.name)):
+                    if n.is_dir() and SAFE.match(n.name) and (job := load_job(root, p.name, n.name, with_figures)):
                         out.append(job)
-    return sorted(out, key=lambda j: -j.figures.get("updated", 0))
+    return sorted(out, key=lambda j: -j.figures.get("updated", 0)) if with_figures else out
 
 
 def read_jsonl(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
@@ -140,12 +141,13 @@ def sync_events(stage: Stage, offset: int = 0) -> tuple[list[dict[str, Any]], in
     return read_jsonl(stage.dir / "monitor" / "sync_events.jsonl", offset)
 
 
-def figures(job: Job) -> dict[str, Any]:
+def figures(job: Job, records: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """The numbers a runs list shows: last train step, last rollout reward, first and last eval
-    accuracy per taskset, when the job last wrote."""
-    out: dict[str, Any] = {"updated": job.dir.stat().st_mtime, "stages": []}
+    accuracy per taskset, when the job last wrote. ``records``: each stage's metric records
+    when the caller has read them already (else they are read here)."""
+    out: dict[str, Any] = {"updated": 0 if job.bus_only else job.dir.stat().st_mtime, "stages": []}
     for s in job.stages:
-        recs, _ = metrics(s)
+        recs = records[s.label] if records is not None else metrics(s)[0]
         f: dict[str, Any] = {"label": s.label}
         for r in recs:
             if r["kind"] == "train":
@@ -160,11 +162,6 @@ def figures(job: Job) -> dict[str, Any]:
             out["updated"] = max(out["updated"], r.get("ts", 0))
         out["stages"].append(f)
     return out
-
-
-def renamed_to(root: Path, project: str, name: str) -> str | None:
-    rec = read(root / project / name / LATEST)
-    return rec.get("name") if rec else None
 
 
 def kept_steps(stage: Stage) -> list[int]:

@@ -9,6 +9,7 @@ bus is gone (the quickstart's embedded server stops with the run) says so instea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from functools import lru_cache
 from typing import Any
@@ -118,13 +119,12 @@ async def bus_runs(url: str) -> list[str]:
 
 
 def _as_file_record(kind: str, x: Any) -> dict[str, Any]:
-    """A bus record in the shape its monitor file has (``metrics.jsonl``, ``sync_events.jsonl``)."""
-    from bus.inspect import to_jsonable
+    """A bus record in the shape its monitor file has: ``metrics.jsonl`` lines are
+    :func:`roles.monitor.metric_record`; ``sync_events.jsonl`` lines the event's fields, as the
+    synchronizer writes them."""
+    from roles.monitor import metric_record
 
-    d = to_jsonable(x)
-    if kind == "metrics":
-        d["ts"] = d.pop("created_at", None)
-    return d
+    return metric_record(x) if kind == "metrics" else dataclasses.asdict(x)
 
 
 async def bus_records(url: str, run_id: str, kind: str, from_seq: int = 1) -> tuple[list[dict[str, Any]], int]:
