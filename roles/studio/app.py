@@ -60,7 +60,7 @@ class Studio:
 
     def __init__(self, root: Path, nats_url: str | None, token: str | None, loopback: bool, cwd: Path) -> None:
         self.root, self.nats_url, self.token, self.loopback, self.cwd = root, nats_url, token, loopback, cwd
-        self.launched: dict[int, Any] = {}
+        self.launched: dict[int, tuple[Any, Path]] = {}  # pid -> (trinity run's process, its log)
 
     # -- safety --------------------------------------------------------------------------------
 
@@ -141,18 +141,18 @@ class Studio:
             path = builder.save(body["doc"], str(body.get("path", "")), self.cwd)
         except ValueError as e:
             return fail(400, str(e))
-        proc = builder.start_run(path, self.root / "studio_logs")
-        self.launched[proc.pid] = proc
-        return ok({"started": True, "pid": proc.pid, "path": str(path)})
+        proc, log = builder.start_run(path, self.root / "studio_logs")
+        self.launched[proc.pid] = (proc, log)
+        return ok({"started": True, "pid": proc.pid, "path": str(path), "log": str(log)})
 
     async def launch(self, request: web.Request) -> web.Response:
         """A run the studio started: its job once ``run.json`` names its pid, its exit code."""
         pid = int(request.match_info["pid"])
-        proc = self.launched.get(pid)
-        if proc is None:
+        if pid not in self.launched:
             return fail(404, f"the studio started no run with pid {pid}")
+        proc, log = self.launched[pid]
         key = next((j.key for j in jobs.find_jobs(self.root, with_figures=False) if j.record and j.record.get("pid") == pid), None)
-        return ok({"pid": pid, "exit_code": proc.poll(), "job": key})
+        return ok({"pid": pid, "exit_code": proc.poll(), "job": key, "log": str(log)})
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -301,9 +301,9 @@ def make_app(root: Path, nats_url: str | None = None, token: str | None = None, 
         web.get("/", s.index), web.get("/static/{name}", s.static),
         web.get("/api/schema", s.schema), web.get("/api/example", s.example),
         web.post("/api/validate", s.validate), web.post("/api/save", s.save), web.post("/api/run", s.run),
-        web.get("/api/launch/{pid}", s.launch), web.get("/api/jobs", s.list_jobs),
+        web.get(r"/api/launch/{pid:\d+}", s.launch), web.get("/api/jobs", s.list_jobs),
         web.get("/api/jobs/{project}/{name}", s.job), web.get("/api/jobs/{project}/{name}/bus", s.bus),
         web.get("/api/jobs/{project}/{name}/events", s.events), web.get("/api/jobs/{project}/{name}/steps", s.steps),
-        web.get("/api/jobs/{project}/{name}/steps/{step}", s.step),
+        web.get(r"/api/jobs/{project}/{name}/steps/{step:\d+}", s.step),
     ])
     return app

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import types
 import typing
 from pathlib import Path
@@ -153,11 +154,13 @@ def save(doc: dict[str, Any], path: str, cwd: Path) -> Path:
     return target
 
 
-def start_run(config: Path, log_dir: Path) -> subprocess.Popen:
-    """``trinity run --config <config>`` in the background, its output to a log file; the run
-    writes ``<job>/run.json`` with this process's pid, which is how the studio finds it."""
+def start_run(config: Path, log_dir: Path) -> tuple[subprocess.Popen, Path]:
+    """``trinity run --config <config>`` in the background, and the file its output goes to;
+    the run writes ``<job>/run.json`` with this process's pid, which is how the studio finds it."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = open(log_dir / f"{config.stem}-{os.getpid()}-{len(list(log_dir.iterdir()))}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "roles.cli", "run", "--config", str(config)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    path = log_dir / f"{config.stem}-{time.strftime('%Y%m%d%H%M%S')}.log"
+    with open(path, "a") as log:  # the child has its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "roles.cli", "run", "--config", str(config)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    return proc, path

@@ -132,6 +132,9 @@ async def test_jobs_are_found_as_themselves_with_figures_and_kept_steps(tmp_path
         assert e["prompt"] == "1+1=" and e["staleness"] == 1 and e["tokens"][0]["advantage"] == pytest.approx(0.7)
         r = await c.get("/api/jobs/p/n/steps/9")
         assert r.status == 404 and "trajectory_steps" in (await r.json())["error"]
+        assert (await c.get("/api/jobs/p/n/steps/x")).status == 404  # not a step number: no such page
+        r = await c.get("/api/launch/12345")
+        assert r.status == 404 and "started no run with pid 12345" in (await r.json())["error"]
         r = await c.get("/api/jobs/p/nothing")
         assert r.status == 404 and "no job p/nothing" in (await r.json())["error"]
         r = await c.get("/api/jobs/p/n/steps?stage=zzz")

@@ -265,7 +265,7 @@ async function run() {
   for (let i = 0; i < 240; i++) {
     const l = await api("/api/launch/" + r.pid);
     if (l.job) { location.hash = "#/run/" + l.job; return; }
-    if (l.exit_code !== null) { st.textContent = `trinity run exited with ${l.exit_code} before its job started (see ${"studio_logs"})`; return; }
+    if (l.exit_code !== null) { st.textContent = `trinity run exited with ${l.exit_code} before its job started (its output: ${l.log})`; return; }
     await new Promise(res => setTimeout(res, 500));
   }
 }
