@@ -22,26 +22,58 @@ from ops.logits import entropy_from_logits, logprobs_from_logits
 from schemas.data import Experience
 
 from .batch import Batch, collate, micro_batches, padding_fraction, per_micro_batch
+from .engine import TorchEngine
+from .prefix import shared_prompt_logits, worth_sharing
 from .ranks import shard_rows
 
 
 def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_entropy: bool,
                    entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of each response token of ``mb`` (B x T); the entropy without
-    a gradient unless ``entropy_grad`` (it is then only a metric)."""
-    if hasattr(engine_or_model, "forward_logits"):
-        logits = engine_or_model.forward_logits(mb.input_ids, mb.attention_mask)
+    a gradient unless ``entropy_grad`` (it is then only a metric).
+
+    Rows that share a prompt (a GRPO group) run it once (:mod:`.prefix`); otherwise one
+    forward, with the vocabulary projection only from the first response position on."""
+    model = hf_model(engine_or_model)
+    if model is not None and worth_sharing(mb, model):
+        logits, targets = shared_prompt_logits(model, mb)
+        return _response_scores(logits, targets.to(logits.device), mb.resp_index.shape[1], temperature,
+                                with_entropy, entropy_grad)
+    idx = mb.resp_index
+    if model is not None:  # the logits before the earliest response are never read
+        start = int(idx[:, 0].min())
+        dev = next(model.parameters()).device
+        logits = model(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
+                       logits_to_keep=mb.input_ids.shape[1] - start).logits
+        idx = (idx - start).clamp(min=0)  # columns past a row's end hold 0: any valid index
     else:
-        dev = next(engine_or_model.parameters()).device
-        logits = engine_or_model(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev)).logits
+        logits = engine_or_model.forward_logits(mb.input_ids, mb.attention_mask)
     logits = logits[:, :-1]
-    idx = mb.resp_index.to(logits.device)
-    lp_full = logprobs_from_logits(logits, mb.input_ids[:, 1:].to(logits.device), temperature)
-    lp = lp_full.gather(1, idx).float().cpu() if logits.device.type != "cpu" else lp_full.gather(1, idx).float()
+    idx = idx.to(logits.device)
+    targets = mb.input_ids[:, 1:].to(logits.device)[:, -logits.shape[1]:].gather(1, idx)
+    return _response_scores(logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1])), targets,
+                            idx.shape[1], temperature, with_entropy, entropy_grad)
+
+
+def hf_model(engine_or_model: Any) -> Any:
+    """The Hugging Face model to call directly: the single-process engine's, or a model given
+    as is (the reference model); None for an engine whose forward is its own (DeepSpeed)."""
+    if isinstance(engine_or_model, TorchEngine):
+        return engine_or_model.model
+    return None if hasattr(engine_or_model, "forward_logits") else engine_or_model
+
+
+def _response_scores(logits: torch.Tensor, targets: torch.Tensor, width: int, temperature: float,
+                     with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (float32, on the CPU) and entropy of ``targets`` under ``logits`` (B x R x V),
+    zero-padded to ``width`` response columns."""
+    pad = width - logits.shape[1]
+    lp = logprobs_from_logits(logits, targets, temperature).float().cpu()
+    lp = torch.nn.functional.pad(lp, (0, pad))
     ent = None
     if with_entropy:
-        ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature).gather(1, idx).float()
-        ent = ent.to(lp.device)
+        ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature).float().to(lp.device)
+        ent = torch.nn.functional.pad(ent, (0, pad))
     return lp, ent
 
 
