@@ -64,12 +64,13 @@ from schemas.data import Experience, ExperienceGroup  # noqa: E402
 TARGET_TOKENS_PER_S = 1_000_000
 
 
-def make_groups(run_id: str, n: int, n_exp: int, tokens: int, prompt: int) -> list[ExperienceGroup]:
+def make_groups(run_id: str, n: int, n_exp: int, tokens: int, prompt: int, prefix: str = "") -> list[ExperienceGroup]:
+    """``n`` groups, ids ``<prefix>g<i>`` (several publishers on one run need their own)."""
     rng = np.random.default_rng(0)
     r = tokens - prompt
     out = []
     for g in range(n):
-        gid = f"g{g}"
+        gid = f"{prefix}g{g}"
         exps = [
             Experience(
                 id=f"{gid}/{i}",
@@ -105,7 +106,7 @@ async def bus_produce(
     nc = await bus.connect(cfg, name="bench-pub")
     await bus.ensure_streams(bus.jetstream(nc, cfg), cfg, run_id)
     pub = bus.Publisher(nc, cfg, run_id)
-    groups = make_groups(run_id, args.groups, args.experiences, args.tokens, args.prompt)
+    groups = make_groups(run_id, args.groups, args.experiences, args.tokens, args.prompt, args.id_prefix)
     encoded = [codec.encode(g) for g in groups] if args.no_codec else []
     ready(go)
     await go.wait()
@@ -322,6 +323,7 @@ async def main() -> int:
     )
     ap.add_argument("--no-codec", action="store_true", help=argparse.SUPPRESS)  # bytes path
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--id-prefix", default="", help=argparse.SUPPRESS)  # bench/scaling.py's publishers
     ap.add_argument("--url", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

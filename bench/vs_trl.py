@@ -158,6 +158,7 @@ def trinity_config(data: Path, sft: Path, steps: int, engine: str, name: str, lo
                                 kl_loss_fn_args={"kl_coef": sizes["beta"]})
         cfg["buffer"]["batch_size"] = sizes["prompts"]
         cfg["trainer"]["max_token_len_per_gpu"] = 8192  # the whole batch in one micro-batch, as TRL's
+        cfg["synchronizer"]["sync_offset"] = sizes.get("sync_offset", cfg["synchronizer"]["sync_offset"])
     path = WORK / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -255,9 +256,14 @@ def main() -> None:
     ap.add_argument("--lora", action="store_true", help="also trinity training a LoRA adapter (LORA)")
     ap.add_argument("--model", choices=["quickstart", "smollm2"], default="quickstart",
                     help="quickstart: its GRPO stage on the 0.3M model; smollm2: SmolLM2-135M-Instruct (SMOL)")
+    ap.add_argument("--sync-offset", type=int, default=None,
+                    help="smollm2: trinity's synchronizer.sync_offset (default the quickstart's 1: generation of "
+                         "step N+1 overlaps training of step N; 0: one after the other, as TRL)")
     a = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     sizes = SMOL if a.model == "smollm2" else None
+    if sizes is not None and a.sync_offset is not None:
+        sizes = {**sizes, "sync_offset": a.sync_offset}
     if sizes is not None and a.steps == ap.get_default("steps"):
         a.steps = sizes["steps"]
     data, sft = smollm2_assets() if sizes is not None else assets()
@@ -386,6 +392,11 @@ def report_real_model(results: dict[str, list[dict]], systems: list[str], model:
               f"  peak memory: " + ", ".join(f"{k} {v:.0f} MB" for k, v in sorted(memory.items())) + "\n"
               f"  reward {first:.2f} -> {last:.2f} (first two steps -> last two); greedy held-out accuracy "
               f"{before:.1%} -> {after:.1%}")
+        cpu = {k.split("/", 1)[1]: statistics.median(r[k] for r in rs) for k in rs[0] if k.startswith("cpu_ms/")}
+        if cpu:  # trinity: which process used the cores (2 cores give 2,000 CPU-ms a second)
+            print("  CPU per step, s: " + ", ".join(f"{k} {v / 1000:.1f}" for k, v in sorted(cpu.items()) if v >= 50))
+            for k, v in cpu.items():
+                figures[f"{s}: CPU per step, {k}, s"] = round(v / 1000, 2)
         figures[f"{s}: step, s (median)"] = round(step_med[s], 2)
         figures[f"{s}: step, s (min)"] = round(steps[0], 2)
         figures[f"{s}: step, s (max)"] = round(steps[-1], 2)

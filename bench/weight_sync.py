@@ -95,6 +95,32 @@ def _peer(rank: int, rdv: dict, shapes, dtypes, bucket_bytes: int, repeats: int,
             q.put((dt, nbytes, min(sync_t), min(raw_t), min(copy_t)))
 
 
+def measure(params_m: float, dtypes: list[str], bucket_bytes: int, repeats: int,
+            backend: str) -> list[tuple[str, int, float, float, float]]:
+    """Per dtype: (dtype, bytes, full sync s, raw broadcast s, memcpy s), best of ``repeats``,
+    from two fresh processes (trainer and explorer side)."""
+    shapes = model_shapes(params_m)
+    rdv = Rendezvous(0.0, "127.0.0.1", free_port(), 2, backend, "bench").to_dict()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_peer, args=(r, rdv, shapes, dtypes, bucket_bytes, repeats, q)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    rows = []
+    while len(rows) < len(dtypes):  # a peer that dies ends the bench instead of hanging it
+        try:
+            rows.append(q.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"a peer failed (exit codes {dead}); its error is above") from None
+    for p in procs:
+        p.join(60)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params-m", type=float, default=100.0, help="model size in millions of parameters")
@@ -108,27 +134,12 @@ def main(argv: list[str] | None = None) -> int:
                  f"two ranks on one GPU), this machine has {torch.cuda.device_count()}: use --backend gloo")
     shapes = model_shapes(a.params_m)
     n_params = sum(torch.Size(s).numel() for _, s in shapes)
-    rdv = Rendezvous(0.0, "127.0.0.1", free_port(), 2, a.backend, "bench").to_dict()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     dtypes = a.dtypes.split(",")
-    procs = [ctx.Process(target=_peer, args=(r, rdv, shapes, dtypes, int(a.bucket_mb * 2**20), a.repeats, q))
-             for r in (0, 1)]
-    for p in procs:
-        p.start()
-    rows = []
-    while len(rows) < len(dtypes):  # a peer that dies ends the bench instead of hanging it
-        try:
-            rows.append(q.get(timeout=1))
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                for p in procs:
-                    p.kill()
-                print(f"a peer failed (exit codes {dead}); its error is above", file=sys.stderr)
-                return 1
-    for p in procs:
-        p.join(60)
+    try:
+        rows = measure(a.params_m, dtypes, int(a.bucket_mb * 2**20), a.repeats, a.backend)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
     print(f"weight sync, {a.backend}, {len(shapes)} tensors, {n_params / 1e6:.1f}M params, "
           f"bucket {a.bucket_mb:g} MB, best of {a.repeats}, trainer process -> explorer process")
     print(f"{'dtype':9} {'GB':>6} | {'sync s':>7} {'GB/s':>6} | {'raw bcast s':>11} {'GB/s':>6} | "

@@ -1,0 +1,317 @@
+"""How trinity's cost grows with the work: four curves, one command, a chart per curve.
+
+    python bench/scaling.py [--only replay,bus,sync,memory] [--replay-max 10000000]
+                            [--explorers 1,2,4,8] [--params-m 10,50,100,250,500] [--minutes 30]
+
+* ``replay``: ``ReplayStore`` put and take rates, and the process's resident memory (its own
+  heap, and the LMDB pages it has mapped), as the store grows from 10k to ``--replay-max``
+  stored experiences (64 tokens each, groups of 8; puts of 4 groups per transaction and takes
+  of 256, as the buffer makes them). Target: rates within 20% of their 10k value, heap flat.
+* ``bus``: experience groups/s through the bus (``Publisher.submit_group`` -> one durable
+  ``Consumer``, as the buffer reads them) with 1..8 explorer processes publishing at once.
+  On 2 cores the publishers share them with the consumer and nats-server: the curve says
+  whether more publishers cost throughput (contention), not what a node with more cores gets.
+* ``sync``: a full weight sync (``WeightSender`` -> ``WeightReceiver`` over gloo, trainer
+  process to explorer process) against the parameter count, beside a memory copy of the same
+  bytes in the same run. Target: time linear in bytes, at >= 0.5 of memcpy's rate.
+* ``memory``: every role's resident memory through a ``--minutes`` GRPO run (the quickstart's
+  task and model, the transformers engine), sampled every 10 s. Target: after warm-up (the
+  first fifth), no role grows by more than 5%.
+
+Each curve is written to ``docs/scaling-<curve>.svg`` and its figures to
+``bench/results/scaling.jsonl`` (``python bench/report.py`` renders them). Run it alone: on a
+2-core machine any other CPU work moves every rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from report import record  # noqa: E402  (bench/report.py, beside this script)
+
+DOCS = ROOT / "docs"
+
+
+# ---- a chart ---------------------------------------------------------------------------------
+
+def chart(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]],
+          logx: bool = False, ymin: float | None = 0.0) -> None:
+    """A plain SVG line chart (no plotting library in the project): one polyline per series."""
+    import math
+
+    w, h, pad = 640, 360, 60
+    xs = [x for pts in series.values() for x, _ in pts]
+    ys = [y for pts in series.values() for _, y in pts]
+    fx = (lambda v: math.log10(v)) if logx else (lambda v: v)  # noqa: E731
+    x0, x1 = fx(min(xs)), fx(max(xs))
+    y0 = min(ys) if ymin is None else ymin
+    y1 = max(ys) * 1.1 if max(ys) > y0 else y0 + 1
+    px = lambda v: pad + (w - 2 * pad) * (fx(v) - x0) / max(x1 - x0, 1e-12)  # noqa: E731
+    py = lambda v: h - pad - (h - 2 * pad) * (v - y0) / (y1 - y0)  # noqa: E731
+    colors = ["#d9480f", "#1c7ed6", "#2b8a3e", "#862e9c", "#5c5f66", "#e8590c"]
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>']
+    for i in range(6):
+        v = y0 + (y1 - y0) * i / 5
+        out.append(f'<line x1="{pad}" x2="{w - pad}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#eee"/>'
+                   f'<text x="{pad - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{v:,.3g}</text>')
+    for x in sorted(set(xs)):
+        out.append(f'<text x="{px(x):.1f}" y="{h - pad + 16}" text-anchor="middle">{x:,.4g}</text>')
+    out.append(f'<text x="{w / 2}" y="{h - 14}" text-anchor="middle">{xlabel}</text>'
+               f'<text x="16" y="{h / 2}" transform="rotate(-90 16 {h / 2})" text-anchor="middle">{ylabel}</text>')
+    for i, (name, pts) in enumerate(series.items()):
+        c = colors[i % len(colors)]
+        line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in sorted(pts))
+        out.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2.5"/>')
+        out += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{c}"/>' for x, y in pts]
+        out.append(f'<text x="{pad + 10}" y="{pad + 4 + 16 * i}" fill="{c}">{name}</text>')
+    out.append("</svg>")
+    path.write_text("\n".join(out) + "\n")
+    print(f"  wrote {path.relative_to(ROOT)}")
+
+
+def memory_mb(pid: int | str = "self") -> tuple[float, float]:
+    """(anonymous, file-backed) resident memory of a process in MB, from /proc (Linux): the
+    heap it owns, and the mapped file pages (LMDB's) the kernel can drop at will."""
+    anon = file = 0.0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            anon = int(line.split()[1]) / 1024
+        elif line.startswith(("RssFile:", "RssShmem:")):
+            file += int(line.split()[1]) / 1024
+    return anon, file
+
+
+# ---- replay ----------------------------------------------------------------------------------
+
+def replay(max_size: int) -> dict[str, float]:
+    import numpy as np
+
+    from schemas.data import Experience, ExperienceGroup
+    from storage.replay import ReplayStore
+
+    rng = np.random.default_rng(0)
+    counter = iter(range(10**12))
+
+    def groups(n: int) -> list[ExperienceGroup]:
+        out = []
+        for _ in range(n):
+            g = next(counter)
+            gid = f"g{g:010d}"
+            out.append(ExperienceGroup(group_id=gid, task_id=f"t{g}", run_id="scale", model_version=g % 8, experiences=[
+                Experience(id=f"{gid}/{i}", task_id=f"t{g}", group_id=gid, run_id="scale",
+                           tokens=rng.integers(0, 50_000, 64, dtype=np.int32), prompt_length=32,
+                           logprobs=-rng.random(32, dtype=np.float32), reward=float(rng.random()), model_version=g % 8)
+                for i in range(8)]))
+        return out
+
+    sizes = [s for s in (10_000, 100_000, 1_000_000, 10_000_000) if s <= max_size] or [max_size]
+    work = Path(tempfile.mkdtemp(prefix="scaling-replay-"))
+    rows = []
+    try:
+        store = ReplayStore(work / "store", mode="priority", capacity=0, map_size=1 << 40)
+        stored, t_fill = 0, time.perf_counter()
+        for size in sizes:
+            while stored < size:  # fill in large transactions: the measured windows come after
+                n = min(256, (size - stored + 7) // 8)
+                store.put_groups(groups(n))
+                stored += 8 * n
+            window = groups(4 * 250)  # 8,000 experiences, 4 groups a transaction
+            t = time.perf_counter()
+            for i in range(0, len(window), 4):
+                store.put_groups(window[i:i + 4])
+            put = 8 * len(window) / (time.perf_counter() - t)
+            stored += 8 * len(window)
+            t, taken = time.perf_counter(), 0
+            for b in range(40):
+                taken += len(store.take_batch(f"{size}-{b}", 256))
+                store.commit_batch(f"{size}-{b}")
+            take = taken / (time.perf_counter() - t)
+            anon, file = memory_mb()
+            disk = sum(f.stat().st_size for f in (work / "store").iterdir()) / 2**20
+            rows.append((size, put, take, anon, file, disk))
+            print(f"  {size:>10,} stored: put {put:8,.0f} exp/s, take {take:8,.0f} exp/s, heap {anon:6.0f} MB, "
+                  f"mapped {file:6.0f} MB, file {disk:7.0f} MB  ({time.perf_counter() - t_fill:.0f} s so far)", flush=True)
+        store.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    chart(DOCS / "scaling-replay.svg", "Replay store: rates as it grows (priority mode)", "stored experiences (log)",
+          "experiences/s", {"put (4 groups of 8 a transaction)": [(r[0], r[1]) for r in rows],
+                            "take (batches of 256)": [(r[0], r[2]) for r in rows]}, logx=True)
+    first, last = rows[0], rows[-1]
+    return {f"replay put at {last[0]:,} / at {first[0]:,}": round(last[1] / first[1], 2),
+            f"replay take at {last[0]:,} / at {first[0]:,}": round(last[2] / first[2], 2),
+            f"replay put at {last[0]:,}, exp/s": round(last[1]), f"replay take at {last[0]:,}, exp/s": round(last[2]),
+            f"replay heap at {first[0]:,}, MB": round(first[3]), f"replay heap at {last[0]:,}, MB": round(last[3]),
+            f"replay file at {last[0]:,}, MB": round(last[5])}
+
+
+# ---- bus -------------------------------------------------------------------------------------
+
+def bus_rates(counts: list[int], groups: int) -> dict[str, float]:
+    """Groups/s end to end with ``n`` publisher processes (``bench/bus_throughput.py``'s
+    children, each its share of ``groups`` under its own ids) and one consumer."""
+    import bus_throughput as bt  # bench/, beside this script
+
+    from bus.server import EmbeddedServer, free_port
+    rows = []
+
+    async def one(server, n: int) -> float:
+        run_id = f"scale{n}-{int(time.time())}"
+        common = [f"--url={server.url}", f"--run-id={run_id}", "--experiences=8", "--tokens=1024", "--prompt=256",
+                  "--batch=64", "--concurrency=64"]
+        per = groups // n
+        procs = [await asyncio.create_subprocess_exec(
+            sys.executable, str(ROOT / "bench" / "bus_throughput.py"), "--role=bus-consume", *common,
+            f"--groups={per * n}", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)]
+        for k in range(n):
+            procs.append(await asyncio.create_subprocess_exec(
+                sys.executable, str(ROOT / "bench" / "bus_throughput.py"), "--role=bus-produce", *common,
+                f"--groups={per}", f"--id-prefix=p{k}-", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE))
+        for p in procs:
+            line = (await p.stdout.readline()).decode().strip()  # type: ignore[union-attr]
+            if line != "READY":
+                raise RuntimeError(f"bus child failed to start: {line!r}")
+        t0 = time.time()
+        for p in procs:
+            p.stdin.write(b"GO\n")  # type: ignore[union-attr]
+            await p.stdin.drain()  # type: ignore[union-attr]
+        outs = [(await p.communicate())[0].decode() for p in procs]
+        done = [x for x in outs[0].splitlines() if x.startswith("DONE ")]
+        if not done:
+            raise RuntimeError(f"bus consumer failed: {outs[0][-300:]!r}")
+        await bt.drop_streams(server.url)
+        return per * n / (float(done[0].split()[1]) - t0)
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as d, EmbeddedServer(d, port=free_port()) as server:
+            for n in counts:
+                rates = [await one(server, n) for _ in range(3)]
+                rows.append((n, statistics.median(rates), min(rates), max(rates)))
+                print(f"  {n} explorer process(es): {rows[-1][1]:7.0f} groups/s of 8 x 1024 tokens "
+                      f"(3 rounds, {rows[-1][2]:.0f}-{rows[-1][3]:.0f})", flush=True)
+
+    asyncio.run(run())
+    chart(DOCS / "scaling-bus.svg", "Bus: groups/s with N explorer processes publishing (2 cores)",
+          "explorer processes", "groups of 8 x 1024 tokens / s", {"end to end (median of 3)": [(r[0], r[1]) for r in rows]})
+    return {**{f"bus with {n} explorer(s), groups/s": round(r) for n, r, _, _ in rows},
+            f"bus with {rows[-1][0]} / with {rows[0][0]}": round(rows[-1][1] / rows[0][1], 2)}
+
+
+# ---- weight sync -----------------------------------------------------------------------------
+
+def sync(sizes_m: list[float]) -> dict[str, float]:
+    import weight_sync as ws  # bench/, beside this script (spawned peers import it by name)
+    rows = []
+    for m in sizes_m:
+        (_, nbytes, s, r, c), = ws.measure(m, ["float32"], 0, 2, "gloo")
+        rows.append((m, nbytes, s, r, c))
+        print(f"  {m:5.0f}M params ({nbytes / 1e9:.2f} GB): sync {s:.3f} s ({nbytes / 1e9 / s:.2f} GB/s), raw broadcast "
+              f"{r:.3f} s, memcpy {c:.3f} s ({nbytes / 1e9 / c:.2f} GB/s): sync at {c / s:.2f} of memcpy", flush=True)
+    chart(DOCS / "scaling-sync.svg", "Weight sync over gloo (float32), trainer -> explorer process",
+          "parameters (millions)", "seconds", {"full sync": [(m, s) for m, _, s, _, _ in rows],
+                                                "one raw broadcast": [(m, r) for m, _, _, r, _ in rows],
+                                                "memcpy of the same bytes": [(m, c) for m, _, _, _, c in rows]})
+    out: dict[str, float] = {}
+    for m, _, s, _, c in rows:
+        out[f"sync of {m:g}M params, s"] = round(s, 3)
+        out[f"sync of {m:g}M params / memcpy (rate)"] = round(c / s, 2)
+    per_gb = [s / (nbytes / 1e9) for _, nbytes, s, _, _ in rows]
+    out["sync s per GB, largest / smallest size"] = round(per_gb[-1] / per_gb[0], 2)
+    return out
+
+
+# ---- memory over a run -----------------------------------------------------------------------
+
+def memory(minutes: float) -> dict[str, float]:
+    import vs_trl as vs  # bench/, beside this script
+    import yaml
+    vs.WORK.mkdir(parents=True, exist_ok=True)
+    data, sft = vs.assets()
+    name = f"memory_{int(time.time())}"
+    cfg_path = vs.trinity_config(data, sft, 100_000, "transformers", name)
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["explorer"]["eval_interval"] = 50
+    cfg["trainer"]["save_interval"] = 100
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
+    p = subprocess.Popen([sys.executable, "-m", "roles.cli", "run", "--config", str(cfg_path)], cwd=ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    samples: list[tuple[float, dict[str, float]]] = []
+    t0 = time.time()
+    try:
+        while time.time() - t0 < minutes * 60 and p.poll() is None:
+            _, rss = vs.by_process(p.pid)
+            samples.append((time.time() - t0, {k: v for k, v in rss.items() if v >= 20}))
+            time.sleep(10)
+    finally:
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            p.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+    if p.returncode not in (0, -signal.SIGINT, 130, None) and time.time() - t0 < minutes * 60:
+        raise RuntimeError(f"the run ended early (exit {p.returncode}); its logs are under {vs.WORK / 'ckpt'}")
+    roles = sorted({k for _, s in samples for k in s if k not in ("run", "run:child")})
+    warm = [s for t, s in samples if t >= minutes * 60 / 5]
+    out: dict[str, float] = {}
+    series = {}
+    for role in roles:
+        after = [s.get(role, 0.0) for s in warm]
+        start, end = statistics.median(after[:6]), statistics.median(after[-6:])
+        out[f"{role}: resident MB after warm-up"] = round(start)
+        out[f"{role}: growth after warm-up, %"] = round(100 * (end - start) / max(start, 1e-9), 1)
+        series[role] = [(t / 60, s.get(role, 0.0)) for t, s in samples]
+        print(f"  {role:14} {start:7.0f} MB after warm-up -> {end:7.0f} MB at the end "
+              f"({out[f'{role}: growth after warm-up, %']:+.1f}%)")
+    chart(DOCS / "scaling-memory.svg", f"Resident memory per role over a {minutes:g}-minute GRPO run",
+          "minutes", "MB", series)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="replay,bus,sync,memory", help="which curves, comma separated")
+    ap.add_argument("--replay-max", type=int, default=10_000_000)
+    ap.add_argument("--explorers", default="1,2,4,8")
+    ap.add_argument("--bus-groups", type=int, default=2400, help="groups per point (all publishers together)")
+    ap.add_argument("--params-m", default="10,50,100,250,500")
+    ap.add_argument("--minutes", type=float, default=30.0)
+    a = ap.parse_args()
+    figures: dict[str, float] = {}
+    met = []
+    for part in a.only.split(","):
+        print(f"{part}:", flush=True)
+        if part == "replay":
+            f = replay(a.replay_max)
+            met += [v >= 0.8 for k, v in f.items() if " / at " in k]
+        elif part == "bus":
+            f = bus_rates([int(x) for x in a.explorers.split(",")], a.bus_groups)
+        elif part == "sync":
+            f = sync([float(x) for x in a.params_m.split(",")])
+            met += [v >= 0.5 for k, v in f.items() if k.endswith("/ memcpy (rate)")]
+        elif part == "memory":
+            f = memory(a.minutes)
+            met += [v <= 5.0 for k, v in f.items() if k.endswith("growth after warm-up, %")]
+        else:
+            ap.error(f"--only: unknown curve {part!r} (replay, bus, sync, memory)")
+        figures.update(f)
+    record("scaling", figures, target="replay rates >= 0.8 of their 10k value, sync >= 0.5 of memcpy, "
+           "no role's memory growing > 5% after warm-up", met=all(met))
+
+
+if __name__ == "__main__":
+    main()
