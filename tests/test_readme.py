@@ -57,6 +57,11 @@ RUN_ELSEWHERE = {
     # docs/performance.md: a benchmark that installs TRL into a virtualenv of its own and runs minutes
     "python bench/vs_trl.py --rounds 2 [--vllm]":
         "nothing in CI: bench/vs_trl.py is run by hand, and its figures are dated in docs/performance.md",
+    "python bench/vs_trl.py --model smollm2 [--vllm] [--rounds N] [--sync-offset 0]":
+        "nothing in CI: a real model for ten minutes a side; tests/test_bench_report.py checks it starts, "
+        "tests/trainer/test_prefix.py what its speed rests on",
+    "python bench/scaling.py [--only replay,bus,sync,memory] [--minutes 30]":
+        "nothing in CI: an hour of benchmarks; tests/test_bench_report.py checks it starts",
 }
 
 
