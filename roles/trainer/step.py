@@ -37,8 +37,9 @@ def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_ent
     model = hf_model(engine_or_model)
     if model is not None and worth_sharing(mb, model):
         logits, targets = shared_prompt_logits(model, mb)
-        return _response_scores(logits, targets.to(logits.device), mb.resp_index.shape[1], temperature,
-                                with_entropy, entropy_grad)
+        lp, ent = _scores(logits, targets.to(logits.device), temperature, with_entropy, entropy_grad)
+        pad = (0, mb.resp_index.shape[1] - lp.shape[1])  # to the batch's response width
+        return torch.nn.functional.pad(lp, pad), None if ent is None else torch.nn.functional.pad(ent, pad)
     idx = mb.resp_index
     if model is not None:  # the logits before the earliest response are never read
         start = int(idx[:, 0].min())
@@ -49,10 +50,11 @@ def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_ent
     else:
         logits = engine_or_model.forward_logits(mb.input_ids, mb.attention_mask)
     logits = logits[:, :-1]
-    idx = idx.to(logits.device)
-    targets = mb.input_ids[:, 1:].to(logits.device)[:, -logits.shape[1]:].gather(1, idx)
-    return _response_scores(logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1])), targets,
-                            idx.shape[1], temperature, with_entropy, entropy_grad)
+    targets = mb.input_ids[:, 1:].to(logits.device)[:, -logits.shape[1]:]
+    # scores at every kept position, then the response columns: no B x T x V copy of the logits
+    lp, ent = _scores(logits, targets, temperature, with_entropy, entropy_grad)
+    idx = idx.to(lp.device)
+    return lp.gather(1, idx), None if ent is None else ent.gather(1, idx)
 
 
 def hf_model(engine_or_model: Any) -> Any:
@@ -63,17 +65,14 @@ def hf_model(engine_or_model: Any) -> Any:
     return None if hasattr(engine_or_model, "forward_logits") else engine_or_model
 
 
-def _response_scores(logits: torch.Tensor, targets: torch.Tensor, width: int, temperature: float,
-                     with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (float32, on the CPU) and entropy of ``targets`` under ``logits`` (B x R x V),
-    zero-padded to ``width`` response columns."""
-    pad = width - logits.shape[1]
+def _scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+            entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (float32, on the CPU) of ``targets`` under ``logits`` (B x R x V), and the
+    entropy there when ``with_entropy``."""
     lp = logprobs_from_logits(logits, targets, temperature).float().cpu()
-    lp = torch.nn.functional.pad(lp, (0, pad))
     ent = None
     if with_entropy:
         ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature).float().to(lp.device)
-        ent = torch.nn.functional.pad(ent, (0, pad))
     return lp, ent
 
 
