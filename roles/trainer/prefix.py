@@ -36,25 +36,26 @@ def prompt_owners(mb: Batch) -> tuple[list[int], list[int]]:
     return owners, firsts
 
 
-def worth_sharing(mb: Batch, model: Any) -> bool:
-    """Whether the shared-prompt forward applies: some prompt is shared, and the model is a
-    Hugging Face causal LM that keeps a cache in this mode (gradient checkpointing in training
-    drops the cache, so such a model takes the plain forward)."""
+def shared_prompts(mb: Batch, model: Any) -> tuple[list[int], list[int]] | None:
+    """:func:`prompt_owners` where the shared-prompt forward applies (some prompt is shared,
+    and the model is a Hugging Face causal LM that keeps a cache in this mode: gradient
+    checkpointing in training drops it, so such a model takes the plain forward); else None."""
     if mb.size < 2 or not hasattr(model, "config"):
-        return False
+        return None
     if getattr(model, "is_gradient_checkpointing", False) and model.training:
-        return False
+        return None
     owners, firsts = prompt_owners(mb)
-    return len(firsts) < len(owners)
+    return (owners, firsts) if len(firsts) < len(owners) else None
 
 
-def shared_prompt_logits(model: Any, mb: Batch, pad_token_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_prompt_logits(model: Any, mb: Batch, owners: list[int], firsts: list[int],
+                         pad_token_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logits, targets)``: ``B x R x V`` logits of each row's ``R`` (longest response)
-    response tokens and the tokens themselves (``B x R``, padding past a row's end)."""
+    response tokens and the tokens themselves (``B x R``, padding past a row's end), given
+    the rows' prompts as :func:`shared_prompts` found them."""
     from transformers import DynamicCache
 
     dev = next(model.parameters()).device
-    owners, firsts = prompt_owners(mb)
     p = (mb.resp_index[:, 0] + 1).tolist()
     n = mb.attention_mask.sum(-1).tolist()
     width = max(p[i] for i in firsts)

@@ -23,7 +23,7 @@ from schemas.data import Experience
 
 from .batch import Batch, collate, micro_batches, padding_fraction, per_micro_batch
 from .engine import TorchEngine
-from .prefix import shared_prompt_logits, worth_sharing
+from .prefix import shared_prompt_logits, shared_prompts
 from .ranks import shard_rows
 
 
@@ -35,8 +35,9 @@ def token_logprobs(engine_or_model: Any, mb: Batch, temperature: float, with_ent
     Rows that share a prompt (a GRPO group) run it once (:mod:`.prefix`); otherwise one
     forward, with the vocabulary projection only from the first response position on."""
     model = hf_model(engine_or_model)
-    if model is not None and worth_sharing(mb, model):
-        logits, targets = shared_prompt_logits(model, mb)
+    shared = shared_prompts(mb, model) if model is not None else None
+    if shared is not None:
+        logits, targets = shared_prompt_logits(model, mb, *shared)
         lp, ent = _scores(logits, targets.to(logits.device), temperature, with_entropy, entropy_grad)
         pad = (0, mb.resp_index.shape[1] - lp.shape[1])  # to the batch's response width
         return torch.nn.functional.pad(lp, pad), None if ent is None else torch.nn.functional.pad(ent, pad)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from roles.trainer.batch import collate
-from roles.trainer.prefix import prompt_owners, worth_sharing
+from roles.trainer.prefix import prompt_owners, shared_prompts
 from roles.trainer.step import token_logprobs
 from schemas.data import Experience
 
@@ -55,7 +55,7 @@ def test_rows_with_the_same_prompt_share_it():
 
 def test_shared_prompt_log_probs_and_entropy_equal_the_full_forward(model):
     mb = collate(EXPS)
-    assert worth_sharing(mb, model)
+    assert shared_prompts(mb, model)
     with torch.no_grad():
         lp, ent = token_logprobs(model, mb, 1.0, True)
         ref_lp, ref_ent = _reference(model, mb)
@@ -87,7 +87,7 @@ def _reference_at(model, mb, temperature: float) -> torch.Tensor:
 
 def test_rows_without_a_shared_prompt_take_one_forward_with_the_same_result(model):
     mb = collate(_groups([6, 9, 4], [[3], [5], [2]]))
-    assert not worth_sharing(mb, model)
+    assert not shared_prompts(mb, model)
     with torch.no_grad():
         lp, _ = token_logprobs(model, mb, 1.0, False)
         ref_lp, _ = _reference(model, mb)
@@ -98,4 +98,4 @@ def test_gradient_checkpointing_takes_the_plain_forward(tiny_model: Path):
     from roles.trainer.engine import load_model
 
     m = load_model(tiny_model, gradient_checkpointing=True).train()
-    assert not worth_sharing(collate(EXPS), m)  # its layers drop the cache in training
+    assert not shared_prompts(collate(EXPS), m)  # its layers drop the cache in training
