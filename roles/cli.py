@@ -28,6 +28,8 @@ HELP = {
     "convert": "convert trainer checkpoints into Hugging Face folders",
     "debug": "run one module (e.g. a workflow) on a few tasks and dump the results",
     "studio": "the web app: write a config, start a run, watch it and browse its trajectories",
+    "sweep": "run several LoRA runs (--set KEY=V1,V2,...) that share one base model: one trainer, one engine",
+    "sweep-host": "one process of a sweep holding every run's trainer or explorer (started by trinity sweep)",
 }
 
 
@@ -54,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in HELP.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        if name in ("run", "config", "explorer", "trainer", "buffer", "synchronizer", "server", "inspect", "debug"):
+        if name in ("run", "sweep", "config", "explorer", "trainer", "buffer", "synchronizer", "server", "inspect", "debug"):
             _config_options(p)
         if name == "config":
             p.add_argument("--sources", action="store_true", help="annotate every value with where it came from")
@@ -80,9 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
                            help="this node's server name (unique in the cluster; default trinity-<port>)")
             p.add_argument("--until-done", action="store_true",
                            help="stop (exit 0) once the config's run is done and every role has left (the Procfile's nats line)")
-        if name == "run":
+        if name == "sweep-host":
+            p.add_argument("--sweep", required=True, metavar="FILE", help="the sweep's sweep.json")
+            p.add_argument("--role", required=True, choices=["trainer", "explorer"])
+        if name in ("run", "sweep"):
             p.add_argument("--max-restarts", type=int, default=2, metavar="N",
                            help="restart a role that died up to N times before failing the run (default 2)")
+        if name == "run":
             p.add_argument("--plan", action="store_true",
                            help="print the device plan (processes, GPUs, ports, broadcast group) and exit; starts nothing")
         if name == "studio":
@@ -234,20 +240,6 @@ def launch_trainer_ranks(stages: list[Any], plan: Any) -> None:
     exec_ranks(n, sys.argv[1:])
 
 
-def take_devices(role: str, plan: Any) -> None:
-    """This role's GPUs of the device ``plan`` (``roles/placement.py``), before anything starts
-    CUDA: a role started alone (honcho) sets ``CUDA_VISIBLE_DEVICES`` to its share when it is
-    unset; under ``trinity run`` or torchrun it is already set and kept. Printed, so that every
-    process says which devices it has."""
-    from roles.placement import take_share
-
-    if plan.gpu_per_node == 0:
-        return
-    value = take_share(plan, role)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"trinity {role}: CUDA_VISIBLE_DEVICES={value!r} (device plan: trinity run --plan)", flush=True)
-
-
 def _run_role(role: str, args: argparse.Namespace) -> int:
     """Run one role process through every stage of the experiment (``roles/stages.py``)
     until it is done or signalled; logs go to the terminal and ``<job_dir>/log/<role>.log``."""
@@ -263,7 +255,7 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
     cfg = loaded.config
     stages = loaded.stages or [cfg]
     preflight(stages, role)  # the inputs this role reads, as trinity run checks them
-    from roles.placement import device_plan
+    from roles.placement import device_plan, take_devices
 
     try:
         plan = device_plan(stages)
@@ -352,8 +344,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_main(args)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``trinity sweep``: see ``roles/sweep/launch.py``."""
+    from roles.sweep.launch import main as sweep_main
+
+    return sweep_main(args)
+
+
+def cmd_sweep_host(args: argparse.Namespace) -> int:
+    """``trinity sweep-host``: see ``roles/sweep/host.py``."""
+    from roles.sweep.host import main as host_main
+
+    return host_main(args.role, args.sweep)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
+    "sweep": cmd_sweep,
+    "sweep-host": cmd_sweep_host,
     "config": cmd_config,
     "server": cmd_server,
     "inspect": cmd_inspect,

@@ -261,3 +261,15 @@ def describe(plan: DevicePlan, stages: Sequence[TrinityConfig], roles: Sequence[
     elif any(s.synchronizer.sync_method == "checkpoint" for s in stages):
         lines.append("weight sync: checkpoints on disk (synchronizer.sync_method: checkpoint)")
     return lines
+
+
+def take_devices(role: str, plan: DevicePlan) -> None:
+    """This role's GPUs of the device ``plan``, before anything starts
+    CUDA: a role started alone (honcho) sets ``CUDA_VISIBLE_DEVICES`` to its share when it is
+    unset; under ``trinity run`` or torchrun it is already set and kept. Printed, so that every
+    process says which devices it has."""
+    if plan.gpu_per_node == 0:
+        return
+    value = take_share(plan, role)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"trinity {role}: CUDA_VISIBLE_DEVICES={value!r} (device plan: trinity run --plan)", flush=True)

@@ -55,6 +55,10 @@ STOP_GRACE = 30.0
 @dataclass
 class Child:
     role: str
+    #: what follows ``python -m roles.cli`` (None: the role and the run's own arguments)
+    argv: list[str] | None = None
+    #: how its output and the supervisor's lines name it (None: the role)
+    label: str | None = None
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
@@ -181,19 +185,19 @@ class Supervisor:
         env = dict(child_env(self.plan, child.role, os.environ), PYTHONUNBUFFERED="1", TQDM_DISABLE="1",
                    **{SUPERVISED_ENV: "1", SESSION_START_ENV: repr(self.started)})
         child.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "roles.cli", child.role, *self.role_args,
+            sys.executable, "-m", "roles.cli", *(child.argv or [child.role, *self.role_args]),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
             start_new_session=True,  # Ctrl-C reaches us only; we stop the roles in order
         )
         child.pump = asyncio.get_running_loop().create_task(self.pump(child, child.proc))
-        self.record.role(child.role, "running", child.restarts)
+        self.record.role(child.label or child.role, "running", child.restarts)
 
     async def pump(self, child: Child, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         async for raw in proc.stdout:
             line = raw.decode(errors="replace").rstrip()
             child.tail.append(line)
-            self.say(f"{child.role:>12} | {line}")
+            self.say(f"{child.label or child.role:>12} | {line}")
 
     async def stop_all(self) -> None:
         """SIGTERM every role's process group (a role's own children, e.g. vLLM's engine
@@ -222,14 +226,15 @@ class Supervisor:
             for t in late:
                 t.cancel()
 
-    async def run(self, roles: list[str]) -> int:
+    async def run(self, roles: list[str], children: list[Child] | None = None) -> int:
+        """Start ``roles`` (or the given ``children``: a sweep's) and watch them."""
         interrupted = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, interrupted.set)
         import bus
 
-        self.children = [Child(r) for r in roles]
+        self.children = children or [Child(r) for r in roles]
         nc = await bus.connect(self.cfg.nats, name="trinity-run")
         try:
             if self.fresh:
@@ -261,22 +266,23 @@ class Supervisor:
                 rc = c.proc.returncode if c.proc else None
                 if rc is None or c.done:
                     continue
+                who = c.label or c.role
                 if rc == 0:
                     c.done = True
-                    self.say(f"trinity run: {c.role} finished")
-                    self.record.role(c.role, "finished", c.restarts, 0)
+                    self.say(f"trinity run: {who} finished")
+                    self.record.role(who, "finished", c.restarts, 0)
                     continue
                 await asyncio.sleep(0.2)  # let the pump print the last lines
                 if rc == 2 or c.restarts >= self.max_restarts:  # 2: its config or a pre-start check
-                    self.say(f"trinity run: {c.role} failed for good (exit {rc}); last output:")
+                    self.say(f"trinity run: {who} failed for good (exit {rc}); last output:")
                     for line in list(c.tail)[-10:]:
                         self.say(f"  {line}")
-                    self.record.role(c.role, "failed", c.restarts, rc)
+                    self.record.role(who, "failed", c.restarts, rc)
                     await self.stop_all()
                     return 1
                 c.restarts += 1
                 _signal_group(c.proc.pid, signal.SIGKILL)  # what the dead role left behind
-                self.say(f"trinity run: {c.role} exited with {rc}; restart {c.restarts}/{self.max_restarts}")
+                self.say(f"trinity run: {who} exited with {rc}; restart {c.restarts}/{self.max_restarts}")
                 await self.start(c)
             if all(c.done for c in self.children):
                 await self.stop_all()  # nothing should be left; make sure of it

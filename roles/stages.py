@@ -97,15 +97,21 @@ async def _watch_done(state: object, key: str, stop: asyncio.Event, terminate: a
         await asyncio.sleep(0.5)
 
 
-async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> int:
-    """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM."""
+async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner,
+                     terminate: asyncio.Event | None = None) -> int:
+    """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM.
+    ``terminate``: the process's own stop event when it hosts several runs (a sweep's
+    shared trainer or explorer): it handles the signals, and one run that finishes must not
+    make the process deaf to them."""
     import bus
     from roles.settings import session_start
 
     since = session_start()
     name = process_name(role)
-    terminate = asyncio.Event()
-    stop_on_signals(terminate)
+    own_signals = terminate is None
+    if terminate is None:
+        terminate = asyncio.Event()
+        stop_on_signals(terminate)
     await _say_exit(stages[-1], name, "running")
     renew = asyncio.create_task(_renew_marker(stages[-1], name)) if _leased(name) else None
     try:
@@ -114,7 +120,7 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner) -> 
         await bus.stop_tasks(renew)  # ended for sure: a renewal must not outlive "done"
     if code >= 0:
         return code
-    await finish_together(stages[-1], name, since, terminate)
+    await finish_together(stages[-1], name, since, terminate, own_signals)
     if role == "explorer":
         _print_summary(stages)
     return 0
@@ -235,7 +241,8 @@ async def unfinished(state: object, since: float, mode: str) -> list[str] | None
     return sorted(k[len(keys.EXIT_PREFIX):] for k, v in markers.items() if waiting(v))
 
 
-async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate: asyncio.Event) -> None:
+async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate: asyncio.Event,
+                          own_signals: bool = True) -> None:
     """Say this process is done, wait (at most :data:`FINISH_WAIT` s, or until SIGTERM: the
     work is done either way) until every role process has said so since ``since``, then ignore
     SIGTERM: from here on the process only disconnects and exits 0. Markers older than
@@ -249,7 +256,8 @@ async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate
         # SIGTERM ends the wait at once, also mid-read: under honcho it comes when another
         # process exited, with the server stopping too, and a read would wait the server out
         await until_stopped(_wait_for_all(state, since, cfg.mode), terminate)
-        ignore_signals_from_now()
+        if own_signals:
+            ignore_signals_from_now()
     finally:
         await bus.disconnect(nc)
 

@@ -89,6 +89,42 @@ def wrap(model: Any, lc: LoraConfig) -> Any:
     return peft_model
 
 
+def share_base(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose parameters *are* ``model``'s (the same tensors, not copies):
+    its own modules, so that wrapping it in an adapter (:func:`wrap`) leaves ``model`` and every
+    other copy alone. Why: the runs of a sweep each train their own adapter in one trainer
+    process, and each holds the frozen base weights once between them all (a sweep of 8 costs
+    one base, not 8). Buffers (rotary tables) are copied: they are small."""
+    import copy
+
+    return copy.deepcopy(model, {id(p): p for p in model.parameters()})
+
+
+def add_slot(model: Any, slot: str, lc: LoraConfig) -> Any:
+    """``model`` with one more adapter, named ``slot`` (a sweep's run, in its shared rollout
+    engine): fresh, or the one at ``lc.path``. The first call wraps the plain model."""
+    from peft import PeftModel, get_peft_model
+
+    check_targets(model.get_base_model() if is_lora(model) else model, lc)
+    if lc.path and not (Path(lc.path) / ADAPTER_CONFIG).is_file():
+        raise LoraError(f"model.lora_configs[0].path: {lc.path} has no {ADAPTER_CONFIG} (a PEFT adapter folder)")
+    if not is_lora(model):
+        if lc.path:
+            return PeftModel.from_pretrained(model, lc.path, adapter_name=slot)
+        return get_peft_model(model, _peft_config(lc, lc.target_modules), adapter_name=slot)
+    if lc.path:
+        model.load_adapter(lc.path, adapter_name=slot)
+    else:
+        model.add_adapter(slot, _peft_config(lc, lc.target_modules))
+    return model
+
+
+def slot_tensor_name(name: str, slot: str) -> str:
+    """A trainer's adapter tensor name (``...lora_A.default.weight``) as adapter ``slot`` of a
+    shared engine names it (``...lora_A.<slot>.weight``)."""
+    return name.replace(".default.", f".{slot}.")
+
+
 def adapter_sync(cfg: TrinityConfig) -> LoraConfig | None:
     """The LoRA config when weight syncs move only the adapter: a broadcast into a
     transformers engine (which wraps its model in the same adapter) or a vLLM engine (which

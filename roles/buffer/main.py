@@ -71,7 +71,7 @@ def build_service(cfg: TrinityConfig) -> BufferService:
         store, pipeline, main_file=main_file, aux=aux, sample_strategy=spec.sample_strategy,
         sample_args=spec.sample_strategy_args,
         max_read_timeout=(eb.max_read_timeout if eb is not None else 1800.0),
-        vocab=vocab_size(cfg.model.model_path),
+        vocab=vocab_size(cfg.model.model_path), run_id=cfg.run_id,
     )
 
 

@@ -85,6 +85,7 @@ class BufferService:
         sample_args: dict[str, Any] | None = None,
         max_read_timeout: float = 1800.0,
         vocab: int | None = None,
+        run_id: str | None = None,
     ) -> None:
         if store is None and main_file is None:
             raise ValueError("buffer: neither a replay store nor a file buffer to serve")
@@ -97,6 +98,9 @@ class BufferService:
         self.plan_fn = ops.get("sample_strategy", sample_strategy)
         self.max_read_timeout = max_read_timeout
         self.vocab = vocab
+        #: the run this buffer serves: another run's group is refused (runs that share a bus,
+        #: a sweep's above all, never train on each other's experience)
+        self.run_id = run_id
         self.stored = 0
         self.groups_in = 0
         self.quarantined = 0
@@ -130,6 +134,9 @@ class BufferService:
             if g.is_eval:
                 continue
             try:
+                if self.run_id is not None and g.run_id != self.run_id:
+                    raise ValueError(f"ExperienceGroup.run_id: {g.run_id!r} is another run's "
+                                     f"(this buffer serves {self.run_id!r})")
                 check_tokens(g, self.vocab)
                 n = len(g.experiences)
                 out, rate = self.pipeline.run(g)

@@ -585,9 +585,12 @@ class Explorer:
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
 
-async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
+async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None,
+                       engines: list[RolloutEngine] | None = None) -> bool:
     """Start engines, connect, explore until done or ``stop`` (SIGTERM/SIGINT when no
-    ``stop`` is given), clean up. True when the taskset (or the bench) was finished."""
+    ``stop`` is given), clean up. True when the taskset (or the bench) was finished.
+    ``engines``: this run's views of a sweep's shared engines (``engines/shared.py``)
+    instead of engines of its own."""
     from roles.placement import device_plan
     from storage.lora import adapter_sync
 
@@ -596,7 +599,8 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None) ->
     gpus = plan.engine_devices(plan.of("rollout engine")) if plan.gpu_per_node else None
     aux_gpus = [plan.engine_devices(plan.of(f"auxiliary {i} engine"))
                 for i in range(len(cfg.explorer.auxiliary_models))] if plan.gpu_per_node else None
-    engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model, adapter_sync(cfg), gpus)
+    if engines is None:
+        engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model, adapter_sync(cfg), gpus)
     auxiliary: list[list[RolloutEngine]] = []
     nc = None
     try:

@@ -12,6 +12,7 @@ Where a run starts is ``trainer.resume_mode`` (the latest checkpoint, the model,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -44,6 +45,7 @@ from storage.trajectories import keep_trajectories
 
 from .engine import TorchEngine, config_overrides, load_model
 from .ranks import STOP, DataParallel
+from .shared import SharedBase
 from .step import StepRunner, batch_metrics
 
 log = structlog.get_logger(__name__)
@@ -80,18 +82,26 @@ def engine_kind(cfg: TrinityConfig) -> str:
     return kind
 
 
-def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str) -> Any:
-    """The engine ``trainer.trainer_type`` names (``auto``: DeepSpeed when a GPU is present)."""
+def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str, shared: SharedBase | None = None) -> Any:
+    """The engine ``trainer.trainer_type`` names (``auto``: DeepSpeed when a GPU is present).
+    ``shared``: a sweep's base model, which this run's adapter wraps a sharing copy of."""
     kind = engine_kind(cfg)
     steps = total_steps(cfg) or 10**9
+    if shared is not None and kind != "pytorch":
+        raise ValueError(f"trainer.trainer_type: {kind!r}; a sweep's shared trainer is the PyTorch one "
+                         "(set trainer.trainer_type: pytorch)")
     if kind == "deepspeed":
         from .deepspeed_engine import DeepSpeedEngine
 
         return DeepSpeedEngine.from_config(cfg, model_path, total_steps=steps)
     if kind != "pytorch":
         raise ValueError(f"trainer.trainer_type: {kind!r} is not available here (pytorch, deepspeed)")
-    model = load_model(model_path, gradient_checkpointing=cfg.trainer.deepspeed.gradient_checkpointing and torch.cuda.is_available(),
-                       overrides=config_overrides(cfg.model))
+
+    def load(path: str) -> Any:
+        return load_model(path, gradient_checkpointing=cfg.trainer.deepspeed.gradient_checkpointing and torch.cuda.is_available(),
+                          overrides=config_overrides(cfg.model))
+
+    model = shared.model_for(cfg, load) if shared is not None else load(model_path)
     if cfg.model.lora_configs:
         model = lora.wrap(model, cfg.model.lora_configs[0])
     return TorchEngine(model, cfg.algorithm.optimizer, total_steps=steps, grad_clip=cfg.trainer.grad_clip)
@@ -127,7 +137,7 @@ def resume_point(cfg: TrinityConfig, job: Path, session: float) -> tuple[Path, i
 class Trainer:
     """Engine + step runner + checkpoints; the process loop lives in :func:`run_trainer`."""
 
-    def __init__(self, cfg: TrinityConfig) -> None:
+    def __init__(self, cfg: TrinityConfig, shared: SharedBase | None = None) -> None:
         if not cfg.model.model_path:
             raise ValueError("model.model_path: the trainer needs a model to train")
         self.cfg = cfg
@@ -158,7 +168,7 @@ class Trainer:
                     raise ValueError(
                         f"{loaded.actor_dir}: saved by a trainer of another size ({', '.join(saved_by)}); "
                         f"this one has {world} process(es): resume with as many as saved it")
-        self.engine = build_engine(cfg, self.spec, cfg.model.model_path)
+        self.engine = build_engine(cfg, self.spec, cfg.model.model_path, shared)
         # several processes: rank 0 leads (see ranks.py), the others follow its commands
         self.dp = DataParallel() if world > 1 else None
         from transformers import AutoTokenizer
@@ -247,6 +257,7 @@ class Trainer:
         if self.engine.rank == 0:
             with open(self.job / STEPS_LOG, "a") as f:
                 f.write(json.dumps({"step": step, "ids": [e.id for e in exps], "pid": os.getpid(),
+                                    "runs": sorted({e.run_id for e in exps}),
                                     "world": self.engine.world_size}) + "\n")
             keep_trajectories(self.job, step, exps, self.cfg.monitor.trajectory_steps)
         return metrics
@@ -342,12 +353,13 @@ async def _fetch_serving_hellos(
         task.cancel()
 
 
-async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
+async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None, shared: SharedBase | None = None) -> bool:
     """Train until the input is exhausted or ``total_steps``; True when it got there (False:
-    stopped early by ``stop``, or SIGTERM/SIGINT when no ``stop`` is given)."""
+    stopped early by ``stop``, or SIGTERM/SIGINT when no ``stop`` is given). ``shared``: this
+    run is one of a sweep's, training on the base they share (``roles/trainer/shared.py``)."""
     own_stop = stop is None
     stop = stop or asyncio.Event()
-    trainer = await asyncio.to_thread(Trainer, cfg)
+    trainer = await asyncio.to_thread(Trainer, cfg, shared)
     if trainer.dp is not None and not trainer.dp.leader:
         log.info("trainer_follower_started", rank=trainer.dp.rank, world=trainer.dp.world, step=trainer.step)
         done = await asyncio.to_thread(trainer.follow)
@@ -355,15 +367,17 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> 
         return done
     # An error here ends this process, and its closed sockets fail the followers' next
     # collective: telling them to stop could meet them inside another collective.
-    done = await _lead_run(cfg, trainer, stop, own_stop)
+    done = await _lead_run(cfg, trainer, stop, own_stop, shared.turn if shared is not None else None)
     if trainer.dp is not None:
         await asyncio.to_thread(trainer.stop_followers, done)
     trainer.engine.close()
     return done
 
 
-async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, own_stop: bool) -> bool:
-    """The trainer's bus loop (rank 0 alone talks to the bus)."""
+async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, own_stop: bool,
+                    turn: asyncio.Lock | None = None) -> bool:
+    """The trainer's bus loop (rank 0 alone talks to the bus). ``turn``: held for each step
+    (a sweep's runs take turns on the cores they share)."""
     from roles.synchronizer.client import TrainerSyncClient
 
     nc = await bus.connect(cfg.nats, name="trainer")
@@ -410,7 +424,8 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
                     done = True
                 continue
             exps = experiences(reply)
-            metrics = await asyncio.to_thread(trainer.train, exps, step)
+            async with turn or contextlib.nullcontext():
+                metrics = await asyncio.to_thread(trainer.train, exps, step)
             m = Metric(role="trainer", step=step, kind="train", values=metrics)
             monitor.log(m)
             await pub.publish_event(m)

@@ -147,3 +147,8 @@ def role_pid(role: str, config: Path) -> int | None:
     """The pid of ``python -m roles.cli <role> --config <config>`` (found in /proc)."""
     return _pids(lambda cmd: b"roles.cli" in cmd and role.encode() in cmd
                  and str(config).encode() in cmd)
+
+
+def sweep_host_pid(role: str) -> int | None:
+    """The pid of a ``trinity sweep-host --role <role>`` process (found in /proc)."""
+    return _pids(lambda cmd: b"sweep-host" in cmd and role.encode() in cmd)

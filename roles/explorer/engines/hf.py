@@ -50,6 +50,8 @@ MAX_BATCH_ROWS = 256
 GATHER_S = 0.002
 #: ... or this long after the batcher started waiting, whichever comes first.
 GATHER_MAX_S = 0.02
+#: peft's name for "no adapter" in a mixed adapter batch (a shared engine's base rows).
+BASE = "__base__"
 #: One row's result: response tokens, their log-probs, finish reason, top log-probs or None.
 Row = tuple[list[int], list[float], str, list[dict[int, float]] | None]
 
@@ -61,6 +63,7 @@ class _Request:
     max_new: int
     sampling: dict[str, Any]
     done: asyncio.Future[tuple[list[Row], int]]
+    adapter: str | None = None  # a sweep run's adapter in a shared engine (engines/shared.py)
 
     def key(self) -> Any:
         """Requests with the same key can share one ``generate`` call."""
@@ -108,6 +111,27 @@ class HFEngine(RolloutEngine):
         # generation runs on a thread of its own, never in asyncio's shared default pool:
         # workflow threads waiting for this engine's answers may fill that one
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        #: a shared engine's adapters (one per sweep run) and the version each has loaded
+        self.slot_versions: dict[str, int] = {}
+
+    def add_adapter(self, slot: str, lc: LoraConfig) -> None:
+        """Serve one more run's adapter, as ``slot`` (a sweep's shared engine): requests that
+        name it generate through it, rows of different adapters in one batch (peft's mixed
+        adapter batches), and :meth:`update_adapter` replaces its tensors alone."""
+        from storage.lora import add_slot
+
+        self.model = add_slot(self.model, slot, lc).eval()
+        self.slot_versions[slot] = 0
+
+    async def update_adapter(self, slot: str, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load adapter ``slot``'s new tensors (named as the engine's model names them). Holds
+        the generation lock only for the copy: the other runs' generation waits at most the
+        batch in flight plus this one adapter's load."""
+        if slot not in self.slot_versions:
+            raise EngineError(f"{self.name}: no adapter {slot!r} (serving {sorted(self.slot_versions)})")
+        async with self._lock:
+            self._copy_in(named_tensors, "update_adapter")
+            self.slot_versions[slot] = version
 
     @property
     def _lock(self) -> asyncio.Lock:
@@ -117,9 +141,12 @@ class HFEngine(RolloutEngine):
 
     async def generate(
         self, prompt_ids: list[int] | None = None, *, prompt: str | None = None, n: int = 1,
-        truncate: bool = True, **sampling: Any,
+        truncate: bool = True, adapter: str | None = None, **sampling: Any,
     ) -> list[Sample]:
+        """``adapter``: generate through that run's adapter (:meth:`add_adapter`)."""
         check_sampling(sampling)
+        if adapter is not None and adapter not in self.slot_versions:
+            raise EngineError(f"{self.name}: no adapter {adapter!r} (serving {sorted(self.slot_versions)})")
         if prompt_ids is None:
             if prompt is None:
                 raise EngineError("generate: give prompt_ids or prompt")
@@ -127,7 +154,7 @@ class HFEngine(RolloutEngine):
         ids, truncated = self.limits.fit_prompt(list(prompt_ids)) if truncate else (list(prompt_ids), False)
         max_new = self.limits.max_new_tokens(len(ids), sampling.get("max_tokens"))
         loop = asyncio.get_running_loop()
-        req = _Request(ids, n, max_new, sampling, loop.create_future())
+        req = _Request(ids, n, max_new, sampling, loop.create_future(), adapter)
         self._waiting.setdefault(loop, []).append(req)
         if loop not in self._batchers or self._batchers[loop].done():
             self._batchers[loop] = loop.create_task(self._run_batches(loop))
@@ -158,14 +185,14 @@ class HFEngine(RolloutEngine):
                 continue
             try:
                 async with self._lock:
-                    version = self._version
+                    versions = [self.slot_versions[r.adapter] if r.adapter else self._version for r in batch]
                     out = await loop.run_in_executor(self._thread, self._generate_batch, batch)
             except Exception as e:  # noqa: BLE001 - the requests get the engine's error
                 for r in batch:
                     if not r.done.done():
                         r.done.set_exception(e)
                 continue
-            for r, rows_out in zip(batch, out, strict=True):
+            for r, rows_out, version in zip(batch, out, versions, strict=True):
                 if not r.done.done():
                     r.done.set_result((rows_out, version))
 
@@ -174,7 +201,8 @@ class HFEngine(RolloutEngine):
         cut at its own ``max_tokens``."""
         prompts = [r.ids for r in batch for _ in range(r.n)]
         limits = [r.max_new for r in batch for _ in range(r.n)]
-        rows = self._generate(prompts, max(limits), batch[0].sampling, limits)
+        adapters = [r.adapter or BASE for r in batch for _ in range(r.n)] if self.slot_versions else None
+        rows = self._generate(prompts, max(limits), batch[0].sampling, limits, adapters)
         out, i = [], 0
         for r in batch:
             out.append(rows[i:i + r.n])
@@ -183,9 +211,9 @@ class HFEngine(RolloutEngine):
 
     @torch.no_grad()
     def _generate(self, prompts: list[list[int]], max_new: int, s: dict[str, Any],
-                  limits: list[int]) -> list[Row]:
+                  limits: list[int], adapters: list[str] | None = None) -> list[Row]:
         """Sample one completion per prompt (left-padded into one batch); row ``j`` keeps at
-        most ``limits[j]`` tokens."""
+        most ``limits[j]`` tokens and runs through adapter ``adapters[j]`` (a shared engine)."""
         temperature = float(s.get("temperature", 1.0))
         top_k = int(s.get("top_k", -1) or -1)
         eos = self.tokenizer.eos_token_id
@@ -203,6 +231,8 @@ class HFEngine(RolloutEngine):
             kw.update(temperature=temperature, top_p=float(s.get("top_p", 1.0)),
                       top_k=top_k if top_k > 0 else None)
         stops = s.get("stop")
+        if adapters is not None:
+            kw["adapter_names"] = adapters
         if stops:  # stop early; the exact cut is made below (_stop_at)
             kw.update(stop_strings=[stops] if isinstance(stops, str) else list(stops), tokenizer=self.tokenizer)
         if s.get("seed") is not None:
@@ -241,17 +271,18 @@ class HFEngine(RolloutEngine):
         self.token_counts[1] += sum(len(p) for p in prompts) + sum(len(r[0]) for r in results)
         return results
 
-    async def score(self, tokens: list[int], prompt_length: int) -> list[float]:
+    async def score(self, tokens: list[int], prompt_length: int, adapter: str | None = None) -> list[float]:
         if not 0 < prompt_length < len(tokens):
             raise EngineError(f"{self.name}: score: prompt_length {prompt_length} of {len(tokens)} tokens")
         async with self._lock:
             return await asyncio.get_running_loop().run_in_executor(
-                self._thread, self._score, tokens, prompt_length)
+                self._thread, self._score, tokens, prompt_length, adapter)
 
     @torch.no_grad()
-    def _score(self, tokens: list[int], prompt_length: int) -> list[float]:
+    def _score(self, tokens: list[int], prompt_length: int, adapter: str | None = None) -> list[float]:
         inp = torch.tensor([tokens], device=self.device)
-        logits = self.model(input_ids=inp, attention_mask=torch.ones_like(inp)).logits[0, prompt_length - 1:-1]
+        kw = {"adapter_names": [adapter or BASE]} if self.slot_versions else {}
+        logits = self.model(input_ids=inp, attention_mask=torch.ones_like(inp), **kw).logits[0, prompt_length - 1:-1]
         lp = torch.log_softmax(logits.float(), dim=-1)
         return lp.gather(-1, inp[0, prompt_length:].unsqueeze(-1)).squeeze(-1).tolist()
 
@@ -259,21 +290,25 @@ class HFEngine(RolloutEngine):
         self, named_tensors: list[tuple[str, torch.Tensor]], version: int
     ) -> None:
         async with self._lock:
-            state = dict(named_tensors)
-            own = self.model.state_dict()
-            unknown = sorted(k for k in state if k not in own)
-            if unknown:
-                raise EngineError(f"{self.name}: update_weights: unknown tensor names {unknown[:5]}")
-            for k, t in state.items():
-                if own[k].shape != t.shape:
-                    raise EngineError(
-                        f"{self.name}: update_weights: {k} has shape {tuple(t.shape)}, "
-                        f"the model's is {tuple(own[k].shape)}"
-                    )
-            with torch.no_grad():
-                for k, t in state.items():
-                    own[k].copy_(t.to(own[k].dtype))
+            self._copy_in(named_tensors, "update_weights")
             self._version = version
+
+    def _copy_in(self, named_tensors: list[tuple[str, torch.Tensor]], what: str) -> None:
+        """Copy named tensors into the model's own, after checking every name and shape."""
+        state = dict(named_tensors)
+        own = self.model.state_dict()
+        unknown = sorted(k for k in state if k not in own)
+        if unknown:
+            raise EngineError(f"{self.name}: {what}: unknown tensor names {unknown[:5]}")
+        for k, t in state.items():
+            if own[k].shape != t.shape:
+                raise EngineError(
+                    f"{self.name}: {what}: {k} has shape {tuple(t.shape)}, "
+                    f"the model's is {tuple(own[k].shape)}"
+                )
+        with torch.no_grad():
+            for k, t in state.items():
+                own[k].copy_(t.to(own[k].dtype))
 
     async def load_checkpoint(self, path: str, version: int) -> None:
         from safetensors.torch import load_file

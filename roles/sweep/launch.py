@@ -1,0 +1,178 @@
+"""``trinity sweep --config FILE --set KEY=V1,V2,...``: several LoRA runs on one base model.
+
+Each combination of the swept values is an ordinary run (``<name>-<choice>``): its own job
+folder, bus namespace, buffer and synchronizer, so it can be inspected, converted or
+continued alone (``trinity run`` with the same config and ``--set`` values). What the runs
+share is the base model: one trainer process trains every run's adapter
+(``roles/trainer/shared.py``) and one explorer process serves every run from one rollout
+engine (``roles/explorer/engines/shared.py``); both are ``trinity sweep-host`` processes. The
+supervision is ``trinity run``'s: a process that dies is restarted and every run resumes from
+its own checkpoint, KV cursor and durable consumer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from roles.run import Child, Progress, Supervisor
+from roles.runrecord import RunRecord
+from roles.sweep.plan import SweepRun, check_shared, expand
+from schemas.config import TrinityConfig
+from schemas.loader import ConfigError, LoadedConfig
+
+SWEEP_FILE = "sweep.json"
+
+
+def sweep_dir(cfg: TrinityConfig) -> Path:
+    """``<checkpoint_root_dir>/<project>/<name>-sweep``: the sweep's own files (the list of
+    runs, the shared processes' logs); each run's job folder is beside it."""
+    return Path(cfg.checkpoint_root_dir) / cfg.project / f"{cfg.name}-sweep"
+
+
+def write_sweep(path: Path, config: str | None, dotenv: str, runs: list[SweepRun]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"config": config and os.path.abspath(config), "dotenv": dotenv,
+                                "runs": [vars(r) for r in runs]}, indent=1))
+
+
+def read_sweep(path: str | Path) -> tuple[str | None, str, list[SweepRun]]:
+    """(config file, dotenv file, runs) of a sweep file."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return data["config"], data["dotenv"], [SweepRun(**r) for r in data["runs"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError([f"{path}: not a sweep file ({e})"]) from e
+
+
+def load_runs(config: str | None, dotenv: str, runs: list[SweepRun]) -> dict[str, LoadedConfig]:
+    """Every run's config, loaded as ``trinity run`` would load it; then the checks that
+    they can share (``ConfigError`` naming the run and field)."""
+    from roles.settings import load
+
+    loaded, problems = {}, []
+    for r in runs:
+        try:
+            loaded[r.name] = load(argparse.Namespace(config=config, overrides=r.overrides, dotenv=dotenv), quiet=True)
+        except ConfigError as e:
+            problems += [f"run {r.name}: {p}" for p in e.problems]
+    if problems:
+        raise ConfigError(problems)
+    problems = check_shared({n: lc.config for n, lc in loaded.items()})
+    if problems:
+        raise ConfigError(problems)
+    return loaded
+
+
+class SweepRecord:
+    """Each run's ``run.json`` (the studio and ``trinity inspect`` find each run as itself):
+    a run's own buffer and synchronizer, and the shared processes, in every run's record."""
+
+    def __init__(self, loaded: dict[str, LoadedConfig], config: str | None) -> None:
+        self.records = {n: RunRecord([lc.config], config, None) for n, lc in loaded.items()}
+        for rec in self.records.values():
+            rec.data["sweep"] = sorted(self.records)
+
+    def role(self, label: str, state: str, restarts: int = 0, exit_code: int | None = None) -> None:
+        run, _, role = label.rpartition("/")
+        for name, rec in self.records.items():
+            if not run or run == name:
+                rec.role(role if run else f"{role} (shared)", state, restarts, exit_code)
+
+    def end(self, exit_code: int) -> None:
+        for rec in self.records.values():
+            rec.end(exit_code)
+
+
+class SweepProgress:
+    """Every run's latest step, on one line."""
+
+    def __init__(self, cfgs: list[TrinityConfig]) -> None:
+        self.runs = [Progress([c]) for c in cfgs]
+
+    async def refresh(self, nc: object) -> None:
+        for p in self.runs:
+            await p.refresh(nc)
+
+    def line(self) -> str:
+        return " || ".join(f"{p.stages[0].name}: {p.line().split(' | ', 1)[1]}" for p in self.runs)
+
+
+def children(runs: list[SweepRun], config: str | None, dotenv: str, sweep_file: Path) -> list[Child]:
+    """Each run's buffer and synchronizer; the shared trainer and explorer."""
+    out = []
+    for r in runs:
+        args = (["--config", config] if config else []) + [a for o in r.overrides for a in ("--set", o)]
+        out += [Child(role, [role, *args, "--dotenv", dotenv], f"{r.name}/{role}") for role in ("buffer", "synchronizer")]
+    host = ["sweep-host", "--sweep", str(sweep_file)]
+    out += [Child(role, [*host, "--role", role], f"{role}*") for role in ("trainer", "explorer")]
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    """``trinity sweep``: exit 0 when every run is done, 1 a process failed for good, 2 config."""
+    from bus.server import default_store_dir, ensure_server
+    from roles.checks import preflight
+    from roles.placement import device_plan
+    from roles.settings import load
+
+    base = load(argparse.Namespace(config=args.config, overrides=[], dotenv=args.dotenv)).config
+    try:
+        runs = expand(base.name, args.overrides)
+    except ValueError as e:
+        raise ConfigError([str(e)]) from e
+    folder = sweep_dir(base)
+    if not base.continue_from_checkpoint and folder.exists():  # a new sweep: new names
+        stamp = time.strftime("%Y%m%d%H%M%S")
+        print(f"trinity sweep: {folder} exists and continue_from_checkpoint is false: this sweep is "
+              f"{base.name}_{stamp}")
+        base.name = f"{base.name}_{stamp}"
+        runs = expand(base.name, args.overrides)
+        folder = sweep_dir(base)
+    loaded = load_runs(args.config, args.dotenv, runs)
+    cfgs = [lc.config for lc in loaded.values()]
+    fresh = not folder.exists()
+    preflight(cfgs)
+    try:
+        plan = device_plan(cfgs[:1])
+    except ValueError as e:
+        raise ConfigError([str(e)]) from e
+    write_sweep(folder / SWEEP_FILE, args.config, args.dotenv, runs)
+    for r in runs:
+        sets = " ".join(f"--set {o}" for o in r.overrides)
+        print(f"trinity sweep: run {r.name} (continue it alone: trinity run --config {args.config} {sets})")
+    first = cfgs[0]
+    server = ensure_server(first.nats, first.nats.store_dir or default_store_dir(first.nats, first.checkpoint_root_dir))
+    if server is not None:
+        print(f"trinity sweep: embedded nats-server at {server.url} (store {server.store_dir})")
+    record = SweepRecord(loaded, args.config)
+    sup = Supervisor(next(iter(loaded.values())), [], args.max_restarts, plan, record, server)  # type: ignore[arg-type]
+    sup.stages, sup.fresh, sup.progress = cfgs, fresh, SweepProgress(cfgs)  # type: ignore[assignment]
+    rc = 1
+    try:
+        rc = asyncio.run(sup.run([], children(runs, args.config, args.dotenv, folder / SWEEP_FILE)))
+    finally:
+        record.end(rc)
+        if server is not None:
+            server.stop()
+    if sup.tty:
+        sys.stdout.write("\n")
+    if rc == 0:
+        print(f"trinity sweep: done; {len(runs)} runs under {Path(first.checkpoint_job_dir).parent}")
+        print_table(cfgs)
+    return rc
+
+
+def print_table(cfgs: list[TrinityConfig]) -> None:
+    """Each run's eval accuracy at its start and end, run after run."""
+    from roles.monitor import summary
+
+    for c in cfgs:
+        print(f"run {c.name}:")
+        for line in summary([c])[1:]:
+            print(line)

@@ -1,0 +1,65 @@
+"""``trinity sweep``'s plan: which runs ``--set KEY=V1,V2`` makes, and what keeps runs from
+sharing one trainer and one engine (named by run and field)."""
+
+from __future__ import annotations
+
+import pytest
+
+from roles.sweep.plan import check_shared, expand, split_values
+from schemas.config import TrinityConfig
+
+
+def test_every_combination_is_a_run_with_its_own_name():
+    runs = expand("calc", ["algorithm.optimizer.lr=1e-5,3e-5", "algorithm.repeat_times=4",
+                           "algorithm.kl_coef=0.0,0.1"])
+    assert [r.name for r in runs] == ["calc-lr1e-5-kl_coef0.0", "calc-lr1e-5-kl_coef0.1",
+                                      "calc-lr3e-5-kl_coef0.0", "calc-lr3e-5-kl_coef0.1"]
+    assert [r.slot for r in runs] == ["run0", "run1", "run2", "run3"]
+    assert runs[1].overrides == ["algorithm.repeat_times=4", "algorithm.optimizer.lr=1e-5",
+                                 "algorithm.kl_coef=0.1", "name=calc-lr1e-5-kl_coef0.1"]
+    assert runs[2].choices == {"algorithm.optimizer.lr": "3e-5", "algorithm.kl_coef": "0.0"}
+
+
+def test_lists_and_quoted_commas_are_one_value():
+    assert split_values("[q_proj,v_proj],all-linear") == ["[q_proj,v_proj]", "all-linear"]
+    assert split_values("'a,b',c") == ["'a,b'", "c"]
+    assert split_values("{x: 1, y: 2}") == ["{x: 1, y: 2}"]
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["algorithm.optimizer.lr=1e-5"], "no swept value"),
+    (["algorithm.optimizer.lr=1e-5,1e-5"], "appears twice"),
+    (["name=a,b"], "names its runs itself"),
+    (["algorithm.optimizer.lr"], "KEY=VALUE"),
+])
+def test_what_is_not_a_sweep_is_refused(sets, match):
+    with pytest.raises(ValueError, match=match):
+        expand("calc", sets)
+
+
+def _run(name, **kw) -> TrinityConfig:
+    base = dict(project="t", name=name, mode="both",
+                model={"model_path": "m", "lora_configs": [{"lora_rank": 8}]},
+                synchronizer={"sync_method": "nccl"},
+                explorer={"rollout_model": {"engine_type": "transformers"}},
+                trainer={"trainer_type": "pytorch"})
+    for k, v in kw.items():
+        base[k] = {**base.get(k, {}), **v} if isinstance(v, dict) else v
+    return TrinityConfig(**base)
+
+
+def test_runs_that_can_share():
+    assert check_shared({"a": _run("a"), "b": _run("b", algorithm={"optimizer": {"lr": 1e-3}})}) == []
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"model": {"model_path": "m", "lora_configs": None}}, "model.lora_configs"),
+    ({"synchronizer": {"sync_method": "checkpoint"}}, "synchronizer.sync_method"),
+    ({"explorer": {"rollout_model": {"engine_type": "vllm"}}}, "explorer.rollout_model.engine_type"),
+    ({"trainer": {"trainer_type": "deepspeed"}}, "trainer.trainer_type"),
+    ({"mode": "train"}, "mode"),
+    ({"model": {"model_path": "other", "lora_configs": [{"lora_rank": 8}]}}, "model.model_path differs"),
+])
+def test_what_keeps_runs_from_sharing_is_named(kw, field):
+    problems = check_shared({"a": _run("a"), "b": _run("b", **kw)})
+    assert any(p.startswith("run b:") and field in p for p in problems), problems
