@@ -43,6 +43,10 @@ RUN_ELSEWHERE = {
     ".venv/bin/python examples/agent_guess/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
     ".venv/bin/trinity run --config examples/agent_guess/guess.yaml":
         "tests/examples/test_learning.py (prepare.py, then the short version on two kernel levels; the full run: bench/example_figures.py)",
+    ".venv/bin/python examples/sweep/prepare.py && .venv/bin/trinity sweep --config examples/sweep/lora_grpo.yaml "
+    "--set algorithm.optimizer.lr=3e-4,1e-3,3e-3,1e-2":
+        "tests/run/test_sweep_e2e.py (trinity sweep through real processes, tiny model), tests/sweep/test_plan.py "
+        "(the example's runs load and can share); the full run and its figures: bench/sweep.py",
     ".venv/bin/python examples/algorithms/prepare.py && .venv/bin/trinity run --config "
     "examples/algorithms/on_policy_distill.yaml":
         "tests/run/test_algorithms_e2e.py (prepare.py, and every example config for 3 steps)",

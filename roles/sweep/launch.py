@@ -22,7 +22,7 @@ from pathlib import Path
 
 from roles.run import Child, Progress, Supervisor
 from roles.runrecord import RunRecord
-from roles.sweep.plan import SweepRun, check_shared, expand
+from roles.sweep.plan import SweepRun, check_shared, expand, split_sets
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
 
@@ -114,38 +114,50 @@ def children(runs: list[SweepRun], config: str | None, dotenv: str, sweep_file: 
     return out
 
 
+def name_runs(args: argparse.Namespace) -> tuple[TrinityConfig, list[SweepRun], Path]:
+    """The sweep's base config (every run's fixed values), its runs and its folder. As
+    ``trinity run`` does, ``continue_from_checkpoint: false`` with a folder of the sweep or of
+    one of its runs on disk starts a new sweep, ``<name>_<timestamp>``."""
+    from roles.settings import load
+
+    try:
+        expand("sweep", args.overrides)  # the values are checked before anything loads
+    except ValueError as e:
+        raise ConfigError([str(e)]) from e
+    fixed, _ = split_sets(args.overrides)
+    base = load(argparse.Namespace(config=args.config, overrides=fixed, dotenv=args.dotenv)).config
+    runs = expand(base.name, args.overrides)
+    used = [sweep_dir(base)] + [Path(base.checkpoint_root_dir) / base.project / r.name for r in runs]
+    if not base.continue_from_checkpoint and any(p.exists() for p in used):
+        stamp = time.strftime("%Y%m%d%H%M%S")
+        print(f"trinity sweep: {next(p for p in used if p.exists())} exists and continue_from_checkpoint is "
+              f"false: this sweep is {base.name}_{stamp}")
+        base.name = f"{base.name}_{stamp}"
+        runs = expand(base.name, args.overrides)
+    return base, runs, sweep_dir(base)
+
+
 def main(args: argparse.Namespace) -> int:
     """``trinity sweep``: exit 0 when every run is done, 1 a process failed for good, 2 config."""
     from bus.server import default_store_dir, ensure_server
     from roles.checks import preflight
     from roles.placement import device_plan
-    from roles.settings import load
 
-    base = load(argparse.Namespace(config=args.config, overrides=[], dotenv=args.dotenv)).config
-    try:
-        runs = expand(base.name, args.overrides)
-    except ValueError as e:
-        raise ConfigError([str(e)]) from e
-    folder = sweep_dir(base)
-    if not base.continue_from_checkpoint and folder.exists():  # a new sweep: new names
-        stamp = time.strftime("%Y%m%d%H%M%S")
-        print(f"trinity sweep: {folder} exists and continue_from_checkpoint is false: this sweep is "
-              f"{base.name}_{stamp}")
-        base.name = f"{base.name}_{stamp}"
-        runs = expand(base.name, args.overrides)
-        folder = sweep_dir(base)
+    base, runs, folder = name_runs(args)
     loaded = load_runs(args.config, args.dotenv, runs)
     cfgs = [lc.config for lc in loaded.values()]
-    fresh = not folder.exists()
+    # nothing of these runs on disk: bus state under their names is stale (as trinity run)
+    fresh = not folder.exists() and not any(Path(c.checkpoint_job_dir).exists() for c in cfgs)
     preflight(cfgs)
     try:
         plan = device_plan(cfgs[:1])
     except ValueError as e:
         raise ConfigError([str(e)]) from e
     write_sweep(folder / SWEEP_FILE, args.config, args.dotenv, runs)
+    resume = [] if base.continue_from_checkpoint else ["continue_from_checkpoint=true"]
     for r in runs:
-        sets = " ".join(f"--set {o}" for o in r.overrides)
-        print(f"trinity sweep: run {r.name} (continue it alone: trinity run --config {args.config} {sets})")
+        sets = " ".join(f"--set {o}" for o in [*r.overrides, *resume])
+        print(f"trinity sweep: run {r.name} (continue it alone: trinity run --config {args.config or '$TRINITY_CONFIG'} {sets})")
     first = cfgs[0]
     server = ensure_server(first.nats, first.nats.store_dir or default_store_dir(first.nats, first.checkpoint_root_dir))
     if server is not None:

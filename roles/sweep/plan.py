@@ -53,9 +53,9 @@ def _label(key: str, value: str) -> str:
     return re.sub(r"[^A-Za-z0-9.\-]+", "_", key.rsplit(".", 1)[-1] + value).strip("_")
 
 
-def expand(base_name: str, overrides: list[str]) -> list[SweepRun]:
-    """The runs of ``overrides``: each ``KEY=V1,V2`` is swept, every other one is fixed; the
-    runs are every combination, in order. Fewer than two runs is not a sweep."""
+def split_sets(overrides: list[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """``--set`` values as (the fixed ones, every run gets them; the swept ones, as key and
+    values): a value with a comma outside brackets and quotes is swept."""
     fixed, swept = [], []
     for o in overrides:
         key, sep, value = o.partition("=")
@@ -70,6 +70,13 @@ def expand(base_name: str, overrides: list[str]) -> list[SweepRun]:
             swept.append((key.strip(), values))
         else:
             fixed.append(o)
+    return fixed, swept
+
+
+def expand(base_name: str, overrides: list[str]) -> list[SweepRun]:
+    """The runs of ``overrides``: each ``KEY=V1,V2`` is swept, every other one is fixed; the
+    runs are every combination, in order. Fewer than two runs is not a sweep."""
+    fixed, swept = split_sets(overrides)
     if not swept:
         raise ValueError("trinity sweep: no swept value; give one as --set KEY=V1,V2[,...]")
     runs = []
@@ -116,6 +123,11 @@ def check_shared(cfgs: dict[str, TrinityConfig]) -> list[str]:
             if get(c) != get(first):
                 problems.append(f"run {name}: {key} differs from run {first_name}'s; the runs of a sweep share "
                                 "one base model and one rollout engine, so they must agree on it")
+    serving = {n: c.explorer.openai_api.port for n, c in cfgs.items()
+               if c.explorer.rollout_model.enable_openai_api and c.explorer.openai_api.port}
+    if len(set(serving.values())) < len(serving):
+        problems.append(f"explorer.openai_api.port: runs {', '.join(serving)} serve their OpenAI API on the same port "
+                        f"from one process; set 0 (each a free port) or one port per run")
     ids = [c.run_id for c in cfgs.values()]
     if len(set(ids)) != len(ids):
         problems.append("the runs' names give the same run id twice: " + ", ".join(ids))

@@ -5,9 +5,12 @@ experience, each once; each sync moved its run's adapter alone."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,8 +19,10 @@ from transformers import AutoModelForCausalLM
 from bus.server import free_port
 from roles.monitor import read_metrics
 from tests.helpers import wait_for
+from tests.studio.browser import Browser, find_chromium
 
 from .helpers import (
+    ROOT,
     running,
     steps_log,
     sweep_host_pid,
@@ -76,6 +81,38 @@ def test_a_sweep_shares_one_trainer_and_engine_and_survives_killed_hosts(tmp_pat
         assert evals and evals[-1]["values"]["model_version"] == STEPS
         finals[lr] = (job / f"global_step_{STEPS}/actor/adapter_model.safetensors").read_bytes()
     assert len(set(finals.values())) == len(LRS), "two runs ended with the same adapter"
+    sweep = json.loads((root / "s-sweep/sweep.json").read_text())
+    assert [r["name"] for r in sweep["runs"]] == [f"s-lr{lr}" for lr in LRS]
+    # a run of a sweep is an ordinary run: trinity convert reads it alone
+    p = trinity("convert", "--checkpoint-dir", str(jobs["1e-3"]), "--base-model-dir", str(tiny_model))
+    out = p.communicate(timeout=300)[0].decode()
+    assert p.returncode == 0, out
+    if find_chromium() is not None:  # the studio shows the sweep's runs side by side
+        asyncio.run(_studio_compares(tmp_path / "ckpt", [f"t/s-lr{lr}" for lr in LRS]))
+
+
+async def _studio_compares(root, keys):
+    from tests.run.test_studio import _wait_http
+
+    port = free_port()
+    studio = subprocess.Popen([sys.executable, "-m", "roles.cli", "studio", "--port", str(port),
+                               "--checkpoint-root", str(root)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}/"
+        await _wait_http(base, studio)
+        async with Browser() as b:
+            await b.goto(base + "#/runs")
+            await b.wait_for(f"document.querySelector('tr[data-job=\"{keys[0]}\"] .sweep-compare')")
+            await b.click(f"tr[data-job='{keys[0]}'] .sweep-compare")
+            await b.wait_for("document.querySelectorAll('#compare [data-title^=\"eval accuracy\"] polyline').length"
+                             f" === {len(keys)}")
+            legend = await b.js("document.querySelector('#compare [data-title^=\"eval accuracy\"] .legend').textContent")
+            assert all(k in legend for k in keys), legend
+            assert not [c for c in b.console if c.startswith(("exception", "error"))], b.console
+    finally:
+        studio.terminate()
+        studio.wait(timeout=10)
 
 
 def test_a_sweep_of_runs_that_cannot_share_fails_before_any_process(tmp_path, tiny_model, arith):

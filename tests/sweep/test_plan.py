@@ -63,3 +63,25 @@ def test_runs_that_can_share():
 def test_what_keeps_runs_from_sharing_is_named(kw, field):
     problems = check_shared({"a": _run("a"), "b": _run("b", **kw)})
     assert any(p.startswith("run b:") and field in p for p in problems), problems
+
+
+def test_runs_serving_the_api_on_one_port_are_refused():
+    api = {"rollout_model": {"engine_type": "transformers", "enable_openai_api": True}}
+    problems = check_shared({"a": _run("a", explorer=api), "b": _run("b", explorer=api)})
+    assert any("explorer.openai_api.port" in p for p in problems), problems
+    free = {**api, "openai_api": {"port": 0}}
+    assert check_shared({"a": _run("a", explorer=free), "b": _run("b", explorer=free)}) == []
+
+
+def test_the_example_sweep_loads_and_can_share(tmp_path):
+    from pathlib import Path
+
+    from roles.sweep.launch import load_runs
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "sweep" / "lora_grpo.yaml"
+    runs = expand("lora_grpo", ["algorithm.optimizer.lr=1e-3,3e-3"])
+    loaded = load_runs(str(example), str(tmp_path / ".env"), runs)  # raises naming what cannot share
+    cfgs = [lc.config for lc in loaded.values()]
+    assert [c.name for c in cfgs] == ["lora_grpo-lr1e-3", "lora_grpo-lr3e-3"]
+    assert [c.algorithm.optimizer.lr for c in cfgs] == [1e-3, 3e-3]
+    assert cfgs[0].checkpoint_job_dir != cfgs[1].checkpoint_job_dir and cfgs[0].run_id != cfgs[1].run_id

@@ -282,7 +282,9 @@ async function runsView() {
       compare([...picked], cmp);
     }})),
     el("td", {}, el("a", {href: "#/run/" + j.key, text: j.key}), j.record && j.record.renamed_from
-      ? el("div", {class: "muted", text: "renamed from " + j.record.renamed_from.split("/").slice(-1)[0]}) : null),
+      ? el("div", {class: "muted", text: "renamed from " + j.record.renamed_from.split("/").slice(-1)[0]}) : null,
+      j.record && j.record.sweep ? el("div", {class: "muted"}, `one of a sweep of ${j.record.sweep.length}: `,
+        el("button", {class: "sweep-compare", onclick: () => pickSweep(j)}, "compare them")) : null),
     el("td", {}, el("span", {class: "badge " + j.state, text: j.state})),
     el("td", {}, j.figures.stages.map(s => el("div", {},
       el("strong", {text: s.label + " "}),
@@ -291,6 +293,17 @@ async function runsView() {
       Object.entries(s.eval || {}).map(([t, v]) => `eval ${t} ${fmt(v[0])}→${fmt(v[1])} `)))),
     el("td", {class: "muted", text: new Date(j.figures.updated * 1000).toLocaleString()}),
     el("td", {}, el("a", {href: "#/traj/" + j.key, text: "trajectories"}))));
+  function pickSweep(j) {  // a sweep's runs side by side: tick each one of them, untick the rest
+    const project = j.key.split("/")[0];
+    const keys = new Set(j.record.sweep.map(n => `${project}/${n}`));
+    picked.clear();
+    for (const row of rows) {
+      const on = keys.has(row.dataset.job);
+      row.querySelector("input.pick").checked = on;
+      if (on) picked.add(row.dataset.job);
+    }
+    compare([...picked], cmp);
+  }
   view().replaceChildren(el("h2", {text: `Runs under ${data.root}`}),
     el("div", {class: "card"}, el("table", {id: "runs"}, el("tr", {}, ["", "job", "state", "stages", "updated", ""].map(h => el("th", {text: h}))), rows),
       data.jobs.length ? el("div", {class: "muted", text: "tick two runs to compare their curves"}) : el("div", {text: "no jobs yet: build and run one"})),
@@ -299,7 +312,7 @@ async function runsView() {
 
 async function compare(keys, box) {
   if (keys.length < 2) { box.replaceChildren(); return; }
-  const jobs = await Promise.all(keys.slice(0, 4).map(k => api("/api/jobs/" + k)));
+  const jobs = await Promise.all(keys.slice(0, 8).map(k => api("/api/jobs/" + k)));
   const last = j => j.metrics[j.stages.at(-1).label] || [];
   box.replaceChildren(el("div", {class: "charts"},
     chart("eval accuracy (last stage)", jobs.map(j => ({...seriesOf(last(j), "eval", "accuracy"), name: j.key}))),
