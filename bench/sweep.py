@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,7 @@ def one_seed(model: str, lrs: list[str], seed: int, steps: int | None) -> dict:
     trinity = [sys.executable, "-m", "roles.cli"]
     out: dict = {"seed": seed}
     root = WORK / model / f"seed{seed}"
+    shutil.rmtree(root, ignore_errors=True)  # a run of an earlier bench must not be read as this one's
     name = "lora_grpo" if model == "quickstart" else "smol_lora"
     project = "sweep"
     # the sweep

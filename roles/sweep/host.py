@@ -63,10 +63,9 @@ async def _runners(role: str, runs: list[SweepRun], cfgs: dict[str, TrinityConfi
     """Each run's role entry point, bound to what the runs share; and the shared engines."""
     if role == "trainer":
         from roles.trainer.main import run_trainer
-        from roles.trainer.shared import SharedBase, concurrent_steps
+        from roles.trainer.shared import SharedBase
 
-        base = SharedBase(concurrent_steps())
-        log.info("shared_trainer", runs=len(runs), steps_at_once=base.steps_at_once)
+        base = SharedBase()
         return {r.name: functools.partial(run_trainer, shared=base) for r in runs}, []
     from roles.explorer.engines.shared import create_shared
     from roles.explorer.main import run_explorer

@@ -375,7 +375,7 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None, sha
 
 
 async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, own_stop: bool,
-                    turn: asyncio.Semaphore | None = None) -> bool:
+                    turn: asyncio.Lock | None = None) -> bool:
     """The trainer's bus loop (rank 0 alone talks to the bus). ``turn``: held for each step
     (a sweep's runs take turns on the cores they share)."""
     from roles.synchronizer.client import TrainerSyncClient
