@@ -95,6 +95,14 @@ def main(role: str, sweep_file: str) -> int:
     cfgs = {n: lc.config for n, lc in load_runs(config, dotenv, runs).items()}
     for c in cfgs.values():
         preflight([c], role)
+    if role == "trainer":  # auto means DeepSpeed where a GPU is: that trainer cannot share a base
+        from roles.trainer.main import engine_kind
+
+        bad = [n for n, c in cfgs.items() if engine_kind(c) != "pytorch"]
+        if bad:
+            raise ConfigError([f"run {n}: trainer.trainer_type: {cfgs[n].trainer.trainer_type!r} is "
+                               f"{engine_kind(cfgs[n])!r} here; a sweep's shared trainer is the PyTorch one "
+                               "(set trainer.trainer_type: pytorch)" for n in bad])
     first = cfgs[runs[0].name]
     try:
         take_devices(role, device_plan([first]))
