@@ -64,16 +64,20 @@ def check_targets(model: Any, lc: LoraConfig) -> None:
                         f"(its linear layers: {', '.join(sorted(leaves))}; or 'all-linear')")
 
 
+def check_adapter_folder(lc: LoraConfig) -> None:
+    """Fail, naming the field, when ``lc.path`` is set and is not a PEFT adapter folder."""
+    if lc.path and not (Path(lc.path) / ADAPTER_CONFIG).is_file():
+        raise LoraError(f"model.lora_configs[0].path: {lc.path} has no {ADAPTER_CONFIG} (a PEFT adapter folder)")
+
+
 def wrap(model: Any, lc: LoraConfig) -> Any:
     """``model`` as a peft model with one trainable adapter: a fresh one, or the one at
     ``lc.path`` (resumed training). Only the adapter's parameters require grad."""
     from peft import PeftModel, get_peft_model
 
     check_targets(model, lc)
+    check_adapter_folder(lc)
     if lc.path:
-        cfg_file = Path(lc.path) / ADAPTER_CONFIG
-        if not cfg_file.is_file():
-            raise LoraError(f"model.lora_configs[0].path: {lc.path} has no {ADAPTER_CONFIG} (a PEFT adapter folder)")
         try:
             peft_model = PeftModel.from_pretrained(model, lc.path, is_trainable=True)
         except (RuntimeError, ValueError, KeyError) as e:  # shapes of another base model
@@ -106,8 +110,7 @@ def add_slot(model: Any, slot: str, lc: LoraConfig) -> Any:
     from peft import PeftModel, get_peft_model
 
     check_targets(model.get_base_model() if is_lora(model) else model, lc)
-    if lc.path and not (Path(lc.path) / ADAPTER_CONFIG).is_file():
-        raise LoraError(f"model.lora_configs[0].path: {lc.path} has no {ADAPTER_CONFIG} (a PEFT adapter folder)")
+    check_adapter_folder(lc)
     if not is_lora(model):
         if lc.path:
             return PeftModel.from_pretrained(model, lc.path, adapter_name=slot)

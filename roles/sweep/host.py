@@ -95,14 +95,12 @@ def main(role: str, sweep_file: str) -> int:
     cfgs = {n: lc.config for n, lc in load_runs(config, dotenv, runs).items()}
     for c in cfgs.values():
         preflight([c], role)
-    if role == "trainer":  # auto means DeepSpeed where a GPU is: that trainer cannot share a base
-        from roles.trainer.main import engine_kind
+    if role == "trainer":  # before any model loads: exit 2, not a restart that fails again
+        from roles.trainer.main import not_shareable
 
-        bad = [n for n, c in cfgs.items() if engine_kind(c) != "pytorch"]
-        if bad:
-            raise ConfigError([f"run {n}: trainer.trainer_type: {cfgs[n].trainer.trainer_type!r} is "
-                               f"{engine_kind(cfgs[n])!r} here; a sweep's shared trainer is the PyTorch one "
-                               "(set trainer.trainer_type: pytorch)" for n in bad])
+        problems = [f"run {n}: {why}" for n, c in cfgs.items() if (why := not_shareable(c))]
+        if problems:
+            raise ConfigError(problems)
     first = cfgs[runs[0].name]
     try:
         take_devices(role, device_plan([first]))

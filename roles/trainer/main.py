@@ -82,14 +82,22 @@ def engine_kind(cfg: TrinityConfig) -> str:
     return kind
 
 
+def not_shareable(cfg: TrinityConfig) -> str | None:
+    """Why this run's trainer cannot share a sweep's base here (``auto`` is DeepSpeed where a
+    GPU is, and each ZeRO engine owns its parameters); None when it can."""
+    if engine_kind(cfg) == "pytorch":
+        return None
+    return (f"trainer.trainer_type: {cfg.trainer.trainer_type!r} is {engine_kind(cfg)!r} here; a sweep's shared "
+            "trainer is the PyTorch one (set trainer.trainer_type: pytorch)")
+
+
 def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str, shared: SharedBase | None = None) -> Any:
     """The engine ``trainer.trainer_type`` names (``auto``: DeepSpeed when a GPU is present).
     ``shared``: a sweep's base model, which this run's adapter wraps a sharing copy of."""
     kind = engine_kind(cfg)
     steps = total_steps(cfg) or 10**9
-    if shared is not None and kind != "pytorch":
-        raise ValueError(f"trainer.trainer_type: {kind!r}; a sweep's shared trainer is the PyTorch one "
-                         "(set trainer.trainer_type: pytorch)")
+    if shared is not None and (why := not_shareable(cfg)):
+        raise ValueError(why)
     if kind == "deepspeed":
         from .deepspeed_engine import DeepSpeedEngine
 

@@ -71,3 +71,11 @@ def test_a_run_of_another_base_model_is_refused(tmp_path, tiny_model):
     other.model.model_path = str(tmp_path / "another")
     with pytest.raises(ValueError, match="model.model_path"):
         base.model_for(other, lambda p: torch.nn.Linear(2, 2))
+
+
+def test_a_trainer_that_is_not_pytorchs_cannot_share_and_is_named(tmp_path, tiny_model):
+    from roles.trainer.main import not_shareable
+
+    why = not_shareable(_cfg(tmp_path / "ds", tiny_model, trainer={"trainer_type": "deepspeed"}))
+    assert why and "trainer.trainer_type" in why and "pytorch" in why
+    assert not_shareable(_cfg(tmp_path / "pt", tiny_model)) is None

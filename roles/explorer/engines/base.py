@@ -11,6 +11,7 @@ that produced them) comes back in a :class:`Sample`; weights move in through
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,3 +207,26 @@ class RolloutEngine(abc.ABC):
     async def close(self) -> None:
         """Free the engine (subprocesses, memory)."""
         return None
+
+
+class ReceivesInProcess(RolloutEngine):
+    """An engine whose weights live in this process: it joins the synchronizer's broadcast
+    group itself (one rank: no tensor parallelism) and loads what arrives with its own
+    :meth:`update_weights` (the transformers engine; a sweep's adapter view, which renames
+    the adapter's tensors to its slot there)."""
+
+    _rx: Any = None
+
+    async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
+        from roles.synchronizer.weights import WeightReceiver
+        from schemas.state import Rendezvous
+
+        self._rx = WeightReceiver(Rendezvous.from_dict(rdv), rank_offset, timeout)
+        await asyncio.to_thread(self._rx.connect)
+
+    async def receive_weights(self) -> int:
+        if self._rx is None:
+            raise EngineError(f"{self.name}: receive_weights before init_weight_group")
+        version, named = await asyncio.to_thread(self._rx.receive)
+        await self.update_weights(named, version)
+        return version

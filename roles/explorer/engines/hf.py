@@ -35,7 +35,7 @@ import torch
 from roles.explorer.engines.base import (
     EngineError,
     Limits,
-    RolloutEngine,
+    ReceivesInProcess,
     Sample,
     check_sampling,
     rope_overrides,
@@ -73,7 +73,7 @@ class _Request:
         return repr(sorted((k, str(v)) for k, v in s.items()))
 
 
-class HFEngine(RolloutEngine):
+class HFEngine(ReceivesInProcess):
     """A transformers ``AutoModelForCausalLM`` behind the rollout engine interface."""
 
     def __init__(self, cfg: InferenceModelConfig, name: str = "hf-0", lora: LoraConfig | None = None,
@@ -127,11 +127,14 @@ class HFEngine(RolloutEngine):
         """Load adapter ``slot``'s new tensors (named as the engine's model names them). Holds
         the generation lock only for the copy: the other runs' generation waits at most the
         batch in flight plus this one adapter's load."""
-        if slot not in self.slot_versions:
-            raise EngineError(f"{self.name}: no adapter {slot!r} (serving {sorted(self.slot_versions)})")
+        self._require_slot(slot)
         async with self._lock:
             self._copy_in(named_tensors, "update_adapter")
             self.slot_versions[slot] = version
+
+    def _require_slot(self, slot: str) -> None:
+        if slot not in self.slot_versions:
+            raise EngineError(f"{self.name}: no adapter {slot!r} (serving {sorted(self.slot_versions)})")
 
     @property
     def _lock(self) -> asyncio.Lock:
@@ -145,8 +148,8 @@ class HFEngine(RolloutEngine):
     ) -> list[Sample]:
         """``adapter``: generate through that run's adapter (:meth:`add_adapter`)."""
         check_sampling(sampling)
-        if adapter is not None and adapter not in self.slot_versions:
-            raise EngineError(f"{self.name}: no adapter {adapter!r} (serving {sorted(self.slot_versions)})")
+        if adapter is not None:
+            self._require_slot(adapter)
         if prompt_ids is None:
             if prompt is None:
                 raise EngineError("generate: give prompt_ids or prompt")
@@ -320,23 +323,6 @@ class HFEngine(RolloutEngine):
         for f in files:  # off the event loop: a big checkpoint reads for seconds
             named.extend((await asyncio.to_thread(load_file, f)).items())
         await self.update_weights(named, version)
-
-    async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
-        """Join the synchronizer's broadcast group in this process (one rank: no tensor
-        parallelism here)."""
-        from roles.synchronizer.weights import WeightReceiver
-        from schemas.state import Rendezvous
-
-        self._rx = WeightReceiver(Rendezvous.from_dict(rdv), rank_offset, timeout)
-        await asyncio.to_thread(self._rx.connect)
-
-    async def receive_weights(self) -> int:
-        rx = getattr(self, "_rx", None)
-        if rx is None:
-            raise EngineError(f"{self.name}: receive_weights before init_weight_group")
-        version, named = await asyncio.to_thread(rx.receive)
-        await self.update_weights(named, version)
-        return version
 
     async def close(self) -> None:
         self.model = None

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from roles.explorer.engines.base import EngineError, RolloutEngine, Sample
+from roles.explorer.engines.base import EngineError, ReceivesInProcess, Sample
 from schemas.config import InferenceModelConfig, LoraConfig
 
 
@@ -38,7 +38,7 @@ async def create_shared(cfg: InferenceModelConfig, slots: dict[str, LoraConfig],
     return engines, {slot: [AdapterView(e, slot) for e in engines] for slot in slots}
 
 
-class AdapterView(RolloutEngine):
+class AdapterView(ReceivesInProcess):
     """One run's adapter of a shared engine, behind the ordinary engine interface."""
 
     def __init__(self, engine: Any, slot: str) -> None:
@@ -48,20 +48,12 @@ class AdapterView(RolloutEngine):
         self.name = f"{engine.name}/{slot}"
         self.tokenizer = engine.tokenizer
         self.template_kwargs = engine.template_kwargs
-        self._rx: Any = None
+        #: the whole engine's counts (the same list): its batches mix the runs' rows
+        self.token_counts = engine.token_counts
 
     @property
     def model_version(self) -> int:
         return self.engine.slot_versions[self.slot]
-
-    @property
-    def token_counts(self) -> list[int]:  # type: ignore[override]
-        """The whole engine's counts: its batches mix the runs' rows."""
-        return self.engine.token_counts
-
-    @token_counts.setter
-    def token_counts(self, value: list[int]) -> None:
-        pass  # RolloutEngine.__init__ sets its own; the engine's are the ones that count
 
     async def generate(self, prompt_ids: list[int] | None = None, *, prompt: str | None = None, n: int = 1,
                        truncate: bool = True, **sampling: Any) -> list[Sample]:
@@ -85,21 +77,6 @@ class AdapterView(RolloutEngine):
     async def load_checkpoint(self, path: str, version: int) -> None:
         raise EngineError(f"{self.name}: a shared engine loads adapters, not checkpoints of merged "
                           f"weights ({path}); synchronizer.sync_method must be nccl")
-
-    async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
-        """This run's own broadcast group with its trainer (the other runs have theirs)."""
-        from roles.synchronizer.weights import WeightReceiver
-        from schemas.state import Rendezvous
-
-        self._rx = WeightReceiver(Rendezvous.from_dict(rdv), rank_offset, timeout)
-        await asyncio.to_thread(self._rx.connect)
-
-    async def receive_weights(self) -> int:
-        if self._rx is None:
-            raise EngineError(f"{self.name}: receive_weights before init_weight_group")
-        version, named = await asyncio.to_thread(self._rx.receive)
-        await self.update_weights(named, version)
-        return version
 
     async def close(self) -> None:
         """Nothing: the engine outlives each run (the sweep's host closes it)."""
