@@ -272,9 +272,11 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
     tune_process(cfg.cluster.cpu_tuning, cfg.cluster.gpu_per_node)
     from bus.errors import BusConnectError
 
+    from roles.signals import exit_now
+
     log = logging.getLogger(f"trinity.{role}")
     try:
-        return asyncio.run(run_stages(role, stages, runner_for(role)))
+        code = asyncio.run(run_stages(role, stages, runner_for(role)))
     # 2: a wrong token or TLS file, or a pre-start check that needs the run (an explorer
     # joining it: ConfigError); 1: no server (yet)
     except (BusConnectError, ConfigError) as e:
@@ -288,6 +290,7 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         # the bus, and --max-restarts bounds an error that comes back every time.
         log.exception("%s failed mid-run (exit 1: trinity run restarts it)", role)
         return 1
+    exit_now(code)  # the work is over: see exit_now for why not a normal return
 
 
 
@@ -353,9 +356,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_sweep_host(args: argparse.Namespace) -> int:
     """``trinity sweep-host``: see ``roles/sweep/host.py``."""
+    from roles.signals import exit_now
     from roles.sweep.host import main as host_main
 
-    return host_main(args.role, args.sweep)
+    exit_now(host_main(args.role, args.sweep))
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

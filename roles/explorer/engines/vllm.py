@@ -39,6 +39,13 @@ from storage.hf_config import override_rope
 #: The vLLM API this module is written against (pinned by the gpu/cpu extras).
 VLLM_VERSION = "0.32.0"
 
+#: Seconds the engine core gets to exit by itself at :meth:`VLLMEngine.close` before vLLM
+#: kills its process tree. It holds nothing to save (weights come from the trainer), and
+#: its own teardown took 5 s on a quiet 2-core machine (its worker ~3 s, then the core
+#: until vLLM's default 5 s ran out) and longer under load, while the run's other roles
+#: wait for the explorer's "done".
+ENGINE_SHUTDOWN_S = 1.0
+
 WORKER_EXTENSION = "roles.explorer.engines.vllm_worker.TrinityWorkerExtension"
 
 
@@ -336,4 +343,4 @@ class VLLMEngine(RolloutEngine):
         if handler is not None:
             handler.cancel()
             await asyncio.gather(handler, return_exceptions=True)
-        await asyncio.to_thread(llm.shutdown)
+        await asyncio.to_thread(llm.shutdown, ENGINE_SHUTDOWN_S)
