@@ -137,6 +137,18 @@ class Task:
             raise ValueError(f"Task.epoch: must be >= 0, got {self.epoch}")
 
 
+def group_id(task: Task) -> str:
+    """The id of the group a training task's rollouts make: ``<task_id>@<draw>``.
+
+    Deterministic, so the task at the same position of its taskset's stream is the same group
+    (a group re-published after a restart de-duplicates on the bus), and a row a selector
+    draws twice makes two groups. The one place the format lives: the explorer names its
+    groups with it, and whoever checks a run's groups (``bench/chaos.py``) names the groups
+    it expects with it, so the two cannot drift apart again (the bench once expected
+    ``<task_id>@<epoch>`` and called 899 of 900 groups lost)."""
+    return f"{task.task_id}@{task.draw}"
+
+
 @dataclass(slots=True, eq=False)
 class Experience:
     """One rollout: prompt + response tokens and everything the trainer needs about them.
@@ -269,7 +281,7 @@ class ExperienceGroup:
         """Deterministic id for ``Nats-Msg-Id``: the same group re-published (a retry after a
         crash) gets the same id, so JetStream drops the duplicate. Built from identity only
         (run, group, version), never from the wall clock or the content bytes; so two
-        different groups must never share a group id (the runner's is ``<task_id>@<draw>``),
+        different groups must never share a group id (a task's is :func:`group_id`),
         or the second is dropped as a duplicate. Ids too long or odd for a header get a hash
         of the whole id appended (bus.publish.id_header), never cut short."""
         return f"{self.run_id}/{self.group_id}/v{self.model_version}"

@@ -46,12 +46,12 @@ from roles.explorer.lease import (
     join_fingerprint,
 )
 from roles.explorer.queue import TaskQueue, TaskWorker
-from roles.explorer.runner import RunnerPool, TaskResult, group_id
+from roles.explorer.runner import RunnerPool, TaskResult
 from roles.signals import stop_on_signals, until_stopped
 from roles.synchronizer.client import ExplorerSyncClient
 from schemas import keys
 from schemas.config import TrinityConfig
-from schemas.data import Metric
+from schemas.data import Metric, group_id
 from schemas.modes import MODES
 from schemas.state import ApiAddress, Cursor, ExplorerFinished, JoinSettings
 from storage.scheduler import TaskScheduler, scheduler_from_config

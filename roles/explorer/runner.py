@@ -39,7 +39,7 @@ from roles.explorer.engines.base import RolloutEngine
 from roles.explorer.workflows.base import ModelHandle, Workflow
 from roles.explorer.workflows.registry import get_workflow
 from schemas.config import ExplorerConfig
-from schemas.data import Experience, ExperienceGroup, Task
+from schemas.data import Experience, ExperienceGroup, Task, group_id
 
 log = logging.getLogger("trinity.explorer.runner")
 #: Most sync workflows running at once (threads are started as needed, so a high bound
@@ -75,13 +75,6 @@ class _Part:
     repeat: int
     offset: int
     experiences: list[Experience] = field(default_factory=list)
-
-
-def group_id(task: Task) -> str:
-    """Deterministic group id: the task at the same position of its taskset's stream is the
-    same group (a re-published group after a restart de-duplicates on the bus), and a row a
-    selector draws twice makes two groups."""
-    return f"{task.task_id}@{task.draw}"
 
 
 class RunnerPool:

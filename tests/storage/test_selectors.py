@@ -87,7 +87,7 @@ def test_difficulty_based_picks_rows_near_the_target_and_resumes_exactly() -> No
 def test_a_row_drawn_twice_makes_two_groups() -> None:
     """``random`` draws rows with replacement: each draw is its own task (``draw``), so the two
     groups of a row drawn twice in an epoch get different group ids."""
-    from roles.explorer.runner import group_id
+    from schemas.data import group_id
 
     r = _reader("t", ROWS, 30, "random")
     tasks = r.read_batch()
