@@ -4,6 +4,7 @@ store and the trainer's step log are checked for what must hold after any crash.
 
     python bench/chaos.py [--seed 0] [--role-kills 5] [--server-kills 1] [--no-poison]
                           [--max-restarts 2] [--tasks 900] [--quickstart] [--keep]
+                          [--no-record] [--verdict PATH]
 
 What runs. By default the GRPO run of the tests, longer: the tiny Qwen2 and the arithmetic
 taskset of ``storage.tiny``, ``--tasks`` tasks x 4 rollouts, 3 tasks a step (300 trainer steps
@@ -63,8 +64,11 @@ embedded server ``trinity run`` supervises: that is what a server kill tests).
 * **lost** (must be 0): a valid group published but not stored; a stored experience missing
   from the final trajectory (for a run that ends at ``total_steps`` rather than at the end of
   its taskset, only those the store handed out count: experiences never asked for are left
-  over, not lost); and, for the tiny run, which goes through its whole taskset, a task for
-  which no valid group reached the stream.
+  over, not lost); and, for the tiny run, which goes through its whole taskset, a group the
+  explorer had to publish with no valid message on the stream. Which groups it had to
+  publish is not rebuilt here: the explorer's own scheduler is replayed and each task named
+  by ``schemas.data.group_id``, the function the explorer names its groups with
+  (:func:`planned_groups`); a valid group outside that schedule is a failure too.
 * **quarantined**: every injected poison message is in the run's dead-letter stream (by its
   original message id), and nothing else is.
 
@@ -74,6 +78,10 @@ step ``s - 1 - sync_offset``; counted: experiences more than ``sync_interval`` v
 
 Exit 0 when every check passes, 1 otherwise, 2 on a usage error. ``--keep`` keeps the
 working folder (config, ``run.log``, checkpoints, NATS store); it is also kept on a failure.
+Each run appends its figures to ``bench/results/chaos.jsonl`` (``docs/benchmarks.md``) unless
+``--no-record``; ``--verdict PATH`` also writes the verdict as JSON. The test suite runs a
+short version (``tests/run/test_chaos.py``: ``--seed 2 --tasks 240``, 3 role kills, 1 server kill,
+poison on, ``--no-record``) and asserts this bench's own verdict.
 """
 
 from __future__ import annotations
@@ -83,7 +91,6 @@ import asyncio
 import collections
 import contextlib
 import json
-import math
 import os
 import random
 import shutil
@@ -230,6 +237,24 @@ def quickstart_config(work: Path, port: int, sync_timeout: float, sft: str | Non
     path = work / "chaos.yaml"
     path.write_text(yaml.safe_dump(q, sort_keys=False))
     return path
+
+
+def planned_groups(cfg: Any) -> list[list[str]]:
+    """The group ids of every step the explorer runs when it goes through its whole taskset:
+    its own scheduler (``storage.scheduler.scheduler_from_config``) replayed from the start,
+    each task named by ``schemas.data.group_id``, the function the explorer names its groups
+    with. Taken from the code rather than rebuilt here, so the bench follows the ids the
+    explorer writes (it once expected ``<task>@<epoch>`` after the explorer had moved to
+    ``<task>@<draw>``, and called 899 of 900 groups lost). Right for selectors that do not
+    learn from the run (the tiny run's is ``sequential``): an adaptive one picks by feedback."""
+    from schemas.data import group_id
+    from storage.scheduler import scheduler_from_config
+
+    scheduler = scheduler_from_config(cfg)
+    steps: list[list[str]] = []
+    while batch := scheduler.next_batch():
+        steps.append([group_id(t) for t in batch])
+    return steps
 
 
 def _load(path: Path) -> list[Any]:
@@ -651,7 +676,12 @@ def analyse(
     wall: float,
     port: int,
     store: Path,
+    planned: list[list[str]] | None,
 ) -> bool:
+    """Read the run's streams, store and step log; print the figures and the failures (see the
+    module docstring); True when every check holds. ``planned``: the group ids of each step
+    the explorer must run (:func:`planned_groups`), None when the run ends at ``total_steps``
+    instead of at the end of its taskset."""
     from bus.publish import H_ERROR, H_ORIG_ID
     from bus.server import EmbeddedServer
     from bus.subjects import names
@@ -767,11 +797,14 @@ def analyse(
     lost_exps = [i for i in untrained if by_taskset_end or state[i][0] != State.READY]
     left_over = len(untrained) - len(lost_exps)
     lost_tasks: list[str] = []
-    if by_taskset_end and not args.quickstart:
-        expected = {
-            f"arith/{i}@{ep}" for i in range(args.tasks) for ep in range(cfg.buffer.total_epochs)
-        }
+    if by_taskset_end and planned is not None:
+        expected = {gid for step in planned for gid in step}
         lost_tasks = sorted(expected - set(valid))
+        unplanned = sorted(set(valid) - expected)
+        if unplanned:
+            failures.append(
+                f"valid groups the explorer's schedule does not name: {unplanned[:5]} ({len(unplanned)})"
+            )
     lost = len(not_stored) + len(lost_exps) + len(lost_tasks)
     if lost_exps:
         failures.append(f"stored experiences never trained: {lost_exps[:5]} ({len(lost_exps)})")
@@ -844,6 +877,8 @@ def sync_timeouts(log_text: str) -> str:
 
 
 def report(args: argparse.Namespace, failures: list[str], v: dict[str, Any]) -> bool:
+    """Print the figures and the verdict; record them (``--record``) and write the verdict as
+    JSON (``--verdict``, what ``tests/run/test_chaos.py`` reads); True when nothing failed."""
     plan, log_text = v["plan"], v["log_text"]
     kills = [ev for ev in plan if ev.kind == "kill"]
     done = [ev for ev in kills if ev.t is not None]
@@ -931,9 +966,19 @@ def report(args: argparse.Namespace, failures: list[str], v: dict[str, Any]) -> 
             "PASS: exit 0, every valid group stored once, nothing lost, nothing trained twice, "
             "all poison quarantined"
         )
-    record("chaos", {k: val for k, val in rows},
-           target="exit 0, every valid group stored once, nothing lost, nothing trained twice, all poison quarantined",
-           met=not failures)
+    if args.record:
+        record("chaos", {k: val for k, val in rows},
+               target="exit 0, every valid group stored once, nothing lost, nothing trained twice, all poison quarantined",
+               met=not failures)
+    if args.verdict:
+        verdict = {
+            "passed": not failures,
+            "failures": failures,
+            "lost": v.get("lost"),  # None: the checks stopped before counting
+            "trained_twice": len(v["twice"]) if "twice" in v else None,
+            "figures": dict(rows),
+        }
+        Path(args.verdict).write_text(json.dumps(verdict, indent=1) + "\n")
     return not failures
 
 
@@ -975,6 +1020,19 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, default=3600.0, help="give up on the run after this many seconds"
     )
     ap.add_argument("--keep", action="store_true", help="keep the working folder")
+    ap.add_argument(
+        "--record",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="append the figures to bench/results/chaos.jsonl (default: on; --no-record for a "
+        "check that is not a measurement, as the test's short run)",
+    )
+    ap.add_argument(
+        "--verdict",
+        default=None,
+        metavar="PATH",
+        help="also write the verdict (passed, failures, lost, trained twice, figures) as JSON",
+    )
     args = ap.parse_args(argv)
     if args.role_kills < 0 or args.server_kills < 0:
         ap.error("kill counts must be >= 0")
@@ -1005,8 +1063,10 @@ def main(argv: list[str] | None = None) -> int:
         store = Path(cfg.nats.store_dir or Path(cfg.checkpoint_root_dir) / "nats")
         # the quickstart's GRPO stage ends at total_steps; the tiny run when its taskset is used up
         steps_expected = cfg.trainer.total_steps or cfg.buffer.total_steps
+        planned = None
         if not args.quickstart:
-            steps_expected = math.ceil(args.tasks / cfg.buffer.batch_size) * cfg.buffer.total_epochs
+            planned = planned_groups(cfg)
+            steps_expected = len(planned)
         rng = random.Random(args.seed)
         plan = make_plan(
             rng, steps_expected, args.role_kills, args.server_kills, args.max_restarts, args.poison
@@ -1065,7 +1125,7 @@ def main(argv: list[str] | None = None) -> int:
         if rc != 0:
             print("chaos: trinity run failed; the end of its log:")
             print("\n".join(log_text.splitlines()[-40:]))
-        ok = analyse(args, what, cfg, rc, cut, plan, steps, log_text, wall, port, store)
+        ok = analyse(args, what, cfg, rc, cut, plan, steps, log_text, wall, port, store, planned)
         return 0 if ok else 1
     finally:
         if args.keep or not ok:
