@@ -22,6 +22,7 @@ import os
 import random
 import ssl
 import time
+import weakref
 from typing import Any
 
 import nats
@@ -38,6 +39,19 @@ log = structlog.get_logger(__name__)
 
 #: Reconnect backoff cap in seconds (the base is ``reconnect_time_wait``).
 BACKOFF_CAP = 10.0
+
+#: Every client :func:`connect` handed out in this process (weakly: a dropped one goes).
+_clients: weakref.WeakSet[NATS] = weakref.WeakSet()
+
+
+def connected() -> bool:
+    """Is any client :func:`connect` made in this process connected to a server right now?
+
+    Why: a role told to stop must tell "a step is taking its time" (wait for it) from "the
+    server is gone" (every bus round trip it waits on would ride the loss out for minutes:
+    give up on them, ``roles/signals.py``). False while every client is reconnecting, closed,
+    or none was made."""
+    return any(nc.is_connected for nc in list(_clients))
 
 
 def _need_file(url: str, what: str, path: str | None) -> None:
@@ -245,6 +259,7 @@ async def connect(
         # Connected: from now on nats-py reconnects by itself (``options`` is its public
         # settings dict, read again on every disconnect).
         ev.connecting = False
+        _clients.add(nc)
         nc.options["allow_reconnect"] = True
         nc.options["max_reconnect_attempts"] = cfg.max_reconnect_attempts
         nc.options["reconnect_time_wait"] = cfg.reconnect_time_wait

@@ -181,9 +181,10 @@ class Supervisor:
         from roles.settings import SESSION_START_ENV, SUPERVISED_ENV
 
         # unbuffered: lines arrive as they happen; no tqdm: \r progress bars garble the log;
-        # CUDA_VISIBLE_DEVICES: the role's GPUs of the device plan
+        # CUDA_VISIBLE_DEVICES: the role's GPUs of the device plan; SUPERVISED_ENV: our pid, so
+        # the role stops if we die, even by SIGKILL (roles.signals.stop_with_supervisor)
         env = dict(child_env(self.plan, child.role, os.environ), PYTHONUNBUFFERED="1", TQDM_DISABLE="1",
-                   **{SUPERVISED_ENV: "1", SESSION_START_ENV: repr(self.started)})
+                   **{SUPERVISED_ENV: str(os.getpid()), SESSION_START_ENV: repr(self.started)})
         child.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "roles.cli", *(child.argv or [child.role, *self.role_args]),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,

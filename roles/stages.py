@@ -31,7 +31,12 @@ from typing import Any
 
 import structlog
 
-from roles.signals import ignore_signals_from_now, stop_on_signals, until_stopped
+from roles.signals import (
+    ignore_signals_from_now,
+    stop_on_signals,
+    until_done_or_bus_gone,
+    until_stopped,
+)
 from roles.tuning import share_cpu, tuning_on
 from schemas import keys
 from schemas.config import TrinityConfig
@@ -99,11 +104,13 @@ async def _watch_done(state: object, key: str, stop: asyncio.Event, terminate: a
 
 async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner,
                      terminate: asyncio.Event | None = None) -> int:
-    """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM.
+    """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM
+    (or the death of the ``trinity run`` that started this process: ``roles/signals.py``).
     ``terminate``: the process's own stop event when it hosts several runs (a sweep's
     shared trainer or explorer): it handles the signals, and one run that finishes must not
-    make the process deaf to them."""
-    import bus
+    make the process deaf to them. Once stopping, a NATS server that stays unreachable is not
+    waited for (:func:`roles.signals.until_done_or_bus_gone`)."""
+    from bus.connection import connected
     from roles.settings import session_start
 
     since = session_start()
@@ -112,6 +119,16 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner,
     if terminate is None:
         terminate = asyncio.Event()
         stop_on_signals(terminate)
+    finished, code = await until_done_or_bus_gone(
+        _run_stages(role, stages, runner, terminate, name, since, own_signals), terminate, connected)
+    return code if finished and code is not None else 0
+
+
+async def _run_stages(role: str, stages: list[TrinityConfig], runner: Runner, terminate: asyncio.Event,
+                      name: str, since: float, own_signals: bool) -> int:
+    """:func:`run_stages`'s work: say "running", walk the stages, finish together."""
+    import bus
+
     await _say_exit(stages[-1], name, "running")
     renew = asyncio.create_task(_renew_marker(stages[-1], name)) if _leased(name) else None
     try:

@@ -33,7 +33,7 @@ from roles.buffer.protocol import (
     experiences,
 )
 from roles.settings import algorithm_spec, session_start
-from roles.signals import stop_on_signals
+from roles.signals import stop_on_signals, to_thread_to_end
 from schemas import codec, keys
 from schemas.config import TrinityConfig
 from schemas.data import Metric
@@ -487,7 +487,7 @@ async def save(trainer: Trainer, nc: Any, run_id: str, final: bool) -> None:
     """Checkpoint, then tell the buffer every batch up to this step is final (never served
     again): in that order, so a crash between the two only re-serves checkpointed batches,
     which the restarted trainer's step counter skips."""
-    await asyncio.to_thread(trainer.save, final)
+    await to_thread_to_end(trainer.save, final)  # a stop that gives up on the bus lets it finish
     # the commit is idempotent ("up to step N"): a server or buffer that is away is waited
     # out as every KV operation is (bus.retry.RIDE_OUT), not a reason to die mid-run
     from bus.retry import RIDE_OUT
