@@ -1,0 +1,81 @@
+"""``roles/signals.py``: a stop gives up on a lost bus, a durable thread finishes first, and
+who counts as this process's supervisor. The processes themselves: ``tests/run/test_orphans.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+from roles import signals
+from roles.settings import SUPERVISED_ENV
+
+
+async def test_a_stop_waits_for_the_work_while_the_bus_is_there():
+    stop = asyncio.Event()
+
+    async def work() -> str:
+        await asyncio.sleep(signals.BUS_GONE_S + 0.5)  # longer than the bus-gone wait
+        return "done"
+
+    stop.set()
+    assert await signals.until_done_or_bus_gone(work(), stop, lambda: True) == (True, "done")
+
+
+async def test_a_stop_gives_up_on_work_that_waits_for_a_lost_bus():
+    stop = asyncio.Event()
+    cleaned = []
+
+    async def waits_on_the_bus() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            cleaned.append(True)  # its finally blocks run: a clean stop, minus the bus
+
+    t0 = time.monotonic()
+    stop.set()
+    assert await signals.until_done_or_bus_gone(waits_on_the_bus(), stop, lambda: False) == (False, None)
+    assert signals.BUS_GONE_S <= time.monotonic() - t0 < signals.BUS_GONE_S + 5  # + the cancel
+    assert cleaned == [True]
+
+
+async def test_without_a_stop_a_lost_bus_is_waited_out():
+    async def work() -> int:
+        await asyncio.sleep(0.1)
+        return 7
+
+    assert await signals.until_done_or_bus_gone(work(), asyncio.Event(), lambda: False) == (True, 7)
+
+
+async def test_a_durable_thread_finishes_before_the_cancel_goes_on():
+    started, written = threading.Event(), []
+
+    def save() -> None:
+        started.set()
+        time.sleep(0.5)
+        written.append("checkpoint")
+
+    task = asyncio.ensure_future(signals.to_thread_to_end(save))
+    await asyncio.to_thread(started.wait)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert written == ["checkpoint"]
+
+
+def test_the_supervisor_is_the_pid_trinity_run_put_in_the_environment(monkeypatch):
+    monkeypatch.delenv(SUPERVISED_ENV, raising=False)
+    assert signals.supervisor_pid() is None  # started alone: honcho, by hand
+    monkeypatch.setenv(SUPERVISED_ENV, "1")  # not a supervisor's pid (init)
+    assert signals.supervisor_pid() is None
+    monkeypatch.setenv(SUPERVISED_ENV, "4242")
+    assert signals.supervisor_pid() == 4242
+
+
+def test_orphaned_when_the_supervisor_or_the_parent_is_gone():
+    assert not signals.orphaned(os.getppid(), os.getpid())
+    assert signals.orphaned(os.getppid() + 1 if os.getppid() > 1 else 2, os.getpid())  # another parent now
+    assert signals.orphaned(os.getppid(), 2**30)  # past any pid_max: no such process
