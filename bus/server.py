@@ -59,6 +59,12 @@ LINGER = 2.0
 #: At most this many seconds ``serve_forever(until=...)`` waits for the clients to leave after the
 #: run is over (the roles leave within a second or two; a ``nats`` CLI left open would not).
 CLIENTS_WAIT = 30.0
+#: Seconds a stop request (honcho's SIGTERM) waits under ``--until-done`` before it reaches the
+#: server, unless the run is seen finished meanwhile. Why: the roles leave at once when they
+#: all said "done" (roles/signals.py exit_now), so honcho's SIGTERM, sent when the first role
+#: exits, can come before this server's next look at the run (every 0.2 s); the server must
+#: still stop by itself, last.
+UNTIL_GRACE = 1.0
 
 
 def find_binary() -> str:
@@ -642,8 +648,15 @@ def serve_forever(
         # (the port already listens) must still end in a clean shutdown, not kill us.
         if finishing.is_set():
             return  # stopping by itself after the linger
+        if until is not None and server.proc is not None and not stop_requested:
+            stop_requested.append(signum)
+            threading.Timer(UNTIL_GRACE, deliver, [signum]).start()
+            return
         stop_requested.append(signum)
-        if server.proc is not None:
+        deliver(signum)
+
+    def deliver(signum: int) -> None:
+        if server.proc is not None and not finishing.is_set():
             with contextlib.suppress(ProcessLookupError):
                 server.proc.send_signal(signum)
 
