@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("run", "sweep"):
             p.add_argument("--max-restarts", type=int, default=2, metavar="N",
                            help="restart a role that died up to N times before failing the run (default 2)")
+        if name == "sweep":
+            p.add_argument("--max-runs", type=int, default=None, metavar="N",
+                           help="refuse a sweep of more runs than N (default: what half of this machine's memory holds)")
         if name == "run":
             p.add_argument("--plan", action="store_true",
                            help="print the device plan (processes, GPUs, ports, broadcast group) and exit; starts nothing")

@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING
 
 from roles.checks import preflight
 from roles.monitor import summary
-from roles.runrecord import RunRecord
+from roles.owner import RunLease, lock_job
+from roles.runrecord import RunRecord, job_dir_of
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
 
@@ -237,29 +238,55 @@ class Supervisor:
 
         self.children = children or [Child(r) for r in roles]
         nc = await bus.connect(self.cfg.nats, name="trinity-run")
+        js = bus.jetstream(nc, self.cfg.nats)
+        lease = None
         try:
+            lease = await self.own(js)  # before anything is deleted or started (roles/owner.py)
             if self.fresh:
-                js = bus.jetstream(nc, self.cfg.nats)
                 for s in self.stages:
                     gone = await bus.delete_run(js, s.run_id)
                     if gone:
                         self.say(f"trinity run: {s.checkpoint_job_dir} does not exist: removed the "
                                  f"stale bus state of run {s.run_id} ({', '.join(gone)})")
+                lease = await self.own(js)  # the lease went with the stale bucket
             for c in self.children:
                 await self.start(c)
-            return await self.watch(interrupted, nc)
+            return await self.watch(interrupted, nc, asyncio.get_running_loop().create_task(lease.keep()))
         finally:
+            if lease is not None:
+                await lease.release()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 5.0)
 
-    async def watch(self, interrupted: asyncio.Event, nc: object) -> int:
-        """Restart, fail or finish as the children exit; print progress meanwhile."""
+    async def own(self, js: object) -> RunLease:
+        """Take every stage's ``run.owner`` lease; ConfigError naming the owner if another has it."""
+        import bus
+
+        states = [await bus.RunState.open(js, s.run_id, s.nats.replicas) for s in self.stages]
+        lease = RunLease(states, self.stages)
+        await lease.take()
+        return lease
+
+    async def watch(self, interrupted: asyncio.Event, nc: object, lease: asyncio.Task) -> int:
+        """Restart, fail or finish as the children exit; print progress meanwhile. ``lease``
+        renews the run's ownership: if another process took it, this run stops."""
+        try:
+            return await self._watch(interrupted, nc, lease)
+        finally:
+            lease.cancel()
+            await asyncio.gather(lease, return_exceptions=True)
+
+    async def _watch(self, interrupted: asyncio.Event, nc: object, lease: asyncio.Task) -> int:
         last_line = 0.0
         while True:
             if interrupted.is_set():
                 self.say("trinity run: stopping every role (Ctrl-C / SIGTERM)")
                 await self.stop_all()
                 return 130
+            if lease.done():
+                self.say(f"trinity run: this run is no longer its owner ({lease.exception()}): stopping every role")
+                await self.stop_all()
+                return 1
             if not self.keep_server():
                 await self.stop_all()
                 return 1
@@ -351,6 +378,9 @@ def main(args: argparse.Namespace) -> int:
     from roles.stages import roles_needed
 
     loaded = load(args)
+    # one owner per job: held until this process exits (roles/owner.py); the rename below
+    # happens under it, so two starts of one config cannot both pick one new name
+    locks = [] if args.plan else [lock_job(job_dir_of(loaded.stages or [loaded.config]))]
     new_name = fresh_name(loaded.config)
     renamed_from = None
     if new_name:
@@ -359,6 +389,7 @@ def main(args: argparse.Namespace) -> int:
               f"is false: this run is named {new_name}")
         args.overrides = [*args.overrides, f"name={new_name}"]
         loaded = load(args)
+        locks.append(lock_job(job_dir_of(loaded.stages or [loaded.config])))
     stages = loaded.stages or [loaded.config]
     try:
         plan = device_plan(stages)

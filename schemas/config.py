@@ -226,6 +226,42 @@ MAX_NATS_PAYLOAD = 64 * 1024 * 1024
 
 
 
+#: What one part of a run's name may hold (``project``, ``name``, a ``stage_name``): letters,
+#: digits, ``_``, ``-``, and dots between them. Why: the name is a folder under
+#: ``checkpoint_root_dir`` (no separator, no ``..``, no absolute path may move it out) and a
+#: part of the bus's subjects, where :func:`run_id_of` keeps it as it is (``col a`` and
+#: ``col_a`` made one run id, and the second run deleted the first's streams as stale).
+NAME_PART = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+#: Characters of one part: a folder name stays well inside file-name limits (255 bytes),
+#: with room for ``_<timestamp>`` and a sweep's ``-<choice>`` suffixes.
+NAME_MAX = 120
+
+
+def check_name_part(field: str, value: str) -> str:
+    """``value`` when it is a safe name part (:data:`NAME_PART`); else ValueError naming
+    ``field`` and what is allowed."""
+    if value.startswith("<") and value.endswith(">"):
+        raise ValueError(f"{field} {value!r} is the guide's placeholder: put your own name here")
+    if not NAME_PART.fullmatch(value) or len(value) > NAME_MAX:
+        raise ValueError(f"{field} {value!r}: use letters, digits, '_', '-' and dots between them "
+                         f"(at most {NAME_MAX} characters): it names a folder and the run's bus subjects")
+    return value
+
+
+def _project_name(value: str) -> str:
+    return check_name_part("project", value)
+
+
+def _run_name(value: str) -> str:
+    """A run's ``name``; a stage's is ``<name>/<stage_name>`` (the loader makes it), each part safe."""
+    parts = value.split("/")
+    if len(parts) > 2:
+        raise ValueError(f"name {value!r}: no '/' (a stage runs as <name>/<stage_name>)")
+    if not all(NAME_PART.fullmatch(p) and len(p) <= NAME_MAX for p in parts):
+        check_name_part("name", value)  # raises, naming the whole value
+    return value
+
+
 def check_nats_url(url: str) -> str:
     """``url`` when it is one or more NATS server URLs, comma-separated; else ValueError.
 
@@ -1098,8 +1134,9 @@ class NatsConfig(Section):
 class StageConfig(Section):
     """One stage of a multi-stage run. Sections are partial: unset keys inherit the global value."""
 
-    stage_name: str
-    """Name of the stage; the stage runs as experiment ``<name>/<stage_name>``."""
+    stage_name: Annotated[str, AfterValidator(lambda v: check_name_part("stage_name", v))]
+    """Name of the stage; the stage runs as experiment ``<name>/<stage_name>`` (the same
+    characters as ``project``)."""
     mode: Literal["both", "train", "explore", "bench", "colocate"] | None = None
     """Mode of this stage; None: the global mode."""
     algorithm: dict[str, Any] | None = None
@@ -1130,10 +1167,11 @@ class TrinityConfig(BaseSettings):
         case_sensitive=False,
     )
 
-    project: str = "Trinity-RFT"
-    """Project name; runs live under ``<checkpoint_root_dir>/<project>/<name>``."""
-    name: str = "rft"
-    """Experiment name."""
+    project: Annotated[str, AfterValidator(_project_name)] = "Trinity-RFT"
+    """Project name; runs live under ``<checkpoint_root_dir>/<project>/<name>``. Letters,
+    digits, ``_``, ``-`` and dots between them."""
+    name: Annotated[str, AfterValidator(_run_name)] = "rft"
+    """Experiment name (the same characters as ``project``)."""
     mode: Literal["both", "train", "explore", "bench", "colocate", "serve"] = "both"
     """Which roles run: both, train, explore, bench (evaluate checkpoints), colocate, serve
     (online RL: agents outside trinity drive the explorer's OpenAI API; no taskset)."""

@@ -26,6 +26,7 @@ EXPLORER_CURSOR = "cursor.explorer"
 EXPLORER_FINISHED = "finished.explorer"
 TRAINER_FINISHED = "finished.trainer"
 RUN_DONE = "run.done"
+RUN_OWNER = "run.owner"
 EXPLORER_API = "api.explorer"
 EXIT_PREFIX = "exit."
 
@@ -92,6 +93,9 @@ KEYS: tuple[Key, ...] = (
         "every role process", state.StageDone,
         "as run.done, for the modes that have their own (run_done): a train run and an "
         "explore run side by side each end on their own"),
+    Key(RUN_OWNER, "trinity run / trinity sweep (a lease, taken and renewed by compare-and-swap)",
+        "trinity run / trinity sweep starting the same run id", state.Owner,
+        "who owns the run: a second start is refused naming it (roles/owner.py)"),
     Key(f"{EXIT_PREFIX}<process>", "every role process (in the last stage's bucket)",
         "every role process, trinity server --until-done", state.ExitMarker,
         "all leave together once every one written since their session started says done "

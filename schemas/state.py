@@ -187,6 +187,22 @@ class Leader:
 
 
 @dataclass(slots=True)
+class Owner:
+    """``run.owner``: the ``trinity run`` (or ``trinity sweep``) that owns the run, until
+    ``until`` unless it renews (roles/owner.py). ``job_dir`` tells two jobs whose names give
+    one run id apart."""
+
+    pid: int
+    host: str
+    job_dir: str
+    until: float
+    command: str = ""
+
+    def validate(self) -> None:
+        _check("Owner.pid", self.pid > 0, f"a process id, got {self.pid}")
+
+
+@dataclass(slots=True)
 class JoinSettings:
     """``explorer.config``: the settings (dotted config path -> value) an explorer that joins
     the run must share with the leader (roles/explorer/lease.py, join_fingerprint)."""
@@ -331,6 +347,6 @@ class Serving:
 #: Every KV record type (schemas/keys.py maps keys to them; codec.encode_value refuses others).
 RECORDS: tuple[type, ...] = (
     ModelVersion, Heartbeat, Rendezvous, Cursor, ExplorerFinished, TrainerFinished, ApiAddress,
-    StageDone, ExitMarker, Leader, JoinSettings, SyncPlan, Offer, Join, Want, Hello,
+    StageDone, ExitMarker, Leader, Owner, JoinSettings, SyncPlan, Offer, Join, Want, Hello,
     Formed, Pull, Pulls, Serving,
 )

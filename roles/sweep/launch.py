@@ -19,7 +19,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
+from roles.owner import lock_job
 from roles.run import Child, Progress, Supervisor
 from roles.runrecord import RunRecord
 from roles.sweep.plan import SweepRun, check_shared, expand, split_sets
@@ -27,6 +29,15 @@ from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
 
 SWEEP_FILE = "sweep.json"
+#: Each run's own processes (its buffer and synchronizer) and what one costs in memory
+#: (measured: 200 swept values started 402 processes, ~100 GB): what bounds ``--max-runs``.
+PROCESSES_PER_RUN, PROCESS_MB = 2, 250
+
+
+def default_max_runs() -> int:
+    """The most runs whose own processes fit in half of this machine's memory (at least 2)."""
+    total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    return max(2, total_mb // 2 // (PROCESSES_PER_RUN * PROCESS_MB))
 
 
 def sweep_dir(cfg: TrinityConfig) -> Path:
@@ -114,18 +125,24 @@ def children(runs: list[SweepRun], config: str | None, dotenv: str, sweep_file: 
     return out
 
 
-def name_runs(args: argparse.Namespace) -> tuple[TrinityConfig, list[SweepRun], Path]:
-    """The sweep's base config (every run's fixed values), its runs and its folder. As
-    ``trinity run`` does, ``continue_from_checkpoint: false`` with a folder of the sweep or of
-    one of its runs on disk starts a new sweep, ``<name>_<timestamp>``."""
+def name_runs(args: argparse.Namespace) -> tuple[TrinityConfig, list[SweepRun], Path, list[IO[str]]]:
+    """The sweep's base config (every run's fixed values), its runs, its folder and the locks
+    it holds (roles/owner.py: on the sweep's folder, and on every run's). As ``trinity run``
+    does, ``continue_from_checkpoint: false`` with a folder of the sweep or of one of its runs
+    on disk starts a new sweep, ``<name>_<timestamp>``, named under the first lock."""
     from roles.settings import load
 
-    try:
-        expand("sweep", args.overrides)  # the values are checked before anything loads
+    try:  # the values are checked before anything loads
+        n = len(expand("sweep", args.overrides))
     except ValueError as e:
         raise ConfigError([str(e)]) from e
+    most = args.max_runs or default_max_runs()
+    if n > most:
+        raise ConfigError([f"--set: {n} runs; this sweep may start at most {most} (--max-runs: each run "
+                           f"is {PROCESSES_PER_RUN} processes of ~{PROCESS_MB} MB beside the shared ones)"])
     fixed, _ = split_sets(args.overrides)
     base = load(argparse.Namespace(config=args.config, overrides=fixed, dotenv=args.dotenv)).config
+    locks = [lock_job(sweep_dir(base))]
     runs = expand(base.name, args.overrides)
     used = [sweep_dir(base)] + [Path(base.checkpoint_root_dir) / base.project / r.name for r in runs]
     if not base.continue_from_checkpoint and any(p.exists() for p in used):
@@ -134,7 +151,9 @@ def name_runs(args: argparse.Namespace) -> tuple[TrinityConfig, list[SweepRun], 
               f"false: this sweep is {base.name}_{stamp}")
         base.name = f"{base.name}_{stamp}"
         runs = expand(base.name, args.overrides)
-    return base, runs, sweep_dir(base)
+        locks.append(lock_job(sweep_dir(base)))
+    locks += [lock_job(Path(base.checkpoint_root_dir) / base.project / r.name) for r in runs]
+    return base, runs, sweep_dir(base), locks
 
 
 def main(args: argparse.Namespace) -> int:
@@ -143,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
     from roles.checks import preflight
     from roles.placement import device_plan
 
-    base, runs, folder = name_runs(args)
+    base, runs, folder, _locks = name_runs(args)  # held until this process exits
     loaded = load_runs(args.config, args.dotenv, runs)
     cfgs = [lc.config for lc in loaded.values()]
     # nothing of these runs on disk: bus state under their names is stale (as trinity run)

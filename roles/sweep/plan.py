@@ -8,11 +8,12 @@ one trainer and one rollout engine, naming the field.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from dataclasses import dataclass, field
 
-from schemas.config import TrinityConfig
+from schemas.config import NAME_PART, TrinityConfig
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,24 @@ def split_values(value: str) -> list[str]:
     return [*out, cur]
 
 
+#: The longest tag of one choice in a run's name; a longer one is cut and made unique by a hash.
+LABEL_MAX = 24
+
+
 def _label(key: str, value: str) -> str:
     """A short, path-safe tag of one choice: ``algorithm.optimizer.lr=1e-5`` -> ``lr1e-5``."""
     return re.sub(r"[^A-Za-z0-9.\-]+", "_", key.rsplit(".", 1)[-1] + value).strip("_")
+
+
+def labels(key: str, values: list[str]) -> list[str]:
+    """One tag per value of ``key``, all different: the plain tag when the values' tags are
+    short and distinct, else each cut to :data:`LABEL_MAX` with a hash of its value (``a b``
+    and ``a/b`` both read ``a_b``, and two runs with one name would be merged)."""
+    plain = [_label(key, v) for v in values]
+    if len(set(plain)) == len(plain) and all(NAME_PART.fullmatch(t) and len(t) <= LABEL_MAX for t in plain):
+        return plain
+    return [f"{t[:LABEL_MAX - 7].replace('.', '_')}-{hashlib.sha1(v.encode()).hexdigest()[:6]}".lstrip("-")
+            for t, v in zip(plain, values, strict=True)]
 
 
 def split_sets(overrides: list[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
@@ -65,8 +81,12 @@ def split_sets(overrides: list[str]) -> tuple[list[str], list[tuple[str, list[st
             raise ValueError("--set name=...: a sweep names its runs itself (<name>-<choice>)")
         values = split_values(value)
         if len(values) > 1:
+            if any(not v.strip() for v in values):
+                raise ValueError(f"--set {o!r}: value {[v.strip() for v in values].index('') + 1} is empty")
             if len(set(values)) != len(values):
                 raise ValueError(f"--set {o!r}: a value appears twice")
+            if key.strip() in (k for k, _ in swept):
+                raise ValueError(f"--set {o!r}: {key.strip()} is swept twice; give all its values in one --set")
             swept.append((key.strip(), values))
         else:
             fixed.append(o)
@@ -79,10 +99,11 @@ def expand(base_name: str, overrides: list[str]) -> list[SweepRun]:
     fixed, swept = split_sets(overrides)
     if not swept:
         raise ValueError("trinity sweep: no swept value; give one as --set KEY=V1,V2[,...]")
+    tags = {k: dict(zip(vs, labels(k, vs), strict=True)) for k, vs in swept}
     runs = []
     for i, combo in enumerate(itertools.product(*(vs for _, vs in swept))):
         choices = {k: v for (k, _), v in zip(swept, combo, strict=True)}
-        name = "-".join([base_name, *(_label(k, v) for k, v in choices.items())])
+        name = "-".join([base_name, *(tags[k][v] for k, v in choices.items())])
         runs.append(SweepRun(name, f"run{i}", [*fixed, *(f"{k}={v}" for k, v in choices.items()), f"name={name}"],
                              choices))
     return runs

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from roles.sweep.plan import check_shared, expand, split_values
+from roles.sweep.plan import LABEL_MAX, check_shared, expand, split_values
 from schemas.config import TrinityConfig
 
 
@@ -31,6 +31,10 @@ def test_lists_and_quoted_commas_are_one_value():
     (["algorithm.optimizer.lr=1e-5,1e-5"], "appears twice"),
     (["name=a,b"], "names its runs itself"),
     (["algorithm.optimizer.lr"], "KEY=VALUE"),
+    (["algorithm.optimizer.lr=,"], "value 1 is empty"),
+    (["algorithm.optimizer.lr=1e-3,", "x=1"], "value 2 is empty"),
+    # 1e-3 and 3e-3 would never run: every run would take the second --set's value
+    (["algorithm.optimizer.lr=1e-3,3e-3", "algorithm.optimizer.lr=1e-2,3e-2"], "swept twice"),
 ])
 def test_what_is_not_a_sweep_is_refused(sets, match):
     with pytest.raises(ValueError, match=match):
@@ -85,3 +89,14 @@ def test_the_example_sweep_loads_and_can_share(tmp_path):
     assert [c.name for c in cfgs] == ["lora_grpo-lr1e-3", "lora_grpo-lr3e-3"]
     assert [c.algorithm.optimizer.lr for c in cfgs] == [1e-3, 3e-3]
     assert cfgs[0].checkpoint_job_dir != cfgs[1].checkpoint_job_dir and cfgs[0].run_id != cfgs[1].run_id
+
+
+def test_values_whose_tags_collide_or_are_long_get_distinct_short_names():
+    """``a b`` and ``a/b`` both read ``a_b``: two runs of one name were merged (each
+    experience trained twice); a 348-character value made a file name too long."""
+    runs = expand("n", ["explorer.system_prompt=a b,a/b"])
+    assert len({r.name for r in runs}) == 2
+    long = expand("n", ["explorer.system_prompt=" + "x" * 348 + ",short"])
+    assert len({r.name for r in long}) == 2 and all(len(r.name) <= 2 + LABEL_MAX for r in long)
+    for r in runs + long:  # every name is one the config accepts
+        TrinityConfig(project="t", name=r.name)
