@@ -30,8 +30,12 @@ from bench.report import record  # noqa: E402
 from bus.server import free_port  # noqa: E402
 
 
+TOKEN = "bench-studio"
+
+
 def _get(url: str, body: bytes | None = None) -> bytes:
-    req = urllib.request.Request(url, data=body, headers={"X-Studio": "1", "Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=body, headers={"X-Studio": "1", "Content-Type": "application/json",
+                                                          "Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.read()
 
@@ -49,7 +53,8 @@ def main() -> int:
     root, key = job.parent.parent, f"{job.parent.name}/{job.name}"
     port = free_port()
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "roles.cli", "studio", "--port", str(port), "--checkpoint-root", str(root)],
+    proc = subprocess.Popen([sys.executable, "-m", "roles.cli", "studio", "--port", str(port), "--checkpoint-root", str(root),
+                             "--token", TOKEN],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -97,12 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "studio":
             p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
             p.add_argument("--host", default="127.0.0.1",
-                           help="bind address (default 127.0.0.1; any other needs a token: --token or a printed one)")
+                           help="bind address (default 127.0.0.1; beyond loopback the studio is read-only unless --allow-run)")
             p.add_argument("--checkpoint-root", default=None, metavar="DIR",
                            help="where jobs live (default $TRINITY_CHECKPOINT_ROOT_DIR or ./checkpoints)")
             p.add_argument("--nats-url", default=None, metavar="URL",
                            help="the bus of the runs to watch (default: the URL each run recorded in run.json)")
-            p.add_argument("--token", default=None, help="the token a non-loopback studio requires (default: random)")
+            p.add_argument("--token", default=None,
+                           help="the token every request needs (default: a random one, printed in the URL)")
+            p.add_argument("--read-only", action="store_true",
+                           help="watch only: refuse Save and Run (Run starts trinity run, which runs the config's code)")
+            p.add_argument("--allow-run", action="store_true",
+                           help="allow Save and Run on a studio bound beyond loopback (read-only there by default)")
         if name == "debug":
             p.add_argument("--module", default="workflow", choices=["workflow"])
             p.add_argument("--output-file", default=None)

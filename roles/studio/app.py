@@ -2,12 +2,17 @@
 ``static/`` (no build step, no CDN); everything else is JSON under ``/api`` and one
 server-sent-event stream per run view.
 
-Safe by default: it listens on loopback, where requests must name a loopback host (a web page
-elsewhere cannot reach it by DNS rebinding); bound to any other address it requires a token
-(``--token`` or a random one it prints), given once as ``?token=`` and kept in a cookie. The
-run view only reads. Writing (save a config, start a run) is a POST that must carry the
-``X-Studio`` header, which a page on another site cannot send. Nothing from the bus or a job
-is turned into HTML on the server; the page writes it as text.
+Safe by default. A config is code (plugins, ``module:attr`` names, Data-Juicer lambdas), so
+whoever may start a run may run code as the studio's owner: every route needs the studio's
+token (``--token`` or a random one it prints, as Jupyter does), given once as ``?token=`` and
+kept in a cookie named for the port, on loopback too (any local user can reach a loopback
+port). A studio started ``--read-only`` (the default beyond loopback, unless ``--allow-run``)
+refuses Save and Run. On loopback, requests must also name a loopback host (a web page
+elsewhere cannot reach it by DNS rebinding). Writing is a POST that must carry the
+``X-Studio`` header, which a page on another site cannot send. Validation loads the config in
+a child process (``builder.validate``), never in this one. Job folders are read only inside
+the checkpoint root (``jobs.inside``). Nothing from the bus or a job is turned into HTML on
+the server; the page writes it as text.
 """
 
 from __future__ import annotations
@@ -58,8 +63,10 @@ def fail(status: int, message: str) -> web.Response:
 class Studio:
     """The app's state: where jobs live, which bus to ask, the runs it started."""
 
-    def __init__(self, root: Path, nats_url: str | None, token: str | None, loopback: bool, cwd: Path) -> None:
+    def __init__(self, root: Path, nats_url: str | None, token: str, loopback: bool, cwd: Path,
+                 read_only: bool) -> None:
         self.root, self.nats_url, self.token, self.loopback, self.cwd = root, nats_url, token, loopback, cwd
+        self.read_only = read_only
         self.launched: dict[int, tuple[Any, Path]] = {}  # pid -> (trinity run's process, its log)
 
     # -- safety --------------------------------------------------------------------------------
@@ -69,11 +76,11 @@ class Studio:
         host = request.host.rsplit(":", 1)[0] if not request.host.startswith("[") else request.host.split("]")[0] + "]"
         if self.loopback and host not in LOOPBACK_HOSTS:
             return fail(403, f"host {request.host!r}: the studio on loopback answers only 127.0.0.1/localhost")
-        if self.token:
-            given = request.query.get("token") or request.cookies.get("studio_token") or \
-                request.headers.get("Authorization", "").removeprefix("Bearer ")
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
-                return fail(401, "this studio needs its token: open the URL it printed (…/?token=…)")
+        cookie = f"studio_token_{request.url.port}"  # one per port: cookies ignore ports
+        given = request.query.get("token") or request.cookies.get(cookie) or \
+            request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            return fail(401, "this studio needs its token: open the URL it printed (…/?token=…)")
         if request.method == "POST" and request.headers.get("X-Studio") != "1":
             return fail(403, "POST needs the X-Studio: 1 header (the studio's page sends it)")
         resp = await handler(request)
@@ -81,8 +88,8 @@ class Studio:
                                                    "style-src 'self'; script-src 'self'; frame-ancestors 'none'")
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Referrer-Policy"] = "no-referrer"
-        if self.token and request.query.get("token"):
-            resp.set_cookie("studio_token", self.token, httponly=True, samesite="Strict")
+        if request.query.get("token"):
+            resp.set_cookie(cookie, self.token, httponly=True, samesite="Strict")
         return resp
 
     # -- pages ---------------------------------------------------------------------------------
@@ -100,7 +107,7 @@ class Studio:
     # -- builder -------------------------------------------------------------------------------
 
     async def schema(self, request: web.Request) -> web.Response:
-        return ok({"form": builder.form_schema(), "examples": builder.examples(self.cwd)})
+        return ok({"form": builder.form_schema(), "examples": builder.examples(self.cwd), "read_only": self.read_only})
 
     async def example(self, request: web.Request) -> web.Response:
         try:
@@ -122,9 +129,16 @@ class Studio:
 
     async def validate(self, request: web.Request) -> web.Response:
         body = await self._doc(request)
-        return ok(await asyncio.to_thread(builder.validate, body["doc"]))
+        return ok(await asyncio.to_thread(builder.validate, body["doc"], self.cwd))
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise web.HTTPForbidden(text=_dumps({"error": "this studio is read-only (--read-only, or bound beyond "
+                                                          "loopback without --allow-run): it cannot save or run"}),
+                                    content_type="application/json")
 
     async def save(self, request: web.Request) -> web.Response:
+        self._writable()
         body = await self._doc(request)
         try:
             path = builder.save(body["doc"], str(body.get("path", "")), self.cwd)
@@ -133,8 +147,9 @@ class Studio:
         return ok({"path": str(path)})
 
     async def run(self, request: web.Request) -> web.Response:
+        self._writable()
         body = await self._doc(request)
-        checked = await asyncio.to_thread(builder.validate, body["doc"])
+        checked = await asyncio.to_thread(builder.validate, body["doc"], self.cwd)
         if not checked["ok"]:
             return ok({"started": False, **checked}, 400)
         try:
@@ -158,11 +173,11 @@ class Studio:
 
     def _job(self, request: web.Request) -> jobs.Job:
         project, name = request.match_info["project"], request.match_info["name"]
-        if project == jobs.BUS and self.nats_url and jobs.SAFE.match(name):
+        if project == jobs.BUS and self.nats_url and jobs.SAFE.fullmatch(name):
             return jobs.bus_job(name)
         # no figures: only the runs list and the run view show them, from the records they read
         job = jobs.load_job(self.root, project, name, with_figures=False) \
-            if jobs.SAFE.match(project) and jobs.SAFE.match(name) else None
+            if jobs.SAFE.fullmatch(project) and jobs.SAFE.fullmatch(name) else None
         if job is None:
             raise web.HTTPNotFound(text=_dumps({"error": f"no job {project}/{name} under {self.root}"}),
                                    content_type="application/json")
@@ -293,9 +308,9 @@ class Studio:
                    "experiences": [live.experience_view(e, n, tok) for e in exps]})
 
 
-def make_app(root: Path, nats_url: str | None = None, token: str | None = None, loopback: bool = True,
-             cwd: Path | None = None) -> web.Application:
-    s = Studio(root, nats_url, token, loopback, cwd or Path.cwd())
+def make_app(root: Path, token: str, nats_url: str | None = None, loopback: bool = True,
+             cwd: Path | None = None, read_only: bool = False) -> web.Application:
+    s = Studio(root, nats_url, token, loopback, cwd or Path.cwd(), read_only)
     app = web.Application(middlewares=[s.guard])
     app.add_routes([
         web.get("/", s.index), web.get("/static/{name}", s.static),

@@ -11,6 +11,7 @@ edited as YAML text.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -120,7 +121,38 @@ def field_of(problem: str) -> str:
     return head if head and all(c.isalnum() or c in "._[]-" for c in head) and ":" in problem else ""
 
 
-def validate(doc: dict[str, Any]) -> dict[str, Any]:
+#: Seconds a validation may take (a child process loads torch and the config's plugins).
+VALIDATE_TIMEOUT = 120.0
+
+
+def validate(doc: dict[str, Any], cwd: Path | None = None) -> dict[str, Any]:
+    """:func:`check` in a child process (in ``cwd``, where relative paths start): loading a config imports its code (plugin folders,
+    ``module:attr`` names), and the studio process must never run it (a name like ``this:nope``
+    ran ``import this`` there)."""
+    try:
+        r = subprocess.run([sys.executable, "-m", "roles.studio.builder"], input=json.dumps(doc),
+                           capture_output=True, text=True, timeout=VALIDATE_TIMEOUT, cwd=cwd)
+        return json.loads(r.stdout)
+    except (subprocess.TimeoutExpired, ValueError) as e:
+        why = (f"took over {VALIDATE_TIMEOUT:.0f} s" if isinstance(e, subprocess.TimeoutExpired)
+               else f"failed: {(r.stderr or '').strip().splitlines()[-1:]}")
+        return {"ok": False, "problems": [{"field": "", "message": f"checking the config {why}"}],
+                "warnings": [], "yaml": yaml.safe_dump(doc, sort_keys=False), "resolved": ""}
+
+
+def keep_env_references(raw: Any, resolved: Any) -> Any:
+    """``resolved`` with every value the user wrote as ``${oc.env:...}`` shown as written: the
+    page must not show the studio's environment (API keys) to whoever can open it."""
+    if isinstance(raw, str) and "${oc.env:" in raw:
+        return raw
+    if isinstance(raw, dict) and isinstance(resolved, dict):
+        return {k: keep_env_references(raw[k], v) if k in raw else v for k, v in resolved.items()}
+    if isinstance(raw, list) and isinstance(resolved, list) and len(raw) == len(resolved):
+        return [keep_env_references(a, b) for a, b in zip(raw, resolved, strict=True)]
+    return resolved
+
+
+def check(doc: dict[str, Any]) -> dict[str, Any]:
     """Load ``doc`` (a config as YAML would give it) exactly as ``trinity config`` does:
     ``{ok, problems: [{field, message}], warnings, yaml, resolved}``."""
     from roles.checks import check_inputs
@@ -141,7 +173,9 @@ def validate(doc: dict[str, Any]) -> dict[str, Any]:
     finally:
         os.unlink(f.name)
     warnings = list(loaded.warnings) + [f"{m} (trinity run needs it)" for m in missing]
-    return {"ok": True, "problems": [], "warnings": warnings, "yaml": text, "resolved": to_yaml(loaded)}
+    resolved = keep_env_references(doc, yaml.safe_load(to_yaml(loaded)))
+    return {"ok": True, "problems": [], "warnings": warnings, "yaml": text,
+            "resolved": yaml.safe_dump(resolved, sort_keys=False)}
 
 
 def save(doc: dict[str, Any], path: str, cwd: Path) -> Path:
@@ -164,3 +198,11 @@ def start_run(config: Path, log_dir: Path) -> tuple[subprocess.Popen, Path]:
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
     return proc, path
+
+
+if __name__ == "__main__":  # validate's child: the config on stdin, the result on stdout
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # what the config's code prints is not the result
+        result = check(json.load(sys.stdin))
+    print(json.dumps(result, default=str))

@@ -18,11 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from roles.runrecord import RECORD, read
-from schemas.config import run_id_of
+from schemas.config import NAME_PART, run_id_of
 from storage.trajectories import read_step, steps
 
 #: A job or stage path segment as it appears in a URL: names made only of these.
-SAFE = re.compile(r"^[A-Za-z0-9._-]+$")
+#: A project or job name the studio reads: what the config accepts (no ``..``, no separator).
+SAFE = re.compile(NAME_PART.pattern)
+
+
+def inside(root: Path, path: Path) -> bool:
+    """Is ``path``, symlinks resolved, inside ``root``? The studio serves nothing else: a job
+    folder, a stage folder a ``run.json`` names, or a symlink could otherwise point anywhere."""
+    return path.resolve().is_relative_to(root.resolve())
 
 
 @dataclass
@@ -68,19 +75,19 @@ def load_job(root: Path, project: str, name: str, with_figures: bool = True) -> 
     """The job ``<root>/<project>/<name>``, or None when it is not one (``with_figures``: read
     its metrics for :func:`figures` too)."""
     d = root / project / name
-    if not d.is_dir():
+    if not (SAFE.fullmatch(project) and SAFE.fullmatch(name)) or not d.is_dir() or not inside(root, d):
         return None
     rec = read(d / RECORD)
     if rec:
         stages = [Stage(s["label"], Path(s["dir"]), s.get("mode", ""), s.get("run_id", ""), s.get("model_path", ""),
-                        s.get("total_steps")) for s in rec["stages"]]
+                        s.get("total_steps")) for s in rec["stages"] if inside(root, Path(s["dir"]))]
         state = rec.get("state", "unknown")
         if state == "running" and not _alive(rec.get("pid")):
             state = "stopped"  # trinity run was killed without writing its end
     elif (d / "monitor").is_dir():
         stages, state = [Stage(name, d, "", run_id_of(project, name))], "unknown"
     else:
-        subs = sorted((p for p in d.iterdir() if (p / "monitor").is_dir()), key=lambda p: p.stat().st_mtime)
+        subs = sorted((p for p in d.iterdir() if (p / "monitor").is_dir() and inside(root, p)), key=lambda p: p.stat().st_mtime)
         stages = [Stage(p.name, p, "", run_id_of(project, f"{name}/{p.name}")) for p in subs]
         state = "unknown"
     if not stages:
@@ -107,9 +114,9 @@ def find_jobs(root: Path, with_figures: bool = True) -> list[Job]:
     out = []
     if root.is_dir():
         for p in root.iterdir():
-            if p.is_dir() and p.name != "nats" and SAFE.match(p.name):
+            if p.is_dir() and p.name != "nats" and SAFE.fullmatch(p.name):
                 for n in p.iterdir():
-                    if n.is_dir() and SAFE.match(n.name) and (job := load_job(root, p.name, n.name, with_figures)):
+                    if n.is_dir() and SAFE.fullmatch(n.name) and (job := load_job(root, p.name, n.name, with_figures)):
                         out.append(job)
     return sorted(out, key=lambda j: -j.figures.get("updated", 0)) if with_figures else out
 

@@ -25,10 +25,12 @@ def is_loopback(host: str) -> bool:
 def serve(args: argparse.Namespace) -> int:
     root = Path(args.checkpoint_root or os.environ.get("TRINITY_CHECKPOINT_ROOT_DIR") or "./checkpoints")
     loopback = is_loopback(args.host)
-    token = args.token or (None if loopback else secrets.token_urlsafe(18))
-    app = make_app(root.resolve(), args.nats_url, token, loopback)
+    token = args.token or secrets.token_urlsafe(18)
+    read_only = args.read_only or (not loopback and not args.allow_run)
+    app = make_app(root.resolve(), token, args.nats_url, loopback, read_only=read_only)
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    url = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
-    print(f"trinity studio: {url} (jobs under {root.resolve()}; Ctrl-C stops)", flush=True)
+    url = f"http://{shown}:{args.port}/?token={token}"
+    mode = "read-only: it cannot save or run" if read_only else "Run starts trinity run, which runs the config's code as you"
+    print(f"trinity studio: {url} (jobs under {root.resolve()}; {mode}; Ctrl-C stops)", flush=True)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
     return 0

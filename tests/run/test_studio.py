@@ -71,17 +71,17 @@ def test_build_run_watch_and_browse_in_a_real_browser(tmp_path, tiny_model, arit
                                          "buffer.explorer_input.taskset.workflow_args": {"delay": 1.5}})
     port = free_port()
     studio = subprocess.Popen([sys.executable, "-m", "roles.cli", "studio", "--port", str(port),
-                               "--checkpoint-root", str(tmp_path / "ckpt")], cwd=cwd,
+                               "--checkpoint-root", str(tmp_path / "ckpt"), "--token", "browser-test"], cwd=cwd,
                               env=dict(os.environ, PYTHONPATH=str(ROOT), TRINITY_PLUGIN_DIRS=str(Path(__file__).parent / "plugins")), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     shots = Path(os.environ.get("STUDIO_SCREENSHOTS") or tmp_path)
     base = f"http://127.0.0.1:{port}/"
     questions = [json.loads(line)["question"] for line in (arith / "train.jsonl").read_text().splitlines()]
 
     async def session() -> None:
-        await _wait_http(base, studio)  # how fast it starts is bench/studio.py's to say, not a test's
+        await _wait_http(base + "?token=browser-test", studio)  # how fast it starts is bench/studio.py's to say, not a test's
         async with Browser() as b:
             # build: an example, a bad value refused at its field, then fixed
-            await b.goto(base + "#/build")
+            await b.goto(base + "?token=browser-test#/build")  # the URL it prints; then the cookie
             await b.wait_for("document.querySelector('#example option[value=\"examples/tiny/tiny.yaml\"]')")
             await b.set_value("#example", "examples/tiny/tiny.yaml")
             await b.wait_for("document.querySelector('#valid')")

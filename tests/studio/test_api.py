@@ -16,6 +16,7 @@ from schemas.data import Experience
 from storage.trajectories import keep_trajectories
 
 POST = {"X-Studio": "1"}
+TOKEN = "t0ken"
 
 
 def _job(root: Path, name: str, record: dict | None = None) -> Path:
@@ -29,8 +30,10 @@ def _job(root: Path, name: str, record: dict | None = None) -> Path:
     return d
 
 
-async def _client(root: Path, cwd: Path, **kw) -> TestClient:
-    client = TestClient(TestServer(make_app(root, cwd=cwd, **kw)))
+async def _client(root: Path, cwd: Path, token: str = TOKEN, auth: bool = True, **kw) -> TestClient:
+    """A client of a studio with ``token``, sending it (``auth``) on every request."""
+    headers = {"Authorization": f"Bearer {token}"} if auth else {}
+    client = TestClient(TestServer(make_app(root, token, cwd=cwd, **kw)), headers=headers)
     await client.start_server()
     return client
 
@@ -57,13 +60,13 @@ async def test_loopback_checks_the_host_and_post_needs_the_header(tmp_path):
 
 @pytest.mark.unit
 async def test_a_non_loopback_studio_needs_its_token_then_keeps_it_in_a_cookie(tmp_path):
-    c = await _client(tmp_path, tmp_path, token="s3cret", loopback=False)
+    c = await _client(tmp_path, tmp_path, token="s3cret", auth=False, loopback=False)
     try:
         r = await c.get("/api/jobs")
         assert r.status == 401 and "token" in (await r.json())["error"]
         assert (await c.get("/api/jobs?token=wrong")).status == 401
         r = await c.get("/?token=s3cret")
-        assert r.status == 200 and "studio_token" in r.cookies
+        assert r.status == 200 and f"studio_token_{c.port}" in r.cookies  # a cookie per port
         assert (await c.get("/api/jobs")).status == 200  # the cookie
         assert (await c.get("/api/jobs", headers={"Authorization": "Bearer s3cret"})).status == 200
     finally:
@@ -227,5 +230,83 @@ async def test_a_run_known_only_on_the_bus_is_listed_and_its_curves_read_from_it
         assert job["sync"][run_id][0]["kind"] == "loaded" and job["offsets"][run_id] == [4, 2]
         r = await c.get(f"/api/jobs/_bus/{run_id}/steps")
         assert r.status == 404 and "trainer's machine" in (await r.json())["error"]
+    finally:
+        await c.close()
+
+
+ROUTES = [("GET", "/"), ("GET", "/static/app.js"), ("GET", "/api/schema"), ("GET", "/api/example?path=x"),
+          ("POST", "/api/validate"), ("POST", "/api/save"), ("POST", "/api/run"), ("GET", "/api/launch/1"),
+          ("GET", "/api/jobs"), ("GET", "/api/jobs/p/n"), ("GET", "/api/jobs/p/n/bus"), ("GET", "/api/jobs/p/n/events"),
+          ("GET", "/api/jobs/p/n/steps"), ("GET", "/api/jobs/p/n/steps/1")]
+
+
+@pytest.mark.unit
+async def test_every_route_needs_the_token_on_loopback_too(tmp_path):
+    """Any local user reaches a loopback port: without the token, every route is 401, before
+    any handler runs (Run would start a config whose code runs as the studio's owner)."""
+    c = await _client(tmp_path, tmp_path, auth=False)
+    try:
+        for method, path in ROUTES:
+            r = await c.request(method, path, json={"doc": {}}, headers=POST)
+            assert r.status == 401, (method, path, r.status)
+        assert not (tmp_path / "studio_logs").exists()
+    finally:
+        await c.close()
+
+
+@pytest.mark.unit
+async def test_a_read_only_studio_refuses_save_and_run(tmp_path):
+    c = await _client(tmp_path / "ckpt", tmp_path, read_only=True)
+    try:
+        assert (await (await c.get("/api/schema")).json())["read_only"] is True  # the page greys them out
+        for path in ("/api/save", "/api/run"):
+            r = await c.post(path, json={"doc": {"project": "p", "name": "n"}, "path": "x.yaml"}, headers=POST)
+            assert r.status == 403 and "read-only" in (await r.json())["error"]
+        assert not (tmp_path / "x.yaml").exists() and not (tmp_path / "ckpt" / "studio_logs").exists()
+    finally:
+        await c.close()
+
+
+@pytest.mark.unit
+async def test_validate_imports_nothing_here_and_shows_no_environment(tmp_path, monkeypatch):
+    """``module:attr`` names are imported to check them, in a child process: ``this:nope``
+    printed the Zen of Python into the studio's log. The resolved view shows ``${oc.env:...}``
+    as written, not the studio's environment."""
+    import sys
+
+    monkeypatch.setenv("STUDIO_TEST_SECRET", "hunter2")
+    sys.modules.pop("this", None)
+    c = await _client(tmp_path / "ckpt", tmp_path)
+    try:
+        doc = {"project": "p", "name": "n", "algorithm": {"advantage_fn": "this:nope"}}
+        r = await (await c.post("/api/validate", json={"doc": doc}, headers=POST)).json()
+        assert not r["ok"] and r["problems"][0]["field"] == "algorithm.advantage_fn"
+        assert "this" not in sys.modules
+        doc = {"project": "p", "name": "${oc.env:STUDIO_TEST_SECRET}x", "monitor": {"monitor_type": "tensorboard"}}
+        r = await (await c.post("/api/validate", json={"doc": doc}, headers=POST)).json()
+        assert r["ok"], r
+        assert "hunter2" not in r["resolved"] and "name: ${oc.env:STUDIO_TEST_SECRET}x" in r["resolved"]
+    finally:
+        await c.close()
+
+
+@pytest.mark.unit
+async def test_no_job_outside_the_checkpoint_root_is_served(tmp_path):
+    """``..`` in the URL, a symlink out of the root, a ``run.json`` naming a stage folder
+    elsewhere: each is not a job here (404), and the runs list leaves them out."""
+    root, outside = tmp_path / "ckpt", tmp_path / "outside"
+    _job(outside, "secret")
+    _job(root, "n")
+    (root / "p" / "link").symlink_to(outside / "p" / "secret")
+    _job(root, "away", {"project": "p", "name": "away", "state": "done", "pid": 1, "stages": [
+        {"label": "x", "dir": str(outside / "p" / "secret"), "mode": "both", "run_id": "p.x", "model_path": ""}]})
+    c = await _client(root, tmp_path)
+    try:
+        for path in ("/api/jobs/%2e%2e/outside", "/api/jobs/..%2Foutside/p", "/api/jobs/p/link",
+                     "/api/jobs/p/link/steps/1", "/api/jobs/p/away"):
+            r = await c.get(path)
+            assert r.status == 404, (path, r.status)
+        names = [j["name"] for j in (await (await c.get("/api/jobs")).json())["jobs"]]
+        assert names == ["n"]
     finally:
         await c.close()

@@ -145,8 +145,11 @@ async function buildView() {
   const out = el("div", {class: "col"},
     el("div", {class: "card"}, el("h3", {text: "Check"}), el("div", {id: "problems"}), el("div", {id: "warnings"})),
     el("div", {class: "card"}, el("div", {}, "Save to ", path, " ",
-      el("button", {id: "save", onclick: save}, "Save"), " ",
-      el("button", {id: "run", class: "primary", onclick: run}, "Run")), el("div", {id: "run-status", class: "muted"})),
+      el("button", {id: "save", onclick: save, disabled: builder.read_only}, "Save"), " ",
+      el("button", {id: "run", class: "primary", onclick: run, disabled: builder.read_only}, "Run")),
+      el("div", {id: "run-status", class: "muted", text: builder.read_only
+        ? "this studio is read-only: it cannot save or run (start it without --read-only)"
+        : "Run starts trinity run, which runs this config's code (plugins, Data-Juicer recipes) as the studio's owner"})),
     el("div", {class: "card"}, el("div", {class: "tabs"},
       el("button", {id: "tab-yaml", class: "on", onclick: () => showYaml("yaml")}, "your YAML"),
       el("button", {id: "tab-resolved", onclick: () => showYaml("resolved")}, "resolved (trinity config)")),
