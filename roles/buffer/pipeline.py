@@ -10,6 +10,7 @@ function of the group (no I/O) is why a redelivered message gives the same store
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,6 +145,48 @@ def drop_truncated(group: ExperienceGroup) -> ExperienceGroup | None:
     return group if group.experiences else None
 
 
+def _type_name(tp: Any) -> str:
+    return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
+
+
+def _has_nan(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isnan(value)
+    if isinstance(value, (list, tuple)):
+        return any(_has_nan(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_nan(v) for v in value.values())
+    return False
+
+
+def check_arg_types(fn: Callable[..., Any], args: dict[str, Any], where: str, name: str) -> None:
+    """Refuse an operator argument whose value does not have the type its parameter is
+    annotated with (strictly: ``'big'`` is no float, ``'true'`` no bool, ``2.0`` no int), or
+    that holds a NaN, naming ``<where>.<arg>``. Why before start: the operator would raise on
+    every group, every group would go to the dead-letter stream, and the run would never end.
+    A parameter without an annotation (or with one that does not resolve) takes anything."""
+    import typing
+
+    from pydantic import ConfigDict, TypeAdapter, ValidationError
+    from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - a plugin's annotations that do not resolve: unchecked
+        hints = {}
+    for arg, value in args.items():
+        tp = hints.get(arg)
+        if tp is not None:
+            try:
+                TypeAdapter(tp, config=ConfigDict(arbitrary_types_allowed=True)).validate_python(value, strict=True)
+            except ValidationError:
+                raise ValueError(f"{where}.{arg}: got {value!r}; {name} takes {_type_name(tp)}") from None
+            except (PydanticSchemaGenerationError, PydanticUserError):
+                pass  # a type pydantic cannot check: left to the operator
+        if _has_nan(value):
+            raise ValueError(f"{where}.{arg}: got {value!r}; NaN is no setting ({name})")
+
+
 OPERATORS: dict[str, Callable[..., ExperienceGroup | None]] = {
     "reward_shaping": reward_shaping,
     "reward_shaping_mapper": reward_shaping_mapper,
@@ -233,7 +276,13 @@ class Pipeline:
                 raise ValueError(
                     f"data_processor.experience_pipeline.operators[{i}] ({name}).args: {e}"
                 ) from e
+            check_arg_types(fn, args, f"data_processor.experience_pipeline.operators[{i}].args", name)
             where = f"data_processor.experience_pipeline.operators[{i}] ({name})"
+            if name == "reward_shaping" and args.get("clip") is not None:
+                clip = args["clip"]
+                if len(clip) != 2 or not clip[0] <= clip[1]:
+                    raise ValueError(f"data_processor.experience_pipeline.operators[{i}].args.clip: got {clip!r}; "
+                                     "expected [low, high] with low <= high")
             if name == "reward_shaping_mapper":
                 try:
                     check_shaping_configs(args["reward_shaping_configs"])

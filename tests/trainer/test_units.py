@@ -98,6 +98,35 @@ def test_pipeline_rejects_unknown_operator_and_args():
         Pipeline.from_config([OperatorConfig(name="reward_shaping", args={"scael": 1})], None)
 
 
+def test_pipeline_checks_argument_types_against_the_signature():
+    """Arguments are checked against each operator's annotations (strictly), plugins'
+    included; a parameter without an annotation takes anything."""
+    from roles.buffer.pipeline import OPERATORS
+
+    with pytest.raises(ValueError, match=r"^data_processor.experience_pipeline.operators\[0\].args.scale: got 'big'; "
+                                         r"reward_shaping takes float$"):
+        Pipeline.from_config([OperatorConfig(name="reward_shaping", args={"scale": "big"})], None)
+    with pytest.raises(ValueError, match=r"operators\[1\].args.fill: got 'true'; drop_equal_reward_groups takes bool"):
+        Pipeline.from_config([OperatorConfig(name="drop_truncated"),
+                              OperatorConfig(name="drop_equal_reward_groups", args={"fill": "true"})], None)
+    with pytest.raises(ValueError, match=r"operators\[0\].args.clip: got \[0.0, nan\]; NaN is no setting"):
+        Pipeline.from_config([OperatorConfig(name="reward_shaping", args={"clip": [0.0, float("nan")]})], None)
+
+    def mine(group, *, factor: int, note=None):
+        return group
+
+    OPERATORS["mine_for_test"] = mine
+    try:
+        with pytest.raises(ValueError, match=r"operators\[0\].args.factor: got 1.5; mine_for_test takes int"):
+            Pipeline.from_config([OperatorConfig(name="mine_for_test", args={"factor": 1.5})], None)
+        Pipeline.from_config([OperatorConfig(name="mine_for_test", args={"factor": 2, "note": ["any", 1]})], None)
+    finally:
+        del OPERATORS["mine_for_test"]
+    g = _group([0.0, 1.0])
+    pipe = Pipeline.from_config([OperatorConfig(name="reward_shaping", args={"scale": 2, "clip": [-1, 1.5]})], None)
+    assert [e.reward for e in pipe(g).experiences] == [0.0, 1.5]
+
+
 def test_reward_shaping_mapper_and_pass_rate_as_trinity_rft_writes_them():
     """The configuration guide's ``reward_shaping_mapper`` (``reward_shaping_configs`` of
     ``{stats_key, op_type, weight}``) shapes rewards by experience stats in order; an entry
