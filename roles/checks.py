@@ -300,8 +300,9 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
 
 def check_task_selection(cfg: TrinityConfig) -> list[str]:
     """How the training tasksets are mixed and selected, where it would only fail once
-    running: every weight 0 at some step (no step could take a task), and a
-    ``difficulty_based`` selector without ``pass_rate_calculator`` (it would never learn)."""
+    running: every weight 0 at some step (no step could take a task), and a ``difficulty_based``
+    selector without ``pass_rate_calculator`` (it would never learn). Weights that are not
+    finite numbers >= 0 fail sooner, when the config loads."""
     out = []
     training = cfg.buffer.explorer_input.training()
     if len(training) > 1:

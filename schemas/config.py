@@ -565,8 +565,9 @@ class DataSelectorConfig(Section):
 class WeightPoint(Section):
     step: int = Field(ge=0)
     """Explorer step at which the weight holds."""
-    weight: float = Field(ge=0)
-    """The taskset's mixing weight at that step (linear between points, flat after the last)."""
+    weight: float = Field(ge=0, allow_inf_nan=False)
+    """The taskset's mixing weight at that step (linear between points, flat after the last);
+    a finite number >= 0 (an infinite one made every share NaN, and the explorer crash)."""
 
 
 class ReplayBufferConfig(Section):
@@ -622,9 +623,9 @@ class TasksetConfig(Section):
 class MixedTasksetConfig(TasksetConfig):
     """A training taskset mixed with others (``buffer.explorer_input.tasksets``)."""
 
-    weight: float | None = Field(None, ge=0)
-    """Share of each step's tasks, relative to the other tasksets' weights. None:
-    proportional to the taskset's size, as Trinity-RFT's scheduler mixes."""
+    weight: float | None = Field(None, ge=0, allow_inf_nan=False)
+    """Share of each step's tasks, relative to the other tasksets' weights (a finite number
+    >= 0). None: proportional to the taskset's size, as Trinity-RFT's scheduler mixes."""
     weight_schedule: list[WeightPoint] = Field(default_factory=list)
     """The weight over the run, e.g. ``[{step: 0, weight: 1}, {step: 50, weight: 0.2}]``:
     linear between points, flat before the first and after the last. Overrides ``weight``."""
