@@ -257,16 +257,19 @@ def _missing_requirements(cfg: TrinityConfig, where: str, needs: frozenset[str])
 
 
 def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[str]:
-    """The workflows and reward functions a stage's tasksets name (the explorer runs them)
-    and its experience operators (the buffer runs them): one line per unknown name, listing
-    the valid ones. Algorithm parts are checked when the config loads (``roles/settings.py``);
-    plugin folders are imported by then."""
+    """The workflows and reward functions a stage's tasksets name (the explorer runs them),
+    their selectors' settings, and its experience operators with their arguments (the buffer
+    runs them): one line per unknown name, listing the valid ones, or per bad setting.
+    Algorithm parts are checked when the config loads (``roles/settings.py``); plugin folders
+    are imported by then."""
     import ops
 
     out = []
     ei = cfg.buffer.explorer_input
     if "explorer" in needs:
         from roles.explorer.workflows.registry import get_workflow
+        from storage.datafiles import TasksetError
+        from storage.selectors import check_selector_config
 
         named = ([(path.removeprefix("buffer.explorer_input."), ts) for path, ts in ei.training()]
                  if MODES[cfg.mode].reads_taskset else [])
@@ -276,6 +279,13 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
         for key, ts in named:
             if ts is None:
                 continue
+            sel, field = ((ts.data_selector, "data_selector") if ts.data_selector is not None
+                          else (ts.task_selector, "task_selector"))
+            try:  # its settings, before any row is read (a NaN tau, target_reward: 5)
+                check_selector_config(sel.selector_type, sel.feature_keys, sel.kwargs,
+                                      f"{where}buffer.explorer_input.{key}.{field}")
+            except TasksetError as e:
+                out.append(str(e))
             if ts.default_workflow_type:
                 try:
                     get_workflow(ts.default_workflow_type)

@@ -23,6 +23,7 @@ Why not one class per Trinity-RFT name: four of the five are orders, and an orde
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -61,8 +62,8 @@ def _features(rows: Sequence[dict[str, Any]], keys: Sequence[str], where: str) -
     for i, row in enumerate(rows):
         for j, k in enumerate(keys):
             v = row.get(k)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise TasksetError(f"{where}.feature_keys: row {i} has {k}={v!r}; a number is needed")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise TasksetError(f"{where}.feature_keys: row {i} has {k}={v!r}; a finite number is needed")
             out[i, j] = float(v)
     return out
 
@@ -133,19 +134,7 @@ class DifficultySelector:
 
     def __init__(self, rows: Sequence[dict[str, Any]], feature_keys: Sequence[str],
                  kwargs: dict[str, Any], seed: int = 42, where: str = "task_selector") -> None:
-        unknown = sorted(set(kwargs) - set(DIFFICULTY_KWARGS))
-        if unknown:
-            raise TasksetError(f"{where}.kwargs: unknown {', '.join(unknown)} for difficulty_based "
-                               f"(known: {', '.join(DIFFICULTY_KWARGS)})")
-        if len(feature_keys) > 2:
-            raise TasksetError(f"{where}.feature_keys: difficulty_based takes 0, 1 or 2 columns, got {len(feature_keys)}")
-        k = {**DIFFICULTY_KWARGS, **kwargs}
-        for name in ("target_reward", "tau", "m", "lamb", "rho"):
-            if isinstance(k[name], bool) or not isinstance(k[name], (int, float)):
-                raise TasksetError(f"{where}.kwargs.{name}: a number is needed, got {k[name]!r}")
-        if not 0 <= k["lamb"] < 1 or k["tau"] < 0 or k["m"] <= 0 or k["rho"] < 0:
-            raise TasksetError(f"{where}.kwargs: need 0 <= lamb < 1, tau >= 0, m > 0, rho >= 0; got "
-                               f"lamb={k['lamb']}, tau={k['tau']}, m={k['m']}, rho={k['rho']}")
+        k = check_selector_config(self.kind, feature_keys, kwargs, where)
         self.size, self.seed = len(rows), seed
         self.target, self.tau, self.do_sample = float(k["target_reward"]), float(k["tau"]), bool(k["do_sample"])
         self.m, self.lamb, self.rho = float(k["m"]), float(k["lamb"]), float(k["rho"])
@@ -239,13 +228,58 @@ class DifficultySelector:
         self.capability, self.rho, self.updates = state["capability"], state["rho"], state["updates"]
 
 
+#: ``difficulty_based`` kwargs that are numbers: the range each must be in, as (low, high,
+#: whether low is allowed, whether high is allowed), and why. Outside it selection silently
+#: degrades: a NaN or out-of-range ``target_reward`` scores every row alike (uniform
+#: selection), a NaN ``tau`` makes every key NaN, an infinite ``m`` makes every estimate NaN.
+DIFFICULTY_RANGES: dict[str, tuple[float, float, bool, bool, str]] = {
+    "target_reward": (0.0, 1.0, True, True, "a pass rate: 0 <= target_reward <= 1"),
+    "tau": (0.0, math.inf, True, False, "tau >= 0 (0: the best rows; > 0: softmax(score / tau))"),
+    "m": (0.0, math.inf, False, False, "m > 0 (rollouts one feedback stands for)"),
+    "lamb": (0.0, 1.0, True, False, "0 <= lamb < 1 (how much an old estimate fades)"),
+    "rho": (0.0, math.inf, True, False, "rho >= 0 (the prior's weight, in units of m)"),
+}
+
+
+def check_selector_config(kind: str, feature_keys: Sequence[str], kwargs: dict[str, Any],
+                          where: str = "task_selector") -> dict[str, Any]:
+    """A ``task_selector``'s settings, checked without its data: the kwargs merged over their
+    defaults, or :class:`TasksetError` naming the first bad one (``<where>.kwargs.tau: ...``).
+    Every number must be finite and in its range (:data:`DIFFICULTY_RANGES`), the flags
+    booleans, the feature columns as many as the selector reads. Run before any process starts
+    (``roles/checks.py``) and again when the selector is made."""
+    if kind != "difficulty_based":
+        if kwargs:
+            raise TasksetError(f"{where}.kwargs: {kind} takes none, got {', '.join(sorted(kwargs))}")
+        if kind == "offline_easy2hard" and not feature_keys:
+            raise TasksetError(f"{where}.feature_keys: offline_easy2hard sorts by them; name at least one column")
+        return {}
+    unknown = sorted(set(kwargs) - set(DIFFICULTY_KWARGS))
+    if unknown:
+        raise TasksetError(f"{where}.kwargs: unknown {', '.join(unknown)} for difficulty_based "
+                           f"(known: {', '.join(DIFFICULTY_KWARGS)})")
+    if len(feature_keys) > 2:
+        raise TasksetError(f"{where}.feature_keys: difficulty_based takes 0, 1 or 2 columns, got {len(feature_keys)}")
+    k = {**DIFFICULTY_KWARGS, **kwargs}
+    for name, (low, high, low_ok, high_ok, rule) in DIFFICULTY_RANGES.items():
+        v = k[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TasksetError(f"{where}.kwargs.{name}: a number is needed, got {v!r}")
+        inside = (low < v or (low_ok and v == low)) and (v < high or (high_ok and v == high))
+        if not math.isfinite(v) or not inside:
+            raise TasksetError(f"{where}.kwargs.{name}: got {v!r}; need {rule}")
+    for name in ("do_sample", "adaptive_rho"):
+        if not isinstance(k[name], bool):
+            raise TasksetError(f"{where}.kwargs.{name}: true or false, got {k[name]!r}")
+    return k
+
+
 def make_selector(kind: str, rows: Sequence[dict[str, Any]], *, seed: int = 42,
                   feature_keys: Sequence[str] = (), kwargs: dict[str, Any] | None = None,
                   where: str = "task_selector") -> RowSelector:
     """The selector a ``task_selector`` section describes, over ``rows``."""
     if kind == "difficulty_based":
         return DifficultySelector(rows, feature_keys, kwargs or {}, seed, where)
-    if kwargs:
-        raise TasksetError(f"{where}.kwargs: {kind} takes none, got {', '.join(sorted(kwargs))}")
+    check_selector_config(kind, feature_keys, kwargs or {}, where)
     sort_by = _features(rows, feature_keys, where) if kind == "offline_easy2hard" else None
     return OrderSelector(kind, len(rows), seed, sort_by)

@@ -84,6 +84,31 @@ def test_difficulty_based_picks_rows_near_the_target_and_resumes_exactly() -> No
     assert bots.capability is not None and 0.0 <= bots.prior().min() <= bots.prior().max() <= 1.0
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"target_reward": float("nan")}, "kwargs.target_reward: got nan; need a pass rate: 0 <= target_reward <= 1"),
+    ({"target_reward": 5}, "kwargs.target_reward: got 5; need a pass rate"),
+    ({"tau": float("nan")}, "kwargs.tau: got nan; need tau >= 0"),
+    ({"rho": float("nan")}, "kwargs.rho: got nan; need rho >= 0"),
+    ({"m": float("inf")}, "kwargs.m: got inf; need m > 0"),
+    ({"lamb": -0.1}, "kwargs.lamb: got -0.1; need 0 <= lamb < 1"),
+    ({"m": "16"}, "kwargs.m: a number is needed, got '16'"),
+    ({"adaptive_rho": "false"}, "kwargs.adaptive_rho: true or false, got 'false'"),
+])
+def test_difficulty_based_refuses_settings_that_would_make_selection_uniform(kwargs, message) -> None:
+    """A NaN ``tau``/``target_reward``/``rho``, a target no pass rate reaches or an infinite
+    ``m`` left every score alike (or NaN) and selection silently uniform; a string flag read as
+    true. Refused, naming the kwarg, without any data (the check before start) and when made."""
+    from storage.selectors import check_selector_config
+
+    with pytest.raises(TasksetError) as e:
+        check_selector_config("difficulty_based", [], kwargs, "buffer.explorer_input.taskset.task_selector")
+    assert str(e.value).startswith(f"buffer.explorer_input.taskset.task_selector.{message}"), str(e.value)
+    with pytest.raises(TasksetError, match="task_selector.kwargs."):
+        make_selector("difficulty_based", ROWS, kwargs=kwargs)
+    edges = {"target_reward": 0, "tau": 0, "m": 0.5, "lamb": 0, "rho": 0, "do_sample": True, "adaptive_rho": False}
+    assert check_selector_config("difficulty_based", ["level"], edges)["target_reward"] == 0
+
+
 def test_a_row_drawn_twice_makes_two_groups() -> None:
     """``random`` draws rows with replacement: each draw is its own task (``draw``), so the two
     groups of a row drawn twice in an epoch get different group ids."""
