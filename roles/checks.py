@@ -17,9 +17,11 @@ own name, and each checks exactly the inputs it reads:
   (the buffer's): an unknown one is listed with the valid names.
 
 ``trinity run`` and ``trinity config`` check them all. A dataset that exists is also opened and
-its first row read (a wrong split, an empty file, a row without the prompt key fails here,
-named with its config key); one row per dataset keeps this fast, rows further in are checked by
-the readers. Every entry point fails with exit 2 and the same lines; ``trinity config`` alone
+every row read, in one streamed pass that keeps none (a wrong split, an empty file, a line that
+is not JSON, a row without the prompt key or with a list for a prompt fails here, named with
+its config key, file and line; with ``skip_invalid_rows`` such rows are only counted, and a
+dataset with none valid fails): a bad row further in would otherwise fail the explorer
+mid-run, three times. Every entry point fails with exit 2 and the same lines; ``trinity config`` alone
 only warns about inputs not set or not there (a config may be printed on a machine without the data).
 
 Model and dataset paths may be Hugging Face hub ids (``Org/Name[@revision]``,

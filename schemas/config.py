@@ -615,7 +615,9 @@ class TasksetConfig(Section):
     enable_progress_bar: bool = False
     """Accepted for compatibility; progress shows in ``trinity run``'s status line."""
     skip_invalid_rows: bool = False
-    """Skip (and count) rows missing a format key instead of failing."""
+    """Skip invalid rows (not UTF-8 or JSON, not an object, a format key missing or of the
+    wrong kind, e.g. a list for a prompt) instead of failing before start; they are counted
+    (``<taskset>/skipped_rows``, one warning naming the first's file and line)."""
     index: int = Field(0, ge=0)
     """Start position; set from the checkpointed cursor on resume, do not set."""
 
@@ -655,7 +657,8 @@ class ExperienceBufferConfig(Section):
     enable_progress_bar: bool = False
     """Accepted for compatibility."""
     skip_invalid_rows: bool = False
-    """Skip (and count) rows missing a format key instead of failing (file only)."""
+    """Skip invalid rows (as a taskset's ``skip_invalid_rows``) instead of failing before
+    start; one warning counts them and names the first (file only)."""
 
 
 class ExplorerInputConfig(Section):

@@ -7,8 +7,10 @@ Two steps, each usable alone:
   ``datasets`` package (no hub, no cache dir): a downloaded ``gsm8k`` folder with
   ``main/train-00000-of-00001.parquet`` works as ``path=gsm8k, subset_name=main, split=train``.
 * :func:`load_rows` reads those files (jsonl, json, parquet, arrow) into a :class:`RowSet`,
-  checking that every row carries the keys the format needs. A bad row fails naming the file,
-  the row and the key, or (with ``skip_invalid_rows``) is dropped and counted.
+  checking that every row is a JSON object carrying the keys the config needs, each of the
+  right kind (a prompt is a string). A bad row fails naming the file, the line and the key,
+  or (with ``skip_invalid_rows``) is dropped and counted. :func:`check_rows` is the same pass
+  before any process starts, streamed, keeping no row.
 
 Why a module of its own: this part knows file layouts and file formats and nothing else; what a
 row becomes (a task, chat messages), in which order and from which cursor is
@@ -21,11 +23,12 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import json
+import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -199,12 +202,18 @@ def _iter_arrow_batches(batches: Iterator[Any], schema: Any) -> Iterator[dict[st
             yield _plain(row) if plain else row
 
 
-def iter_file_rows(file: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield ``(where, row)`` for each row of one file; ``where`` is ``"line N"`` (jsonl, 1-based)
-    or ``"row N"`` (0-based), for error messages.
+def iter_file_records(file: str | Path) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
+    """Yield ``(where, row, problem)`` for each row of one file, in file order: ``row`` a dict
+    and ``problem`` None, or ``row`` None and ``problem`` what is wrong with that one row (not
+    UTF-8, not JSON, not an object). ``where`` is ``"line N"`` (JSON lines, 1-based) or
+    ``"row N"`` (0-based), for messages. A file that cannot be read at all raises
+    :class:`TasksetError`.
 
-    A ``.json`` file may be a list of records, a dict of equal-length columns, or JSON lines (the
-    hub stores some jsonl as ``.json``)."""
+    JSON lines are read one line at a time, never the whole file: a taskset can be larger than
+    memory would like, and the pre-start check (:func:`check_rows`) reads every row of it. A
+    ``.json`` file may be a list of records, a dict of equal-length columns (both parsed whole:
+    there is no other way), or JSON lines (the hub stores some jsonl as ``.json``). Why rows are yielded with their problem rather than raised:
+    ``skip_invalid_rows`` skips a line that is not JSON like a row without the prompt key."""
     file = Path(file)
     suffix = file.suffix
     if suffix == ".parquet":
@@ -217,7 +226,7 @@ def iter_file_rows(file: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
         for i, row in enumerate(
             _iter_arrow_batches(pf.iter_batches(batch_size=4096), pf.schema_arrow)
         ):
-            yield f"row {i}", row
+            yield f"row {i}", row, None
         return
     if suffix == ".arrow":
         import pyarrow as pa
@@ -232,7 +241,7 @@ def iter_file_rows(file: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 else:
                     batches = iter(reader)
                 for i, row in enumerate(_iter_arrow_batches(batches, reader.schema)):
-                    yield f"row {i}", row
+                    yield f"row {i}", row, None
         except pa.ArrowInvalid as e:
             raise TasksetError(f"{file}: not a readable arrow file: {e}") from e
         return
@@ -240,27 +249,42 @@ def iter_file_rows(file: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
         raise TasksetError(
             f"{file}: unsupported file type {suffix!r}; expected one of {DATA_SUFFIXES}"
         )
-    data = file.read_bytes()
-    if suffix == ".json":
+    if suffix == ".json":  # one document, parsed whole; else JSON lines, streamed below
         try:
-            doc = orjson.loads(data)
+            doc = orjson.loads(file.read_bytes())
         except orjson.JSONDecodeError:
-            doc = None  # maybe JSON lines under a .json name: fall through
+            doc = None  # maybe JSON lines under a .json name: read as lines
         if doc is not None:
-            yield from _json_document_rows(file, doc)
+            for where, row in _json_document_rows(file, doc):
+                yield where, row, None
             return
-    for lineno, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            raise TasksetError(f"{file}: line {lineno}: invalid JSON: {e}") from e
-        if not isinstance(row, dict):
-            raise TasksetError(
-                f"{file}: line {lineno}: expected a JSON object, got {type(row).__name__}"
-            )
-        yield f"line {lineno}", row
+    with open(file, "rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line.rstrip(b"\r\n"))
+            except orjson.JSONDecodeError as e:
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as u:
+                    yield f"line {lineno}", None, f"not UTF-8 text (byte {line[u.start]:#04x} at column {u.start + 1})"
+                else:
+                    yield f"line {lineno}", None, f"not JSON (column {e.pos + 1}: {e.msg})"
+                continue
+            if not isinstance(row, dict):
+                yield f"line {lineno}", None, f"expected a JSON object, got {type(row).__name__}"
+                continue
+            yield f"line {lineno}", row, None
+
+
+def iter_file_rows(file: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield ``(where, row)`` for each row of one file (:func:`iter_file_records`); the first
+    row that is not a JSON object raises :class:`TasksetError` naming the file and line."""
+    for where, row, problem in iter_file_records(file):
+        if row is None:
+            raise TasksetError(f"{file}: {where}: {problem}")
+        yield where, row
 
 
 def _json_document_rows(file: Path, doc: Any) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -288,90 +312,149 @@ def _json_document_rows(file: Path, doc: Any) -> Iterator[tuple[str, dict[str, A
     )
 
 
+#: What a required key's value must be: anything but null (``any``), a string (``text``: a
+#: prompt; a list or dict would reach the model as its Python text), chat messages
+#: (``messages``: a list of objects with a string ``role``; ``messages_or_json``: or a JSON
+#: string of one, as SFT/DPO files store them), or a finite number (``number``: a selector's
+#: feature column).
+ValueKind = Literal["any", "text", "messages", "messages_or_json", "number"]
+
+
 @dataclass(frozen=True)
 class RequiredKey:
-    """A row key the format needs, and the format field that named it (for error messages)."""
+    """A row key the config needs, the config field that named it (``format.prompt_key``,
+    ``task_selector.feature_keys``: for messages), and what its value must be."""
 
     key: str
     field: str
+    kind: ValueKind = "any"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _messages_problem(value: Any) -> str | None:
+    if not isinstance(value, list):
+        return f"expected a list of chat messages, got {type(value).__name__} {_short(value)}"
+    for j, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return f"message {j} is not an object with a string 'role': {_short(m)}"
+    return None
+
+
+def value_problem(value: Any, kind: ValueKind) -> str | None:
+    """What is wrong with a present (non-null) value of a required key of ``kind``; None: fine."""
+    if kind == "text" and not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__} {_short(value)}"
+    if kind == "messages":
+        return _messages_problem(value)
+    if kind == "messages_or_json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                return f"expected a list of chat messages or a JSON string of one, got {_short(value)}"
+        return _messages_problem(value)
+    if kind == "number" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                             or not math.isfinite(value)):
+        return f"expected a finite number, got {_short(value)}"
+    return None
+
+
+def row_problem(row: dict[str, Any], required: Sequence[RequiredKey]) -> str | None:
+    """The first way ``row`` fails ``required`` (a key absent or null, or a value of the wrong
+    kind), as ``"missing key 'k' (format.prompt_key)"``; None: the row is usable."""
+    for r in required:
+        value = row.get(r.key)
+        if value is None:
+            return f"missing key {r.key!r} ({r.field}); the row has {sorted(row)[:10]}"
+        problem = value_problem(value, r.kind)
+        if problem is not None:
+            return f"key {r.key!r} ({r.field}): {problem}"
+    return None
 
 
 @dataclass
 class RowSet:
-    """The valid rows of a dataset, in file order, and what was dropped on the way."""
+    """The valid rows of a dataset, in file order, and what was dropped on the way.
+
+    ``count`` is the number of valid rows (``rows`` stays empty when they were only counted:
+    :func:`check_rows`); ``skipped_examples`` are the first skipped rows' messages, each
+    naming its file and line."""
 
     rows: list[dict[str, Any]]
     files: list[Path]
     skipped: int = 0
     skipped_examples: list[str] = field(default_factory=list)
+    count: int = 0
 
     def __len__(self) -> int:
         return len(self.rows)
 
 
-def _missing(row: dict[str, Any], key: str) -> bool:
-    return row.get(key) is None
+Required = Sequence[RequiredKey] | Callable[[dict[str, Any]], Sequence[RequiredKey]]
 
 
 def load_rows(
     files: Sequence[str | Path],
-    required: Sequence[RequiredKey] | Callable[[dict[str, Any]], Sequence[RequiredKey]] = (),
+    required: Required = (),
     *,
     skip_invalid_rows: bool = False,
+    keep: bool = True,
 ) -> RowSet:
-    """Read every row of ``files``; a row lacking a required key (absent or null) fails with
-    ``"<file>: <row>: missing key 'k' (format.<field>)"``, or is skipped and counted.
+    """Read every row of ``files``, one at a time; a bad row (not UTF-8, not JSON, not an
+    object, a required key absent or null or of the wrong kind) fails with
+    ``"<file>: <line>: <what>"``, or with ``skip_invalid_rows`` is skipped and counted.
 
     ``required`` may be a callable deciding per dataset from its first row (see
     :func:`storage.tasksets.task_required_keys`, where the prompt column depends on which
-    columns exist)."""
+    columns exist). ``keep=False`` only counts the valid rows (:func:`check_rows`)."""
     rows: list[dict[str, Any]] = []
-    skipped = 0
+    count = skipped = 0
     examples: list[str] = []
     req: Sequence[RequiredKey] | None = None if callable(required) else required
     for file in files:
-        for where, row in iter_file_rows(file):
-            if req is None:
-                req = required(row)  # type: ignore[operator]
-            bad = next((r for r in req if _missing(row, r.key)), None)
-            if bad is not None:
-                msg = f"{file}: {where}: missing key {bad.key!r} (format.{bad.field})"
+        for where, row, problem in iter_file_records(file):
+            if row is not None:
+                if req is None:
+                    req = required(row)  # type: ignore[operator]
+                problem = row_problem(row, req)
+            if problem is not None:
+                msg = f"{file}: {where}: {problem}"
                 if not skip_invalid_rows:
                     raise TasksetError(msg + "; set skip_invalid_rows: true to skip such rows")
                 skipped += 1
                 if len(examples) < 10:
                     examples.append(msg)
                 continue
-            rows.append(row)
-    return RowSet(
-        rows=rows, files=[Path(f) for f in files], skipped=skipped, skipped_examples=examples
-    )
+            count += 1
+            if keep:
+                rows.append(row)  # type: ignore[arg-type]
+    return RowSet(rows=rows, files=[Path(f) for f in files], skipped=skipped,
+                  skipped_examples=examples, count=count)
 
 
-def check_first_row(
+def check_rows(
     files: Sequence[str | Path],
-    required: Sequence[RequiredKey] | Callable[[dict[str, Any]], Sequence[RequiredKey]] = (),
+    required: Required = (),
     *,
     skip_invalid_rows: bool = False,
-) -> None:
-    """Fail fast, before any process starts, the way :func:`load_rows` would fail later: raise
-    :class:`TasksetError` when ``files`` hold no row at all, or when the first row lacks a
-    required key (not checked with ``skip_invalid_rows``, which drops such rows). Reads one
-    row, not the dataset."""
-    for file in files:
-        for where, row in iter_file_rows(file):
-            if skip_invalid_rows:
-                return
-            req = required(row) if callable(required) else required
-            bad = next((r for r in req if _missing(row, r.key)), None)
-            if bad is not None:
-                raise TasksetError(
-                    f"{file}: {where}: missing key {bad.key!r} (format.{bad.field}); the row "
-                    f"has {sorted(row)[:10]}"
-                )
-            return
-    shown = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
-    raise TasksetError(f"{shown}: no rows (the dataset is empty)")
+) -> RowSet:
+    """Before any process starts, read every row of ``files`` as :func:`load_rows` will, in
+    one streamed pass that keeps no row: raise :class:`TasksetError` at the first bad row
+    (naming its file, line and key), or with ``skip_invalid_rows`` when no valid row is left.
+    Returns the counts (valid, skipped). Why every row and not the first: a bad row further in
+    otherwise fails the explorer mid-run, three times, and the run with it."""
+    found = load_rows(files, required, skip_invalid_rows=skip_invalid_rows, keep=False)
+    if found.count == 0:
+        shown = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
+        if found.skipped:
+            raise TasksetError(f"{shown}: no valid rows: all {found.skipped} skipped "
+                               f"(skip_invalid_rows); the first: {found.skipped_examples[0]}")
+        raise TasksetError(f"{shown}: no rows (the dataset is empty)")
+    return found
 
 
 def write_jsonl(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:

@@ -170,10 +170,13 @@ class TaskScheduler:
         self.credits = [float(c) for c in state["credits"]]
 
     def metrics(self) -> dict[str, float]:
-        """Per taskset: rows handed out so far, and pass rates an adaptive selector has taken in."""
+        """Per taskset: rows handed out so far, pass rates an adaptive selector has taken in,
+        and the invalid rows ``skip_invalid_rows`` skipped (when it skipped any)."""
         out = {}
         for r in self.readers:
             out[f"{r.name}/drawn"] = float(r.offset)
+            if r.rowset is not None and r.rowset.skipped:
+                out[f"{r.name}/skipped_rows"] = float(r.rowset.skipped)
             updates = getattr(r.selector, "updates", None)
             if updates is not None:
                 out[f"{r.name}/selector_updates"] = float(updates)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from storage.datafiles import (
     RequiredKey,
     RowSet,
     TasksetError,
-    check_first_row,
+    check_rows,
     load_rows,
     resolve_data_files,
 )
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 Selector = Literal["sequential", "shuffle", "random", "offline_easy2hard"]
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------
@@ -54,28 +56,55 @@ T = TypeVar("T")
 # --------------------------------------------------------------------------------------------
 
 
-def task_required_keys(fmt: FormatConfig) -> Callable[[dict[str, Any]], list[RequiredKey]]:
+def task_required_keys(
+    fmt: FormatConfig, feature_keys: Sequence[str] = ()
+) -> Callable[[dict[str, Any]], list[RequiredKey]]:
     """Keys a task row must carry, decided from the dataset's first row.
 
     The prompt column is ``messages_key`` when ``prompt_type`` is ``messages`` *and* the data has
     that column, else ``prompt_key``: the seeds' task configs set only ``prompt_key`` and leave
-    ``prompt_type`` at its default, and must keep working. ``response_key`` (the reference
-    answer) is required when the data has that column, so one row without an answer fails
-    instead of scoring zero forever; ``system_prompt_key`` when set."""
+    ``prompt_type`` at its default, and must keep working. A ``prompt_key`` value must be a
+    string and a ``messages_key`` value chat messages: a list or a number would reach the model
+    as its Python text. ``response_key`` (the reference answer, any value) is required when the
+    data has that column, so one row without an answer fails instead of scoring zero forever;
+    ``system_prompt_key`` (a string) when set; the selector's ``feature_keys`` (finite numbers)
+    when it reads them (:func:`selector_features`)."""
 
     def decide(first: dict[str, Any]) -> list[RequiredKey]:
         keys: list[RequiredKey] = []
         if fmt.prompt_type == "messages" and fmt.messages_key in first:
-            keys.append(RequiredKey(fmt.messages_key, "messages_key"))
+            keys.append(RequiredKey(fmt.messages_key, "format.messages_key", "messages"))
         else:
-            keys.append(RequiredKey(fmt.prompt_key, "prompt_key"))
+            keys.append(RequiredKey(fmt.prompt_key, "format.prompt_key", "text"))
         if fmt.response_key in first:
-            keys.append(RequiredKey(fmt.response_key, "response_key"))
+            keys.append(RequiredKey(fmt.response_key, "format.response_key"))
         if fmt.system_prompt_key:
-            keys.append(RequiredKey(fmt.system_prompt_key, "system_prompt_key"))
+            keys.append(RequiredKey(fmt.system_prompt_key, "format.system_prompt_key", "text"))
+        keys += [RequiredKey(k, "task_selector.feature_keys", "number") for k in feature_keys]
         return keys
 
     return decide
+
+
+def selector_features(cfg: TasksetConfig) -> list[str]:
+    """The columns the taskset's selector reads from every row (none for plain orders)."""
+    sel = cfg.data_selector if cfg.data_selector is not None else cfg.task_selector
+    return list(sel.feature_keys) if sel.selector_type in ("offline_easy2hard", "difficulty_based") else []
+
+
+_warned: set[str] = set()
+
+
+def warn_skipped(name: str, rowset: RowSet) -> None:
+    """One warning per dataset and process when ``skip_invalid_rows`` dropped rows: how many,
+    and where the first was (eval readers are built again at every evaluation)."""
+    if not rowset.skipped:
+        return
+    line = (f"{name}: skipped {rowset.skipped} invalid row(s) of {rowset.skipped + rowset.count} "
+            f"(skip_invalid_rows); the first: {rowset.skipped_examples[0]}")
+    if line not in _warned:
+        _warned.add(line)
+        log.warning(line)
 
 
 def dataset_required_keys(
@@ -84,17 +113,18 @@ def dataset_required_keys(
     """Keys an SFT or DPO row must carry under ``fmt`` (``prompt_type`` decides which)."""
     keys: list[RequiredKey] = []
     if fmt.prompt_type == "messages":
-        keys.append(RequiredKey(fmt.messages_key, "messages_key"))
+        keys.append(RequiredKey(fmt.messages_key, "format.messages_key", "messages_or_json"))
     else:
-        keys.append(RequiredKey(fmt.prompt_key, "prompt_key"))
+        keys.append(RequiredKey(fmt.prompt_key, "format.prompt_key", "text"))
         if kind == "sft":
-            keys.append(RequiredKey(fmt.response_key, "response_key"))
+            keys.append(RequiredKey(fmt.response_key, "format.response_key"))
         if fmt.system_prompt_key:
-            keys.append(RequiredKey(fmt.system_prompt_key, "system_prompt_key"))
+            keys.append(RequiredKey(fmt.system_prompt_key, "format.system_prompt_key", "text"))
     if kind == "dpo":
+        pair = "messages_or_json" if fmt.prompt_type == "messages" else "any"
         keys += [
-            RequiredKey(fmt.chosen_key, "chosen_key"),
-            RequiredKey(fmt.rejected_key, "rejected_key"),
+            RequiredKey(fmt.chosen_key, "format.chosen_key", pair),
+            RequiredKey(fmt.rejected_key, "format.rejected_key", pair),
         ]
     return keys
 
@@ -435,11 +465,11 @@ class TaskReader(DatasetReader[Task]):
         if not cfg.path:
             raise TasksetError(f"taskset {cfg.name!r}: path is not set")
         files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
-        rowset = load_rows(
-            files, task_required_keys(cfg.format), skip_invalid_rows=cfg.skip_invalid_rows
-        )
+        rowset = load_rows(files, task_required_keys(cfg.format, selector_features(cfg)),
+                           skip_invalid_rows=cfg.skip_invalid_rows)
         sel = cfg.data_selector if cfg.data_selector is not None else cfg.task_selector
         name = cfg.name or Path(cfg.path).name
+        warn_skipped(f"taskset {name!r}", rowset)
         selector = make_selector(sel.selector_type, rowset.rows, seed=sel.seed, feature_keys=sel.feature_keys,
                                  kwargs=sel.kwargs, where=f"taskset {name!r}: task_selector")
         spec = TaskSpec(
@@ -483,6 +513,7 @@ def dataset_reader_from_config(
     rowset = load_rows(
         files, dataset_required_keys(cfg.format, kind), skip_invalid_rows=cfg.skip_invalid_rows
     )
+    warn_skipped(f"buffer {cfg.name!r}", rowset)
     fmt = cfg.format
 
     def transform(index: int, row: dict[str, Any], epoch: int) -> FormattedRow:
@@ -503,30 +534,26 @@ def dataset_reader_from_config(
     )
 
 
-def check_taskset(cfg: TasksetConfig) -> None:
+def check_taskset(cfg: TasksetConfig) -> RowSet:
     """Raise :class:`TasksetError` when the taskset ``cfg`` describes cannot be read: no path,
-    no files for its split, no rows, a first row without the prompt key (or a present
-    answer column's key) or without the selector's ``feature_keys``, or selector ``kwargs``
-    the selector does not take. What :meth:`TaskReader.from_config` would find, from one row."""
+    no files for its split, no (valid) rows, or a row (any of them: one streamed pass) that is
+    not a JSON object, lacks the prompt key (or a present answer column's key, or the
+    selector's ``feature_keys``) or holds a value of the wrong kind, named by file and line.
+    What :meth:`TaskReader.from_config` would find, without keeping the rows. Returns the
+    counts. The selector's settings are checked apart from the data
+    (:func:`storage.selectors.check_selector_config`)."""
     if not cfg.path:
         raise TasksetError("path is not set")
     files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
-    sel = cfg.data_selector if cfg.data_selector is not None else cfg.task_selector
-    decide = task_required_keys(cfg.format)
-
-    def required(first: dict[str, Any]) -> list[RequiredKey]:  # the selector's columns and kwargs too
-        make_selector(sel.selector_type, [first], seed=sel.seed, feature_keys=sel.feature_keys,
-                      kwargs=sel.kwargs, where="task_selector")
-        return decide(first)
-
-    check_first_row(files, required, skip_invalid_rows=cfg.skip_invalid_rows)
+    return check_rows(files, task_required_keys(cfg.format, selector_features(cfg)),
+                      skip_invalid_rows=cfg.skip_invalid_rows)
 
 
-def check_dataset(cfg: ExperienceBufferConfig, kind: Literal["sft", "dpo"] = "sft") -> None:
+def check_dataset(cfg: ExperienceBufferConfig, kind: Literal["sft", "dpo"] = "sft") -> RowSet:
     """:func:`check_taskset` for an SFT/DPO dataset (``storage_type: file``)."""
     if not cfg.path:
         raise TasksetError("path is not set")
     files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
-    check_first_row(
+    return check_rows(
         files, dataset_required_keys(cfg.format, kind), skip_invalid_rows=cfg.skip_invalid_rows
     )

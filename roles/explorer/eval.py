@@ -125,6 +125,8 @@ async def evaluate(
             tasks.extend(batch)
         results = await asyncio.gather(*(pool.run_task(t) for t in tasks))
         values = group_metrics(list(results), cfg.monitor.detailed_stats)
+        if reader.rowset is not None and reader.rowset.skipped:  # skip_invalid_rows
+            values["skipped_rows"] = float(reader.rowset.skipped)
         values["model_version"] = float(min(e.model_version for e in pool.engines))
         values["final"] = 1.0 if final else 0.0
         m = Metric(role="explorer", step=step, kind="eval", values=values, taskset=reader.name)

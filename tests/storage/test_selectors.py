@@ -39,12 +39,16 @@ def test_offline_easy2hard_sorts_by_feature_keys_largest_first(tmp_path: Path) -
         make_selector("offline_easy2hard", ROWS[:2] + [{"question": "x"}], feature_keys=["easy"])
     with pytest.raises(TasksetError, match="feature_keys: offline_easy2hard sorts by them"):
         make_selector("offline_easy2hard", ROWS)
-    # checked before a run starts, from the first row (trinity config / run preflight)
+    # checked before a run starts, on every row (trinity config / run preflight)
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     cfg = TasksetConfig(name="t", path=str(path), format=FormatConfig(prompt_key="question"),
                         task_selector=TaskSelectorConfig(selector_type="offline_easy2hard", feature_keys=["hard"]))
-    with pytest.raises(TasksetError, match=r"task_selector.feature_keys: row 0 has hard=None"):
+    with pytest.raises(TasksetError, match=r"t.jsonl: line 1: missing key 'hard' \(task_selector.feature_keys\)"):
+        check_taskset(cfg)
+    path.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:5] + [dict(ROWS[5], easy="high")]))
+    cfg.task_selector.feature_keys = ["easy"]
+    with pytest.raises(TasksetError, match=r"t.jsonl: line 6: key 'easy' \(task_selector.feature_keys\): expected a finite"):
         check_taskset(cfg)
 
 

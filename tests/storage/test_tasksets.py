@@ -146,6 +146,93 @@ def test_missing_key_names_file_row_and_key(tmp_path: Path) -> None:
         )
 
 
+def _bad_rows_file(path: Path) -> tuple[Path, int]:
+    """A taskset whose good rows are interleaved with one row of every bad kind: not JSON,
+    not UTF-8, not an object, no prompt key, a list prompt, a dict prompt. Returns the file
+    and the number of good rows."""
+    good = [json.dumps(r).encode() for r in ROWS[:4]]
+    bad = [b'{"question": "2+2=?"', b'{"question": "\xff", "answer": "1"}', b"[1, 2]",
+           b'{"answer": "1"}', b'{"question": ["1+1=?"], "answer": "2"}',
+           b'{"question": {"q": "1+1=?"}, "answer": "2"}']
+    lines = [good[0], *bad[:3], good[1], b"", good[2], *bad[3:], good[3]]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path, len(good)
+
+
+def test_skip_invalid_rows_skips_and_counts_every_kind_of_bad_row(tmp_path: Path, caplog) -> None:
+    """Without ``skip_invalid_rows`` the first bad row fails, named by file and line, before
+    start (``check_taskset``) as in the reader. With it, every bad row is skipped, a line that
+    is not JSON as well as a row without the prompt key, and counted: one warning naming the
+    first (however often the reader is built: eval readers are rebuilt at every evaluation) and
+    a ``<taskset>/skipped_rows`` metric."""
+    from storage.scheduler import TaskScheduler
+    from storage.tasksets import check_taskset
+
+    f, n_good = _bad_rows_file(tmp_path / "bad.jsonl")
+    for fail in (lambda: check_taskset(_cfg(f)), lambda: TaskReader.from_config(_cfg(f), batch_size=2)):
+        with pytest.raises(TasksetError, match=r"bad.jsonl: line 2: not JSON \(column 21: .*skip_invalid_rows: true"):
+            fail()
+    counted = check_taskset(_cfg(f, skip_invalid_rows=True))
+    assert (counted.count, counted.skipped, counted.rows) == (n_good, 6, [])
+    with caplog.at_level("WARNING", logger="storage.tasksets"):
+        reader = TaskReader.from_config(_cfg(f, skip_invalid_rows=True), batch_size=2)
+        TaskReader.from_config(_cfg(f, skip_invalid_rows=True), batch_size=2, is_eval=True)
+    assert [r.raw for b in reader for r in b] == ROWS[:4]
+    assert reader.rowset.skipped == 6
+    assert [e.split(": ", 2)[1:] for e in reader.rowset.skipped_examples] == [
+        ["line 2", "not JSON (column 21: unexpected end of data)"],
+        ["line 3", "not UTF-8 text (byte 0xff at column 15)"],
+        ["line 4", "expected a JSON object, got list"],
+        ["line 8", "missing key 'question' (format.prompt_key); the row has ['answer']"],
+        ["line 9", "key 'question' (format.prompt_key): expected a string, got list ['1+1=?']"],
+        ["line 10", "key 'question' (format.prompt_key): expected a string, got dict {'q': '1+1=?'}"],
+    ]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"taskset 'gsm8k': skipped 6 invalid row(s) of 10 (skip_invalid_rows); "
+                        f"the first: {f}: line 2: not JSON (column 21: unexpected end of data)"]
+    assert TaskScheduler([reader], [lambda step: 1.0], 2).metrics() == {"gsm8k/drawn": 4.0, "gsm8k/skipped_rows": 6.0}
+    # nothing valid left: refused before start even with skip_invalid_rows
+    only_bad = tmp_path / "only_bad.jsonl"
+    only_bad.write_bytes(b'{"answer": "1"}\n[1]\n')
+    with pytest.raises(TasksetError, match=r"no valid rows: all 2 skipped \(skip_invalid_rows\); the first: .*line 1"):
+        check_taskset(_cfg(only_bad, skip_invalid_rows=True))
+
+
+def test_parquet_and_json_rows_are_checked_every_one(tmp_path: Path) -> None:
+    """A bad row is named by its 0-based row in parquet and JSON-document files too."""
+    from storage.tasksets import check_taskset
+
+    rows = ROWS[:3] + [dict(ROWS[3], question=["1+1=?"])]
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist([dict(r, question=str(r["question"])) for r in rows[:3]]
+                                        + [{"question": None, "answer": "1", "level": 0}]), p)
+    with pytest.raises(TasksetError, match=r"t.parquet: row 3: missing key 'question' \(format.prompt_key\)"):
+        check_taskset(_cfg(p))
+    j = tmp_path / "t.json"
+    j.write_text(json.dumps(rows))
+    with pytest.raises(TasksetError, match=r"t.json: row 3: key 'question' \(format.prompt_key\): expected a string"):
+        check_taskset(_cfg(j))
+
+
+def test_the_pre_start_check_streams_a_large_taskset(tmp_path: Path) -> None:
+    """``check_taskset`` reads every row of a JSON-lines taskset one line at a time and keeps
+    none: its memory does not grow with the file (here 10 MB, checked with < 1 MB)."""
+    import tracemalloc
+
+    from storage.tasksets import check_taskset
+
+    f = tmp_path / "big.jsonl"
+    f.write_text((json.dumps({"question": "What is 12345 + 67890? " + "x" * 300, "answer": "80235"}) + "\n") * 30_000)
+    assert f.stat().st_size > 10_000_000
+    tracemalloc.start()
+    try:
+        counted = check_taskset(_cfg(f))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert counted.count == 30_000 and peak < 1_000_000, peak
+
+
 def test_cursor_resume_neither_repeats_nor_skips(tmp_path: Path) -> None:
     f = _write_jsonl(tmp_path / "t.jsonl", ROWS)
     sel = TaskSelectorConfig(selector_type="shuffle", seed=3)
