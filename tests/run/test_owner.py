@@ -4,6 +4,7 @@ that give one bus run id are refused too."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -138,3 +139,60 @@ async def test_a_lease_is_renewed_and_outlives_no_dead_holder(tmp_path, nats_ser
         await lease.release()
     finally:
         await nc.close()
+
+
+@pytest.mark.slow
+def test_a_twin_sweep_is_refused_before_it_starts_anything(tmp_path, tiny_model, arith):
+    """Two identical ``trinity sweep``s started a second apart got the same run names and
+    trained 384 experiences for 256; the second is refused, naming the first."""
+    lora = {"lora_rank": 8, "lora_alpha": 16, "target_modules": "all-linear"}
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(), name="s",
+                          stages=False, extra={"model.lora_configs": [lora]})
+    sweep = ("sweep", "--config", str(cfg), "--set", "algorithm.optimizer.lr=1e-4,1e-3")
+    folder = tmp_path / "ckpt/t/s-sweep"
+    with running(*sweep, log=tmp_path / "first.log", timeout=5) as first:
+        wait_for("the first sweep's lock", lambda: _lock_holder(folder) == first.pid, first, log=tmp_path / "first.log")
+        second = trinity(*sweep)
+        out, _ = second.communicate(timeout=120)
+        text = out.decode()
+        assert second.returncode == 2, text[-3000:]
+        assert f"already running: pid {first.pid} on host {socket.gethostname()}" in text, text[-3000:]
+        assert " | " not in text  # no process of its own started
+        first.send_signal(signal.SIGTERM)  # the first need not finish: this test is about the second
+
+
+@pytest.mark.slow
+async def test_run_clicked_twice_in_the_studio_trains_once(tmp_path, tiny_model, arith):
+    """The studio's Run, twice on one config: the second ``trinity run`` exits 2 naming the
+    first (the page shows its exit code and log), the first trains every experience once."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from roles.studio.app import make_app
+
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(), stages=False)
+    import yaml
+
+    doc = yaml.safe_load(cfg.read_text())
+    client = TestClient(TestServer(make_app(tmp_path / "ckpt", "tok", cwd=tmp_path)),
+                        headers={"Authorization": "Bearer tok", "X-Studio": "1"})
+    await client.start_server()
+    try:
+        runs = [await (await client.post("/api/run", json={"doc": doc, "path": "studio.yaml"})).json() for _ in range(2)]
+        assert all(r["started"] for r in runs), runs
+
+        async def exit_code(pid: int) -> int | None:
+            return (await (await client.get(f"/api/launch/{pid}")).json())["exit_code"]
+
+        codes = {}
+        deadline = time.monotonic() + 600
+        while len(codes) < 2 and time.monotonic() < deadline:
+            for r in runs:
+                if r["pid"] not in codes and (rc := await exit_code(r["pid"])) is not None:
+                    codes[r["pid"]] = rc
+            await asyncio.sleep(1)
+        assert sorted(codes.values()) == [0, 2], codes
+        refused = next(r for r in runs if codes[r["pid"]] == 2)
+        assert "is already running: pid" in Path(refused["log"]).read_text()
+    finally:
+        await client.close()
+    trained_exactly_once(tmp_path / "ckpt/t/r", STEPS, PER_STEP)
