@@ -7,7 +7,8 @@ point that loads a configuration calls :func:`preflight` (or :func:`check_inputs
 own name, and each checks exactly the inputs it reads:
 
 * ``model.model_path`` (stage 0's; later stages start from the previous stage's checkpoint):
-  the explorer, the trainer and the buffer (tokenizer, vocabulary) read it;
+  the explorer, the trainer and the buffer (tokenizer, vocabulary) read it; a local folder the
+  trainer or a local rollout engine loads must be a Hugging Face model folder (config.json);
 * ``explorer.rollout_model.model_path`` when set apart from it, tasksets and eval tasksets:
   the explorer, and ``trinity debug`` (which runs the explorer's workflows);
 * the trainer's file datasets (``experience_buffer``, ``auxiliary_buffers``): the buffer;
@@ -67,9 +68,10 @@ class Input:
     key: str  #: the config key, as the user wrote it (``stages[1] (sft).buffer...`` in stages)
     path: str | None
     readers: frozenset[str]
-    check: Check | None = None  #: opens it and reads the first row (datasets)
+    check: Check | None = None  #: opens it and reads every row (datasets)
     ident: str = ""  #: stages inherit the global datasets: each one is checked once
     repo_type: RepoType = "model"  #: what a hub id in ``path`` names
+    model_for: frozenset[str] = frozenset()  #: readers that load it as a model (config.json and weights)
 
 
 @dataclass
@@ -206,17 +208,24 @@ def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
         return json.dumps([kind, c.model_dump(mode="json")], sort_keys=True)  # type: ignore[attr-defined]
 
     if first:
+        mode, rollout = MODES[cfg.mode], cfg.explorer.rollout_model
+        local = rollout.engine_type != "external"  # else a tokenizer folder is enough
+        loads = (frozenset({"trainer"}) if mode.trains else frozenset()) | (
+            explorer if mode.explores and local and rollout.model_path in (None, "", cfg.model.model_path)
+            else frozenset())
         out.append(Input(f"{where}model.model_path", cfg.model.model_path or None,
-                         frozenset({"explorer", "trainer", "buffer"})))
+                         frozenset({"explorer", "trainer", "buffer"}), model_for=loads))
         critic = cfg.model.critic_model_path
         if critic and critic != cfg.model.model_path and _uses_critic(cfg):
-            out.append(Input(f"{where}model.critic_model_path", critic, frozenset({"trainer"})))
-        rollout = cfg.explorer.rollout_model
-        if rollout.engine_type != "external" and rollout.model_path and rollout.model_path != cfg.model.model_path:
-            out.append(Input(f"{where}explorer.rollout_model.model_path", rollout.model_path, explorer))
+            out.append(Input(f"{where}model.critic_model_path", critic, frozenset({"trainer"}),
+                             model_for=frozenset({"trainer"})))
+        if local and rollout.model_path and rollout.model_path != cfg.model.model_path:
+            out.append(Input(f"{where}explorer.rollout_model.model_path", rollout.model_path, explorer,
+                             model_for=explorer))
         for j, aux in enumerate(cfg.explorer.auxiliary_models):
             if aux.engine_type != "external" and aux.model_path:
-                out.append(Input(f"{where}explorer.auxiliary_models[{j}].model_path", aux.model_path, explorer))
+                out.append(Input(f"{where}explorer.auxiliary_models[{j}].model_path", aux.model_path, explorer,
+                                 model_for=explorer))
         n = cfg.nats
         for name in ("tls_ca_file", "tls_cert_file", "tls_key_file", "creds_file", "nkey_seed_file"):
             if getattr(n, name):
@@ -395,6 +404,26 @@ def check_lora(cfg: TrinityConfig, where: str) -> list[str]:
     return out
 
 
+def not_a_model(path: Path) -> str | None:
+    """Why the local ``path`` is no Hugging Face model folder (None: it has ``config.json``),
+    with what it seems to be instead. Why before start: the trainer's or vLLM's own error
+    comes late, from deep inside a role, without naming the config key."""
+    if not path.is_dir():
+        return "is a file; a model is a Hugging Face model folder (config.json, weights, tokenizer)"
+    if (path / "config.json").is_file():
+        return None
+    names = sorted(p.name for p in path.iterdir())
+    if not names:
+        return "is an empty folder, not a Hugging Face model folder (config.json, weights, tokenizer)"
+    if "adapter_config.json" in names:
+        return ("holds a PEFT adapter, not a model: set the base model here and the adapter as "
+                "model.lora_configs[0].path")
+    if (path / "actor" / "huggingface" / "config.json").is_file():
+        return f"is a checkpoint step folder, not a model folder: use {path / 'actor' / 'huggingface'}"
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return f"is not a Hugging Face model folder: no config.json (it holds {shown})"
+
+
 def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], list[str]]:
     """``(problems, missing)`` for entry point ``entry`` (a key of :data:`NEEDS`): one line per
     input it reads that cannot be used, naming its config key and the file, row or split; and
@@ -427,10 +456,15 @@ def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], li
                 else:
                     missing.append(f"{item.key}: {item.path} does not exist")
                 continue
+            origin = hub_origin(item.path)  # a resolved hub id: show what the user wrote too
+            if item.model_for & needs:
+                problem = not_a_model(Path(item.path).expanduser())
+                if problem:
+                    shown = f"{item.path} (hub {origin})" if origin else item.path
+                    problems.append(f"{item.key}: {shown} {problem}")
             if item.check is None:
                 continue
             name = item.key.removesuffix(".path")
-            origin = hub_origin(item.path)  # a resolved hub id: show what the user wrote too
             if origin:
                 name += f" (hub {origin})"
             try:

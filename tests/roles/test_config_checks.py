@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -147,13 +148,21 @@ def _data(tmp_path: Path) -> Path:
     return d
 
 
+def _model(tmp_path: Path) -> Path:
+    """A folder that passes for a model before start (its config.json); nothing here loads it."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
+    return model
+
+
 def _run_config(tmp_path: Path, data: Path, **taskset: object) -> Path:
     fmt = {"prompt_type": "plaintext", "prompt_key": "question", "response_key": "answer"}
     ts = {"name": "arith", "path": str(data), "split": "train", "format": fmt, **taskset}
     cfg = {
         "project": "t", "name": "r", "mode": "both", "checkpoint_root_dir": str(tmp_path / "ckpt"),
         "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
-        "model": {"model_path": str(tmp_path), "max_model_len": 64, "max_response_tokens": 8},
+        "model": {"model_path": str(_model(tmp_path)), "max_model_len": 64, "max_response_tokens": 8},
         "buffer": {"batch_size": 2, "explorer_input": {
             "taskset": ts,
             "eval_tasksets": [dict(ts, name="test", split="test")],
@@ -391,3 +400,225 @@ def test_colocate_and_a_plan_that_does_not_fit_exit_2_naming_the_fields(config):
     assert rc == 2 and "mode: colocate" in err and "not implemented" in err
     rc, _, err = config("cluster.gpu_per_node=1")
     assert rc == 2 and "cluster.gpu_per_node: 1" in err and "none to the trainer" in err
+
+
+# -- every input checked before start: operator arguments, mixing weights, selector settings,
+# -- every data row, prompts, the model folder (issue 49, item 3) -----------------------------
+
+
+def _cfg_with(tmp_path: Path, change: Callable[[dict], None], data: Path | None = None) -> Path:
+    """``_run_config`` (over ``data``, or fresh rows) with its YAML changed in place by ``change``."""
+    path = _run_config(tmp_path, data or _data(tmp_path))
+    raw = yaml.safe_load(path.read_text())
+    change(raw)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("operators,key", [
+    ([{"name": "reward_shaping", "args": {"scale": "big"}}], "operators[0].args.scale: got 'big'"),
+    ([{"name": "reward_shaping", "args": {"bias": float("nan")}}], "operators[0].args.bias: got nan"),
+    ([{"name": "reward_shaping", "args": {"clip": 1}}], "operators[0].args.clip: got 1"),
+    ([{"name": "reward_shaping", "args": {"clip": [1, -1]}}], "operators[0].args.clip: got [1, -1]"),
+    ([{"name": "pass_rate_calculator", "args": {"success_threshold": "high"}}],
+     "operators[0].args.success_threshold: got 'high'"),
+    ([{"name": "pass_rate_calculator"}, {"name": "drop_equal_reward_groups", "args": {"fill": "yes"}}],
+     "operators[1].args.fill: got 'yes'"),
+    ([{"name": "drop_equal_reward_groups", "args": {"min_size": 2.5}}], "operators[0].args.min_size: got 2.5"),
+])
+def test_an_operator_argument_of_the_wrong_type_exits_2_naming_it(tmp_path, config, operators, key):
+    """Each operator's arguments are checked against its signature's annotations before start:
+    a wrong type used to send every group to the dead-letter stream, and the run never ended."""
+    def change(raw: dict) -> None:
+        raw["data_processor"] = {"experience_pipeline": {"operators": operators}}
+
+    rc, out, err = config(extra=("--config", str(_cfg_with(tmp_path, change))))
+    assert rc == 2, err
+    assert f"data_processor.experience_pipeline.{key}" in err, err
+
+
+def test_operator_arguments_of_the_right_types_load(tmp_path, config):
+    operators = [{"name": "pass_rate_calculator", "args": {"success_threshold": 1}},
+                 {"name": "reward_shaping", "args": {"scale": 2, "bias": -1.0, "clip": [-1, 1.5]}},
+                 {"name": "drop_equal_reward_groups", "args": {"min_size": 2, "fill": True}}]
+
+    def change(raw: dict) -> None:
+        raw["data_processor"] = {"experience_pipeline": {"operators": operators}}
+
+    rc, out, err = config(extra=("--config", str(_cfg_with(tmp_path, change))))
+    assert rc == 0, err
+
+
+def _mixed(first: dict) -> Callable[[dict], None]:
+    def change(raw: dict) -> None:
+        ts = raw["buffer"]["explorer_input"].pop("taskset")
+        raw["buffer"]["explorer_input"]["tasksets"] = [ts | first, ts | {"name": "other", "weight": 1.0}]
+    return change
+
+
+@pytest.mark.parametrize("first,key", [
+    ({"weight": float("inf")}, "tasksets[0].weight: got inf"),
+    ({"weight": float("nan")}, "tasksets[0].weight: got nan"),
+    ({"weight_schedule": [{"step": 0, "weight": 1.0}, {"step": 5, "weight": float("inf")}]},
+     "tasksets[0].weight_schedule[1].weight: got inf"),
+])
+def test_an_infinite_or_nan_mixing_weight_exits_2_naming_it(tmp_path, config, first, key):
+    """An infinite weight made every share NaN: the explorer crashed a minute in."""
+    data = _data(tmp_path)
+    rc, out, err = config(extra=("--config", str(_cfg_with(tmp_path, _mixed(first), data))))
+    assert rc == 2, err
+    assert f"buffer.explorer_input.{key}" in err and "finite" in err, err
+    rc, out, err = config(extra=("--config", str(_cfg_with(tmp_path, _mixed({"weight": 1e6}), data))))
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("kwargs,key", [
+    ({"target_reward": float("nan")}, "target_reward: got nan"),
+    ({"target_reward": 5}, "target_reward: got 5"),
+    ({"target_reward": -0.5}, "target_reward: got -0.5"),
+    ({"tau": float("nan")}, "tau: got nan"),
+    ({"tau": float("inf")}, "tau: got inf"),
+    ({"tau": -1}, "tau: got -1"),
+    ({"rho": float("nan")}, "rho: got nan"),
+    ({"m": float("inf")}, "m: got inf"),
+    ({"m": 0}, "m: got 0"),
+    ({"lamb": 1}, "lamb: got 1"),
+    ({"do_sample": "yes"}, "do_sample: true or false, got 'yes'"),
+])
+def test_difficulty_based_settings_out_of_range_exit_2_naming_them(tmp_path, config, kwargs, key):
+    """Out of range, selection silently became uniform (NaN scores, or every row equally far
+    from a target no pass rate reaches). Checked from the config alone: the data need not be
+    there (``trinity config`` on a machine without it still refuses them)."""
+    def change(raw: dict) -> None:
+        ts = raw["buffer"]["explorer_input"]["taskset"]
+        ts["task_selector"] = {"selector_type": "difficulty_based", "kwargs": kwargs}
+        ts["path"] = str(tmp_path / "not_here")
+        raw["data_processor"] = {"experience_pipeline": {"operators": [{"name": "pass_rate_calculator"}]}}
+
+    rc, out, err = config(extra=("--config", str(_cfg_with(tmp_path, change))))
+    assert rc == 2, err
+    assert f"buffer.explorer_input.taskset.task_selector.kwargs.{key}" in err, err
+
+
+def test_difficulty_based_settings_in_range_load(tmp_path, config):
+    def change(raw: dict) -> None:
+        raw["buffer"]["explorer_input"]["taskset"]["task_selector"] = {
+            "selector_type": "difficulty_based",
+            "kwargs": {"target_reward": 0.5, "tau": 0, "m": 8, "lamb": 0, "rho": 0, "do_sample": True}}
+        raw["data_processor"] = {"experience_pipeline": {"operators": [{"name": "pass_rate_calculator"}]}}
+
+    rc, out, err = config(extra=("--config", str(_cfg_with(tmp_path, change))))
+    assert rc == 0, err
+
+
+GOOD_ROW = b'{"question": "1+1=?", "answer": "2"}\n'
+BAD_ROWS = {
+    "not_json": (b'{"question": "2+2=?", "answer": "4"\n', "line 3: not JSON (column 36"),
+    "not_utf8": (b'{"question": "2+2=\xff", "answer": "4"}\n', "line 3: not UTF-8 text (byte 0xff"),
+    "not_an_object": (b'["2+2=?", "4"]\n', "line 3: expected a JSON object, got list"),
+    "no_prompt_key": (b'{"answer": "4"}\n', "line 3: missing key 'question' (format.prompt_key)"),
+    "list_prompt": (b'{"question": ["2+2=?"], "answer": "4"}\n',
+                    "line 3: key 'question' (format.prompt_key): expected a string, got list ['2+2=?']"),
+    "dict_prompt": (b'{"question": {"text": "2+2=?"}, "answer": "4"}\n',
+                    "line 3: key 'question' (format.prompt_key): expected a string, got dict"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_a_bad_row_after_the_first_exits_2_naming_file_and_line(tmp_path, config, case):
+    """Every row is read before start, not only the first: a bad third row used to pass the
+    check and fail the explorer three times. With ``skip_invalid_rows`` it is skipped (and
+    counted by the reader: tests/storage/test_tasksets.py)."""
+    data = _data(tmp_path)
+    bad, want = BAD_ROWS[case]
+    (data / "train.jsonl").write_bytes(GOOD_ROW * 2 + bad + GOOD_ROW)
+    path = _run_config(tmp_path, data)
+    rc, out, err = config(extra=("--config", str(path)))
+    assert rc == 2, err
+    assert f"buffer.explorer_input.taskset: {data / 'train.jsonl'}: {want}" in err, err
+    assert "skip_invalid_rows" in err
+    rc, out, err = config("buffer.explorer_input.taskset.skip_invalid_rows=true", extra=("--config", str(path)))
+    assert rc == 0, err
+    (data / "train.jsonl").write_bytes(bad * 2)  # nothing left to train on: refused even so
+    rc, out, err = config("buffer.explorer_input.taskset.skip_invalid_rows=true", extra=("--config", str(path)))
+    assert rc == 2 and "no valid rows: all 2 skipped (skip_invalid_rows); the first:" in err, err
+
+
+@pytest.mark.parametrize("message,want", [
+    ('"2+2=?"', "expected a list of chat messages, got str '2+2=?'"),
+    ('["2+2=?"]', "message 0 is not an object with a string 'role': '2+2=?'"),
+])
+def test_a_messages_prompt_that_is_no_chat_exits_2_naming_file_line_and_key(tmp_path, config, message, want):
+    data = _data(tmp_path)
+    good = b'{"message": [{"role": "user", "content": "1+1=?"}], "answer": "2"}\n'
+    (data / "train.jsonl").write_bytes(good + f'{{"message": {message}, "answer": "4"}}\n'.encode())
+
+    def change(raw: dict) -> None:
+        raw["buffer"]["explorer_input"]["taskset"]["format"] = {"prompt_type": "messages", "messages_key": "message"}
+
+    rc, out, err = config(extra=("--config", str(_cfg_with(tmp_path, change, data))))
+    assert rc == 2, err
+    assert f"train.jsonl: line 2: key 'message' (format.messages_key): {want}" in err, err
+
+
+def test_an_sft_row_with_a_list_prompt_exits_2_naming_file_and_line(tmp_path, config):
+    data = _data(tmp_path)
+    (data / "train.jsonl").write_bytes(GOOD_ROW + b'{"question": ["2+2=?"], "answer": "4"}\n')
+    rc, out, err = config(
+        "mode=train", "algorithm.algorithm_type=sft",
+        f"buffer.trainer_input.experience_buffer={{name: s, storage_type: file, path: {data}, "
+        "format: {prompt_type: plaintext, prompt_key: question, response_key: answer}}",
+        extra=("--config", str(_run_config(tmp_path, data))))
+    assert rc == 2, err
+    assert ("buffer.trainer_input.experience_buffer: " f"{data / 'train.jsonl'}: line 2: key 'question' "
+            "(format.prompt_key): expected a string, got list") in err, err
+
+
+def test_trinity_run_refuses_a_bad_row_after_the_first_before_any_process(tmp_path):
+    data = _data(tmp_path)
+    (data / "train.jsonl").write_bytes(GOOD_ROW * 2 + b"not json\n")
+    r = trinity("run", "--config", str(_run_config(tmp_path, data)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{data / 'train.jsonl'}: line 3: not JSON" in r.stderr, r.stderr
+    assert not (tmp_path / "ckpt" / "t" / "r").exists(), "a run started before its data was checked"
+
+
+@pytest.mark.parametrize("case", ["empty", "no_config", "file", "adapter", "checkpoint_step"])
+def test_a_model_path_that_is_no_model_folder_exits_2_naming_it(tmp_path, config, case):
+    """A folder that exists but holds no model failed late, inside the trainer or vLLM, without
+    naming ``model.model_path``; what it seems to be instead is said."""
+    model = tmp_path / "not_a_model"
+    if case == "file":
+        model.write_text("x")
+    else:
+        model.mkdir()
+    if case == "no_config":
+        (model / "model.safetensors").write_bytes(b"x")
+        want = "is not a Hugging Face model folder: no config.json (it holds model.safetensors)"
+    elif case == "adapter":
+        (model / "adapter_config.json").write_text("{}")
+        want = "holds a PEFT adapter, not a model: set the base model here and the adapter as model.lora_configs[0].path"
+    elif case == "checkpoint_step":
+        (model / "actor" / "huggingface").mkdir(parents=True)
+        (model / "actor" / "huggingface" / "config.json").write_text("{}")
+        want = f"is a checkpoint step folder, not a model folder: use {model / 'actor' / 'huggingface'}"
+    else:
+        want = {"empty": "is an empty folder", "file": "is a file"}[case]
+    path = _run_config(tmp_path, _data(tmp_path))
+    rc, out, err = config(f"model.model_path={model}", extra=("--config", str(path)))
+    assert rc == 2, err
+    assert f"model.model_path: {model} {want}" in err, err
+
+
+def test_a_tokenizer_folder_is_enough_where_no_model_is_loaded(tmp_path, config):
+    """An external rollout engine in ``explore`` mode loads no model: ``model.model_path`` may
+    be a tokenizer folder there (the engine re-derives token ids with it)."""
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    path = _run_config(tmp_path, _data(tmp_path))
+    rc, out, err = config(f"model.model_path={tokenizer}", "mode=explore",
+                          "explorer.rollout_model.engine_type=external", extra=("--config", str(path)))
+    assert rc == 0, err
+    rc, out, err = config(f"model.model_path={tokenizer}", extra=("--config", str(path)))  # the trainer loads it
+    assert rc == 2 and "model.model_path: " in err and "no config.json" in err, err
