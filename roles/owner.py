@@ -57,30 +57,57 @@ def _describe(pid: Any, host: Any, since: Any = None, command: Any = "") -> str:
     return f"pid {pid} on host {host}{when}" + (f" ({command})" if command else "")
 
 
-def lock_job(job_dir: str | Path) -> IO[str]:
-    """Hold ``job_dir``'s lock file for as long as this process lives (keep the returned file
-    open); ConfigError naming the holder when another process holds it."""
+class JobLock:
+    """A job's lock file, held open (see :func:`lock_job`)."""
+
+    def __init__(self, job: Path, path: Path, file: IO[str], made: list[Path]) -> None:
+        self.job, self.path, self.file, self.made = job, path, file, made
+
+    def release(self) -> None:
+        """Give the lock up. A start that never made its job folder (refused by a check, or by
+        the bus's owner) leaves nothing behind: the lock file goes, and the folders taking it
+        made, if empty. Removed while held, so a process waiting on the old file sees it go
+        (:func:`lock_job` checks that the file it locked is still the one at the path)."""
+        if not self.job.exists():
+            self.path.unlink(missing_ok=True)
+            for d in reversed(self.made):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        self.file.close()
+
+
+def lock_job(job_dir: str | Path) -> JobLock:
+    """Hold ``job_dir``'s lock file for as long as this process lives (or until
+    :meth:`JobLock.release`); ConfigError naming the holder when another process holds it."""
     job = Path(job_dir)
     path = job.parent / f".{job.name}.lock"
+    made = [p for p in reversed(path.parents) if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")  # noqa: SIM115 - held open on purpose: the lock lives as long as it
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
+    while True:
+        f = open(path, "a+")  # noqa: SIM115 - held open on purpose: the lock lives as long as it
         try:
-            h = json.loads(f.read() or "{}")
-        except ValueError:
-            h = {}
-        f.close()
-        holder = _describe(h.get("pid", "?"), h.get("host", "?"), h.get("started_at"), h.get("command", ""))
-        raise ConfigError([f"job {job} is already running: {holder} holds {path}; "
-                           "stop it first, or give this run another name"]) from None
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            try:
+                h = json.loads(f.read() or "{}")
+            except ValueError:
+                h = {}
+            f.close()
+            holder = _describe(h.get("pid", "?"), h.get("host", "?"), h.get("started_at"), h.get("command", ""))
+            raise ConfigError([f"job {job} is already running: {holder} holds {path}; "
+                               "stop it first, or give this run another name"]) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()  # its holder released and removed it meanwhile: lock the file now there
     f.seek(0)
     f.truncate()
     f.write(json.dumps(_me()))
     f.flush()
-    return f
+    return JobLock(job, path, f, made)
 
 
 class LeaseLost(RuntimeError):

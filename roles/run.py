@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from roles.checks import preflight
 from roles.monitor import summary
-from roles.owner import RunLease, lock_job
+from roles.owner import JobLock, RunLease, lock_job
 from roles.runrecord import RunRecord, job_dir_of
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
@@ -372,15 +372,25 @@ def role_args(args: argparse.Namespace) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """``trinity run``: see the module doc. Exit 0 done, 1 a role failed, 2 config, 130 stopped."""
+    locks: list[JobLock] = []
+    try:
+        return _main(args, locks)
+    finally:
+        for lock in locks:  # a start refused before its job folder existed leaves nothing
+            lock.release()
+
+
+def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
     from bus.server import default_store_dir, ensure_server
     from roles.placement import child_env, describe, device_plan, trainer_ranks
     from roles.settings import load
     from roles.stages import roles_needed
 
     loaded = load(args)
-    # one owner per job: held until this process exits (roles/owner.py); the rename below
-    # happens under it, so two starts of one config cannot both pick one new name
-    locks = [] if args.plan else [lock_job(job_dir_of(loaded.stages or [loaded.config]))]
+    # one owner per job: held until the run ends (roles/owner.py); the rename below happens
+    # under it, so two starts of one config cannot both pick one new name
+    if not args.plan:
+        locks.append(lock_job(job_dir_of(loaded.stages or [loaded.config])))
     new_name = fresh_name(loaded.config)
     renamed_from = None
     if new_name:

@@ -19,9 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import IO
-
-from roles.owner import lock_job
+from roles.owner import JobLock, lock_job
 from roles.run import Child, Progress, Supervisor
 from roles.runrecord import RunRecord
 from roles.sweep.plan import SweepRun, check_shared, expand, split_sets
@@ -125,9 +123,9 @@ def children(runs: list[SweepRun], config: str | None, dotenv: str, sweep_file: 
     return out
 
 
-def name_runs(args: argparse.Namespace) -> tuple[TrinityConfig, list[SweepRun], Path, list[IO[str]]]:
-    """The sweep's base config (every run's fixed values), its runs, its folder and the locks
-    it holds (roles/owner.py: on the sweep's folder, and on every run's). As ``trinity run``
+def name_runs(args: argparse.Namespace, locks: list[JobLock]) -> tuple[TrinityConfig, list[SweepRun], Path]:
+    """The sweep's base config (every run's fixed values), its runs and its folder; ``locks``
+    gets the locks it takes (roles/owner.py: on the sweep's folder, and on every run's). As ``trinity run``
     does, ``continue_from_checkpoint: false`` with a folder of the sweep or of one of its runs
     on disk starts a new sweep, ``<name>_<timestamp>``, named under the first lock."""
     from roles.settings import load
@@ -142,7 +140,7 @@ def name_runs(args: argparse.Namespace) -> tuple[TrinityConfig, list[SweepRun], 
                            f"is {PROCESSES_PER_RUN} processes of ~{PROCESS_MB} MB beside the shared ones)"])
     fixed, _ = split_sets(args.overrides)
     base = load(argparse.Namespace(config=args.config, overrides=fixed, dotenv=args.dotenv)).config
-    locks = [lock_job(sweep_dir(base))]
+    locks.append(lock_job(sweep_dir(base)))
     runs = expand(base.name, args.overrides)
     used = [sweep_dir(base)] + [Path(base.checkpoint_root_dir) / base.project / r.name for r in runs]
     if not base.continue_from_checkpoint and any(p.exists() for p in used):
@@ -153,16 +151,25 @@ def name_runs(args: argparse.Namespace) -> tuple[TrinityConfig, list[SweepRun], 
         runs = expand(base.name, args.overrides)
         locks.append(lock_job(sweep_dir(base)))
     locks += [lock_job(Path(base.checkpoint_root_dir) / base.project / r.name) for r in runs]
-    return base, runs, sweep_dir(base), locks
+    return base, runs, sweep_dir(base)
 
 
 def main(args: argparse.Namespace) -> int:
     """``trinity sweep``: exit 0 when every run is done, 1 a process failed for good, 2 config."""
+    locks: list[JobLock] = []
+    try:
+        return _main(args, locks)
+    finally:
+        for lock in locks:  # a sweep refused before its folders existed leaves nothing
+            lock.release()
+
+
+def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
     from bus.server import default_store_dir, ensure_server
     from roles.checks import preflight
     from roles.placement import device_plan
 
-    base, runs, folder, _locks = name_runs(args)  # held until this process exits
+    base, runs, folder = name_runs(args, locks)
     loaded = load_runs(args.config, args.dotenv, runs)
     cfgs = [lc.config for lc in loaded.values()]
     # nothing of these runs on disk: bus state under their names is stale (as trinity run)

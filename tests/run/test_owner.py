@@ -66,8 +66,9 @@ def test_the_job_lock_names_its_holder_and_dies_with_it(tmp_path):
     held = lock_job(job)
     with pytest.raises(ConfigError, match=rf"job {job} is already running: pid {os.getpid()} on host"):
         lock_job(job)
-    held.close()  # the holder is gone: the lock is free, nothing stale is left to clean
-    lock_job(job).close()
+    held.release()  # the holder is gone: the lock is free; no job folder was made, so nothing is left
+    assert not (tmp_path / "p").exists()
+    lock_job(job).release()
     # a process that holds it and is killed leaves it free too
     code = f"from roles.owner import lock_job; import time; f = lock_job({str(job)!r}); print('held', flush=True); time.sleep(60)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
@@ -76,7 +77,7 @@ def test_the_job_lock_names_its_holder_and_dies_with_it(tmp_path):
         lock_job(job)
     p.send_signal(signal.SIGKILL)
     p.wait()
-    lock_job(job).close()
+    lock_job(job).release()
 
 
 def _cfg(tmp_path: Path, url: str, project: str, name: str) -> TrinityConfig:
