@@ -10,7 +10,7 @@ port). A studio started ``--read-only`` (the default beyond loopback, unless ``-
 refuses Save and Run. On loopback, requests must also name a loopback host (a web page
 elsewhere cannot reach it by DNS rebinding). Writing is a POST that must carry the
 ``X-Studio`` header, which a page on another site cannot send. Validation loads the config in
-a child process (``builder.validate``), never in this one. Job folders are read only inside
+a child process (``builder.Checker``), never in this one. Job folders are read only inside
 the checkpoint root (``jobs.inside``). Nothing from the bus or a job is turned into HTML on
 the server; the page writes it as text.
 """
@@ -67,6 +67,7 @@ class Studio:
                  read_only: bool) -> None:
         self.root, self.nats_url, self.token, self.loopback, self.cwd = root, nats_url, token, loopback, cwd
         self.read_only = read_only
+        self.checker = builder.Checker()  # validation, in a child process (see Checker)
         self.launched: dict[int, tuple[Any, Path]] = {}  # pid -> (trinity run's process, its log)
 
     # -- safety --------------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class Studio:
 
     async def validate(self, request: web.Request) -> web.Response:
         body = await self._doc(request)
-        return ok(await asyncio.to_thread(builder.validate, body["doc"], self.cwd))
+        return ok(await self.checker.check(body["doc"]))
 
     def _writable(self) -> None:
         if self.read_only:
@@ -149,7 +150,7 @@ class Studio:
     async def run(self, request: web.Request) -> web.Response:
         self._writable()
         body = await self._doc(request)
-        checked = await asyncio.to_thread(builder.validate, body["doc"], self.cwd)
+        checked = await self.checker.check(body["doc"])
         if not checked["ok"]:
             return ok({"started": False, **checked}, 400)
         try:
@@ -312,6 +313,15 @@ def make_app(root: Path, token: str, nats_url: str | None = None, loopback: bool
              cwd: Path | None = None, read_only: bool = False) -> web.Application:
     s = Studio(root, nats_url, token, loopback, cwd or Path.cwd(), read_only)
     app = web.Application(middlewares=[s.guard])
+
+    async def warm(_: web.Application) -> None:  # the first check starts the checker's process
+        app["warming"] = asyncio.get_running_loop().create_task(s.checker.check({}))
+
+    async def close(_: web.Application) -> None:
+        s.checker.close()
+
+    app.on_startup.append(warm)
+    app.on_cleanup.append(close)
     app.add_routes([
         web.get("/", s.index), web.get("/static/{name}", s.static),
         web.get("/api/schema", s.schema), web.get("/api/example", s.example),

@@ -11,7 +11,8 @@ edited as YAML text.
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -121,23 +122,56 @@ def field_of(problem: str) -> str:
     return head if head and all(c.isalnum() or c in "._[]-" for c in head) and ":" in problem else ""
 
 
-#: Seconds a validation may take (a child process loads torch and the config's plugins).
+#: Seconds a check may take before its process is killed and started again.
 VALIDATE_TIMEOUT = 120.0
 
 
-def validate(doc: dict[str, Any], cwd: Path | None = None) -> dict[str, Any]:
-    """:func:`check` in a child process (in ``cwd``, where relative paths start): loading a config imports its code (plugin folders,
-    ``module:attr`` names), and the studio process must never run it (a name like ``this:nope``
-    ran ``import this`` there)."""
-    try:
-        r = subprocess.run([sys.executable, "-m", "roles.studio.builder"], input=json.dumps(doc),
-                           capture_output=True, text=True, timeout=VALIDATE_TIMEOUT, cwd=cwd)
-        return json.loads(r.stdout)
-    except (subprocess.TimeoutExpired, ValueError) as e:
-        why = (f"took over {VALIDATE_TIMEOUT:.0f} s" if isinstance(e, subprocess.TimeoutExpired)
-               else f"failed: {(r.stderr or '').strip().splitlines()[-1:]}")
-        return {"ok": False, "problems": [{"field": "", "message": f"checking the config {why}"}],
-                "warnings": [], "yaml": yaml.safe_dump(doc, sort_keys=False), "resolved": ""}
+def _serve_checks(conn: Any) -> None:
+    """The checker process: :func:`check` each config it is sent, for as long as the studio lives."""
+    sys.stdout = sys.stderr  # what the config's code prints is not a result
+    while True:
+        conn.send(check(conn.recv()))
+
+
+class Checker:
+    """:func:`check` in one child process of its own, kept warm between calls: loading a config
+    imports its code (plugin folders, ``module:attr`` names), and the studio process must
+    never run it (a name like ``this:nope`` ran ``import this`` there). A check that hangs is
+    killed after :data:`VALIDATE_TIMEOUT` s and the next one starts a new process."""
+
+    def __init__(self) -> None:
+        self.proc: Any = None
+        self.conn: Any = None
+        self.lock = asyncio.Lock()  # one check at a time over the one pipe
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of the studio's state
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve_checks, args=(child,), name="studio-checker", daemon=True)
+        self.proc.start()
+        child.close()
+
+    def _ask(self, doc: dict[str, Any]) -> dict[str, Any]:
+        self.conn.send(doc)
+        return self.conn.recv()
+
+    async def check(self, doc: dict[str, Any]) -> dict[str, Any]:
+        async with self.lock:
+            if self.proc is None or not self.proc.is_alive():
+                self._start()
+            try:
+                return await asyncio.wait_for(asyncio.to_thread(self._ask, doc), VALIDATE_TIMEOUT)
+            except (asyncio.TimeoutError, EOFError, OSError) as e:
+                self.close()
+                why = f"took over {VALIDATE_TIMEOUT:.0f} s" if isinstance(e, asyncio.TimeoutError) else "failed"
+                return {"ok": False, "problems": [{"field": "", "message": f"checking the config {why}"}],
+                        "warnings": [], "yaml": yaml.safe_dump(doc, sort_keys=False), "resolved": ""}
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join()
+            self.proc = None
 
 
 def keep_env_references(raw: Any, resolved: Any) -> Any:
@@ -198,11 +232,3 @@ def start_run(config: Path, log_dir: Path) -> tuple[subprocess.Popen, Path]:
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
     return proc, path
-
-
-if __name__ == "__main__":  # validate's child: the config on stdin, the result on stdout
-    import contextlib
-
-    with contextlib.redirect_stdout(sys.stderr):  # what the config's code prints is not the result
-        result = check(json.load(sys.stdin))
-    print(json.dumps(result, default=str))
