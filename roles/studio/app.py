@@ -68,6 +68,7 @@ class Studio:
         self.root, self.nats_url, self.token, self.loopback, self.cwd = root, nats_url, token, loopback, cwd
         self.read_only = read_only
         self.checker = builder.Checker()  # validation, in a child process (see Checker)
+        self.warming: asyncio.Task | None = None  # its first check, started with the app
         self.launched: dict[int, tuple[Any, Path]] = {}  # pid -> (trinity run's process, its log)
 
     # -- safety --------------------------------------------------------------------------------
@@ -315,7 +316,7 @@ def make_app(root: Path, token: str, nats_url: str | None = None, loopback: bool
     app = web.Application(middlewares=[s.guard])
 
     async def warm(_: web.Application) -> None:  # the first check starts the checker's process
-        app["warming"] = asyncio.get_running_loop().create_task(s.checker.check({}))
+        s.warming = asyncio.get_running_loop().create_task(s.checker.check({}))
 
     async def close(_: web.Application) -> None:
         s.checker.close()
