@@ -363,3 +363,23 @@ def test_the_deprecated_warmup_style_fills_lr_scheduler_type_unless_that_is_set(
         opt = loaded.config.algorithm.optimizer if section == "algorithm.optimizer" else loaded.config.critic.optim
         assert opt.lr_scheduler_type == expected
         assert f"{section}.warmup_style is deprecated; use lr_scheduler_type" in loaded.warnings
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("name", "col a", "use letters, digits"),  # and col_a gave one run id: two runs trained each other's
+    ("name", "../../x", "no '/'"),  # a job folder outside checkpoint_root_dir
+    ("name", "/abs", "use letters, digits"),
+    ("name", "a..b", "use letters, digits"),
+    ("name", "x" * 121, "at most 120"),
+    ("project", "a/b", "use letters, digits"),
+    ("project", "<project_name>", "placeholder"),
+])
+def test_a_name_that_is_no_safe_folder_and_subject_is_refused(field, value, says):
+    with pytest.raises(ValueError, match=says) as e:
+        TrinityConfig(**{field: value})
+    assert field in str(e.value)
+
+
+def test_names_with_dots_and_stages_load():
+    assert TrinityConfig(project="qwen2.5", name="gsm8k-1.5b_grpo").run_id == "qwen2.5.gsm8k-1.5b_grpo"
+    assert TrinityConfig(name="n/sft").checkpoint_job_dir.endswith("n/sft")

@@ -3,6 +3,8 @@ sharing one trainer and one engine (named by run and field)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from roles.sweep.plan import LABEL_MAX, check_shared, expand, split_values
@@ -100,3 +102,15 @@ def test_values_whose_tags_collide_or_are_long_get_distinct_short_names():
     assert len({r.name for r in long}) == 2 and all(len(r.name) <= 2 + LABEL_MAX for r in long)
     for r in runs + long:  # every name is one the config accepts
         TrinityConfig(project="t", name=r.name)
+
+
+def test_a_sweep_of_more_runs_than_max_runs_is_refused_before_anything_loads(tmp_path):
+    """200 swept values started 402 processes (~100 GB); --max-runs bounds it, exit 2."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "roles.cli", "sweep", "--config", str(tmp_path / "none.yaml"),
+                        "--set", "algorithm.optimizer.lr=1e-3,2e-3,3e-3", "--max-runs", "2"],
+                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert r.returncode == 2 and "3 runs; this sweep may start at most 2 (--max-runs" in r.stderr, r.stderr
+    assert not (tmp_path / "checkpoints").exists()
