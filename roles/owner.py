@@ -6,11 +6,12 @@ again and, when the first ended, lost its server; and two job names that give on
 (``run_id_of``) deleted each other's streams as stale. Two locks, each for what the other
 cannot see:
 
-- **the job's lock file** (:func:`lock_job`): ``<root>/<project>/.<name>.lock``, beside the job
-  folder (``continue_from_checkpoint: false`` renames under it), held with ``flock`` for the
-  life of the process, so a killed owner leaves no stale lock. It refuses a second start on
-  this machine before the server starts.
-- **the run id's lease** (:class:`RunLease`): ``run.owner`` in each stage's KV bucket, taken and
+- **the job's lock files** (:func:`lock_job`): ``<root>/<project>/.<name>.lock/<role>``, beside
+  the job folder (``continue_from_checkpoint: false`` renames under them), held with ``flock``
+  while the run lives, so a killed owner leaves no stale lock. They refuse a second start on
+  this machine before the server starts. One per role: a ``train`` run and an ``explore`` run
+  of one job share it by design.
+- **the run id's lease** (:class:`RunLease`): ``run.owner.<role>`` in each stage's KV bucket, taken and
   renewed by compare-and-swap, as the explorer's lead is (``roles/explorer/lease.py``). It
   refuses a start on another machine of the same bus, and another job whose name gives the
   same run id. A lease whose holder was killed expires after :data:`LEASE_S`, or at once when
@@ -58,56 +59,76 @@ def _describe(pid: Any, host: Any, since: Any = None, command: Any = "") -> str:
 
 
 class JobLock:
-    """A job's lock file, held open (see :func:`lock_job`)."""
+    """A job's lock files, held open (see :func:`lock_job`)."""
 
-    def __init__(self, job: Path, path: Path, file: IO[str], made: list[Path]) -> None:
-        self.job, self.path, self.file, self.made = job, path, file, made
+    def __init__(self, job: Path, folder: Path, made: list[Path]) -> None:
+        self.job, self.folder, self.made = job, folder, made
+        self.files: list[IO[str]] = []
 
     def release(self) -> None:
-        """Give the lock up. A start that never made its job folder (refused by a check, or by
-        the bus's owner) leaves nothing behind: the lock file goes, and the folders taking it
-        made, if empty. Removed while held, so a process waiting on the old file sees it go
+        """Give the locks up. A start that never made its job folder (refused by a check, or by
+        the bus's owner) leaves nothing behind: the lock files go, and the folders taking them
+        made, if empty. Removed while held, so a process waiting on an old file sees it go
         (:func:`lock_job` checks that the file it locked is still the one at the path)."""
+        for f in self.files:
+            if not self.job.exists():
+                Path(f.name).unlink(missing_ok=True)
+            f.close()
+        self.files = []
         if not self.job.exists():
-            self.path.unlink(missing_ok=True)
-            for d in reversed(self.made):
-                with contextlib.suppress(OSError):
+            for d in [self.folder, *reversed(self.made)]:
+                with contextlib.suppress(OSError):  # not empty: another start's, or the project's
                     d.rmdir()
-        self.file.close()
 
 
-def lock_job(job_dir: str | Path) -> JobLock:
-    """Hold ``job_dir``'s lock file for as long as this process lives (or until
-    :meth:`JobLock.release`); ConfigError naming the holder when another process holds it."""
-    job = Path(job_dir)
-    path = job.parent / f".{job.name}.lock"
-    made = [p for p in reversed(path.parents) if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _lock_file(path: Path) -> IO[str] | dict[str, Any]:
+    """``path`` opened and flocked; or, when another process holds it, what it says of that
+    process."""
     while True:
-        f = open(path, "a+")  # noqa: SIM115 - held open on purpose: the lock lives as long as it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            f = open(path, "a+")  # noqa: SIM115 - held open on purpose: the lock lives as long as it
+        except FileNotFoundError:  # its folder was removed by a holder's release meanwhile
+            continue
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
             try:
-                h = json.loads(f.read() or "{}")
+                holder = json.loads(f.read() or "{}")
             except ValueError:
-                h = {}
+                holder = {}
             f.close()
-            holder = _describe(h.get("pid", "?"), h.get("host", "?"), h.get("started_at"), h.get("command", ""))
-            raise ConfigError([f"job {job} is already running: {holder} holds {path}; "
-                               "stop it first, or give this run another name"]) from None
+            return holder
         try:
             if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
-                break
+                f.seek(0)
+                f.truncate()
+                f.write(json.dumps(_me()))
+                f.flush()
+                return f
         except FileNotFoundError:
             pass
         f.close()  # its holder released and removed it meanwhile: lock the file now there
-    f.seek(0)
-    f.truncate()
-    f.write(json.dumps(_me()))
-    f.flush()
-    return JobLock(job, path, f, made)
+
+
+def lock_job(job_dir: str | Path, roles: list[str]) -> JobLock:
+    """Hold the job's lock on each of ``roles`` (files ``<project>/.<name>.lock/<role>``) for as
+    long as this process lives (or until :meth:`JobLock.release`); ConfigError naming the holder
+    when another process holds one. Per role: a ``mode: train`` run (buffer, trainer) and a
+    ``mode: explore`` run (explorer) of one job go side by side, as the guide's modes mean."""
+    job = Path(job_dir)
+    folder = job.parent / f".{job.name}.lock"
+    lock = JobLock(job, folder, [p for p in reversed(folder.parents) if not p.exists()])
+    for role in sorted(set(roles)):
+        got = _lock_file(folder / role)
+        if isinstance(got, dict):
+            lock.release()
+            holder = _describe(got.get("pid", "?"), got.get("host", "?"), got.get("started_at"), got.get("command", ""))
+            raise ConfigError([f"job {job} is already running: {holder} holds its {role} ({folder / role}); "
+                               "stop it first, or give this run another name"])
+        lock.files.append(got)
+    return lock
 
 
 class LeaseLost(RuntimeError):
@@ -115,13 +136,13 @@ class LeaseLost(RuntimeError):
 
 
 class RunLease:
-    """This process's ``run.owner`` on every stage's run id (``states``: the stages' RunStates,
-    ``job_dirs``: their job folders, in the same order)."""
+    """This process's ``run.owner.<role>`` for each of ``roles`` on every stage's run id
+    (``states``: the stages' RunStates, in the stages' order)."""
 
-    def __init__(self, states: list[Any], stages: list[TrinityConfig]) -> None:
-        self.states = states
+    def __init__(self, states: list[Any], stages: list[TrinityConfig], roles: list[str]) -> None:
         self.stages = stages
-        self.revisions = [0] * len(states)
+        self.slots = [(i, state, keys.run_owner(role)) for i, state in enumerate(states) for role in sorted(set(roles))]
+        self.revisions = [0] * len(self.slots)
         self.command = _me()["command"]
 
     def _value(self, i: int, until: float | None = None) -> Owner:
@@ -144,13 +165,13 @@ class RunLease:
         return None
 
     async def take(self) -> None:
-        """Own every stage's run id, or raise ConfigError naming who does."""
-        for i, state in enumerate(self.states):
-            held, rev = await state.entry(keys.RUN_OWNER)
+        """Own every stage's run id (for this run's roles), or raise ConfigError naming who does."""
+        for n, (i, state, key) in enumerate(self.slots):
+            held, rev = await state.entry(key)
             why = self._refusal(i, held) if held is not None else None
             if why is None:
-                self.revisions[i] = await state.swap(keys.RUN_OWNER, self._value(i), rev)
-                if not self.revisions[i]:
+                self.revisions[n] = await state.swap(key, self._value(i), rev)
+                if not self.revisions[n]:
                     why = f"run {self.stages[i].run_id}: another process took it at this very moment"
             if why is not None:
                 await self.release()
@@ -166,20 +187,20 @@ class RunLease:
                 log.warning("run_lease_not_renewed", error=str(e))
 
     async def _renew(self) -> None:
-        for i, state in enumerate(self.states):
-            rev = await state.swap(keys.RUN_OWNER, self._value(i), self.revisions[i])
+        for n, (i, state, key) in enumerate(self.slots):
+            rev = await state.swap(key, self._value(i), self.revisions[n])
             if not rev:  # a renewal sent twice lands here too: is it still ours?
-                held, rev = await state.entry(keys.RUN_OWNER)
+                held, rev = await state.entry(key)
                 if held is not None and (held.pid, held.host) != (os.getpid(), socket.gethostname()):
                     raise LeaseLost(f"run {self.stages[i].run_id}: {_describe(held.pid, held.host)} took it "
                                     "over while this process was cut off the bus")
-                rev = await state.swap(keys.RUN_OWNER, self._value(i), rev)
-            self.revisions[i] = rev or self.revisions[i]
+                rev = await state.swap(key, self._value(i), rev)
+            self.revisions[n] = rev or self.revisions[n]
 
     async def release(self) -> None:
         """Leave the lease expired (the record stays: it names the job the run id belongs to)."""
-        for i, state in enumerate(self.states):
-            if self.revisions[i]:
+        for n, (i, state, key) in enumerate(self.slots):
+            if self.revisions[n]:
                 with contextlib.suppress(Exception):
-                    await state.swap(keys.RUN_OWNER, self._value(i, until=0.0), self.revisions[i])
-                self.revisions[i] = 0
+                    await state.swap(key, self._value(i, until=0.0), self.revisions[n])
+                self.revisions[n] = 0

@@ -26,7 +26,8 @@ EXPLORER_CURSOR = "cursor.explorer"
 EXPLORER_FINISHED = "finished.explorer"
 TRAINER_FINISHED = "finished.trainer"
 RUN_DONE = "run.done"
-RUN_OWNER = "run.owner"
+RUN_OWNER = "run.owner"  # run.owner.<role>
+RUN_FAILED = "run.failed"
 EXPLORER_API = "api.explorer"
 EXIT_PREFIX = "exit."
 
@@ -44,6 +45,12 @@ SYNC_FORMED = "sync.formed"
 SYNC_PULL_PREFIX = "sync.pull."
 SYNC_PULLS = "sync.pulls"
 SYNC_SERVING_PREFIX = "sync.serving."
+
+
+def run_owner(role: str) -> str:
+    """The lease on ``role`` of a run (``run.owner.<role>``): one ``trinity run`` runs each role
+    of a run; a ``train`` run and an ``explore`` run of one job hold different ones."""
+    return f"{RUN_OWNER}.{role}"
 
 
 def run_done(mode: str) -> str:
@@ -93,9 +100,13 @@ KEYS: tuple[Key, ...] = (
         "every role process", state.StageDone,
         "as run.done, for the modes that have their own (run_done): a train run and an "
         "explore run side by side each end on their own"),
-    Key(RUN_OWNER, "trinity run / trinity sweep (a lease, taken and renewed by compare-and-swap)",
+    Key(f"{RUN_OWNER}.<role>", "trinity run / trinity sweep (a lease, taken and renewed by compare-and-swap)",
         "trinity run / trinity sweep starting the same run id", state.Owner,
-        "who owns the run: a second start is refused naming it (roles/owner.py)"),
+        "who runs that role of the run: a second start is refused naming it (roles/owner.py)"),
+    Key(RUN_FAILED, "the role that finds the run cannot succeed (buffer, trainer, explorer: roles/verdicts.py)",
+        "trinity run (its last line), trinity inspect", state.RunFailure,
+        "why the run ended non-zero: no restart can help; records older than the session are "
+        "a previous session's"),
     Key(f"{EXIT_PREFIX}<process>", "every role process (in the last stage's bucket)",
         "every role process, trinity server --until-done", state.ExitMarker,
         "all leave together once every one written since their session started says done "

@@ -27,6 +27,8 @@ from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
 
 SWEEP_FILE = "sweep.json"
+#: What every run of a sweep runs: each its buffer and synchronizer, the shared trainer and explorer.
+ROLES = ["buffer", "explorer", "synchronizer", "trainer"]
 #: Each run's own processes (its buffer and synchronizer) and what one costs in memory
 #: (measured: 200 swept values started 402 processes, ~100 GB): what bounds ``--max-runs``.
 PROCESSES_PER_RUN, PROCESS_MB = 2, 250
@@ -140,7 +142,7 @@ def name_runs(args: argparse.Namespace, locks: list[JobLock]) -> tuple[TrinityCo
                            f"is {PROCESSES_PER_RUN} processes of ~{PROCESS_MB} MB beside the shared ones)"])
     fixed, _ = split_sets(args.overrides)
     base = load(argparse.Namespace(config=args.config, overrides=fixed, dotenv=args.dotenv)).config
-    locks.append(lock_job(sweep_dir(base)))
+    locks.append(lock_job(sweep_dir(base), ROLES))
     runs = expand(base.name, args.overrides)
     used = [sweep_dir(base)] + [Path(base.checkpoint_root_dir) / base.project / r.name for r in runs]
     if not base.continue_from_checkpoint and any(p.exists() for p in used):
@@ -149,8 +151,8 @@ def name_runs(args: argparse.Namespace, locks: list[JobLock]) -> tuple[TrinityCo
               f"false: this sweep is {base.name}_{stamp}")
         base.name = f"{base.name}_{stamp}"
         runs = expand(base.name, args.overrides)
-        locks.append(lock_job(sweep_dir(base)))
-    locks += [lock_job(Path(base.checkpoint_root_dir) / base.project / r.name) for r in runs]
+        locks.append(lock_job(sweep_dir(base), ROLES))
+    locks += [lock_job(Path(base.checkpoint_root_dir) / base.project / r.name, ROLES) for r in runs]
     return base, runs, sweep_dir(base)
 
 
@@ -160,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         return _main(args, locks)
     finally:
-        for lock in locks:  # a sweep refused before its folders existed leaves nothing
+        for lock in reversed(locks):  # a sweep refused before its folders existed leaves nothing
             lock.release()
 
 

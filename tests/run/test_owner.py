@@ -30,8 +30,8 @@ from .helpers import running, steps_log, tiny_run_config, trained_exactly_once, 
 STEPS, PER_STEP = 8, 12
 
 
-def _lock_holder(job: Path) -> int | None:
-    f = job.parent / f".{job.name}.lock"
+def _lock_holder(job: Path, role: str = "trainer") -> int | None:
+    f = job.parent / f".{job.name}.lock" / role
     try:
         return json.loads(f.read_text() or "{}").get("pid")
     except (OSError, ValueError):
@@ -63,21 +63,22 @@ def test_the_same_job_started_twice_runs_once(tmp_path, tiny_model, arith):
 
 def test_the_job_lock_names_its_holder_and_dies_with_it(tmp_path):
     job = tmp_path / "p" / "n"
-    held = lock_job(job)
-    with pytest.raises(ConfigError, match=rf"job {job} is already running: pid {os.getpid()} on host"):
-        lock_job(job)
+    held = lock_job(job, ["buffer", "trainer"])
+    with pytest.raises(ConfigError, match=rf"job {job} is already running: pid {os.getpid()} on host .* its trainer"):
+        lock_job(job, ["explorer", "trainer"])
+    lock_job(job, ["explorer"]).release()  # an explore run beside a train run of one job: fine
     held.release()  # the holder is gone: the lock is free; no job folder was made, so nothing is left
     assert not (tmp_path / "p").exists()
-    lock_job(job).release()
+    lock_job(job, ["trainer"]).release()
     # a process that holds it and is killed leaves it free too
-    code = f"from roles.owner import lock_job; import time; f = lock_job({str(job)!r}); print('held', flush=True); time.sleep(60)"
+    code = f"from roles.owner import lock_job; import time; f = lock_job({str(job)!r}, ['trainer']); print('held', flush=True); time.sleep(60)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
     assert p.stdout is not None and p.stdout.readline() == b"held\n"
     with pytest.raises(ConfigError, match=f"pid {p.pid}"):
-        lock_job(job)
+        lock_job(job, ["trainer"])
     p.send_signal(signal.SIGKILL)
     p.wait()
-    lock_job(job).release()
+    lock_job(job, ["trainer"]).release()
 
 
 def _cfg(tmp_path: Path, url: str, project: str, name: str) -> TrinityConfig:
@@ -86,7 +87,7 @@ def _cfg(tmp_path: Path, url: str, project: str, name: str) -> TrinityConfig:
 
 
 async def _lease(js: object, cfg: TrinityConfig) -> RunLease:
-    lease = RunLease([await bus.RunState.open(js, cfg.run_id)], [cfg])
+    lease = RunLease([await bus.RunState.open(js, cfg.run_id)], [cfg], ["buffer", "trainer"])
     await lease.take()
     return lease
 
@@ -129,13 +130,13 @@ async def test_a_lease_is_renewed_and_outlives_no_dead_holder(tmp_path, nats_ser
         from schemas import keys
         from schemas.state import Owner
 
-        await state.put(keys.RUN_OWNER, Owner(dead.pid, socket.gethostname(), cfg.checkpoint_job_dir,
-                                              time.time() + LEASE_S))
+        await state.put(keys.run_owner("trainer"), Owner(dead.pid, socket.gethostname(), cfg.checkpoint_job_dir,
+                                                         time.time() + LEASE_S))
         lease = await _lease(js, cfg)  # its holder is gone: taken at once
-        held, _ = await state.entry(keys.RUN_OWNER)
+        held, _ = await state.entry(keys.run_owner("trainer"))
         assert held.pid == os.getpid() and held.until > time.time()
         await lease._renew()
-        renewed, _ = await state.entry(keys.RUN_OWNER)
+        renewed, _ = await state.entry(keys.run_owner("trainer"))
         assert renewed.until >= held.until and renewed.pid == os.getpid()
         await lease.release()
     finally:
