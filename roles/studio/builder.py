@@ -127,10 +127,18 @@ VALIDATE_TIMEOUT = 120.0
 
 
 def _serve_checks(conn: Any) -> None:
-    """The checker process: :func:`check` each config it is sent, for as long as the studio lives."""
-    sys.stdout = sys.stderr  # what the config's code prints is not a result
+    """The checker process: :func:`check` each config it is sent, until the studio closes the
+    pipe. Its output goes nowhere: what a config's code prints is no result, and holding the
+    studio's own stdout would keep whoever reads it waiting after the studio exited."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
     while True:
-        conn.send(check(conn.recv()))
+        try:
+            doc = conn.recv()
+        except EOFError:  # the studio is gone
+            return
+        conn.send(check(doc))
 
 
 class Checker:
