@@ -96,13 +96,13 @@ async def _studio_compares(root, keys):
 
     port = free_port()
     studio = subprocess.Popen([sys.executable, "-m", "roles.cli", "studio", "--port", str(port),
-                               "--checkpoint-root", str(root)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.STDOUT)
+                               "--checkpoint-root", str(root), "--token", "sweep-test"], cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}/"
-        await _wait_http(base, studio)
+        await _wait_http(base + "?token=sweep-test", studio)
         async with Browser() as b:
-            await b.goto(base + "#/runs")
+            await b.goto(base + "?token=sweep-test#/runs")
             await b.wait_for(f"document.querySelector('tr[data-job=\"{keys[0]}\"] .sweep-compare')")
             await b.click(f"tr[data-job='{keys[0]}'] .sweep-compare")
             await b.wait_for("document.querySelectorAll('#compare [data-title^=\"eval accuracy\"] polyline').length"
