@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from storage.trajectories import read_step, steps
 
 #: A job or stage path segment as it appears in a URL: names made only of these.
 #: A project or job name the studio reads: what the config accepts (no ``..``, no separator).
-SAFE = re.compile(NAME_PART.pattern)
+SAFE = NAME_PART
 
 
 def inside(root: Path, path: Path) -> bool:
