@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
+
 from roles.owner import JobLock, lock_job
 from roles.run import Child, Progress, Supervisor
 from roles.runrecord import RunRecord
