@@ -137,7 +137,9 @@ def name_runs(args: argparse.Namespace, locks: list[JobLock]) -> tuple[TrinityCo
         n = len(expand("sweep", args.overrides))
     except ValueError as e:
         raise ConfigError([str(e)]) from e
-    most = args.max_runs or default_max_runs()
+    most = default_max_runs() if args.max_runs is None else args.max_runs
+    if most < 2:
+        raise ConfigError([f"--max-runs {most}: a sweep is at least 2 runs"])
     if n > most:
         raise ConfigError([f"--set: {n} runs; this sweep may start at most {most} (--max-runs: each run "
                            f"is {PROCESSES_PER_RUN} processes of ~{PROCESS_MB} MB beside the shared ones)"])

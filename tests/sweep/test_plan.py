@@ -114,3 +114,14 @@ def test_a_sweep_of_more_runs_than_max_runs_is_refused_before_anything_loads(tmp
                        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
     assert r.returncode == 2 and "3 runs; this sweep may start at most 2 (--max-runs" in r.stderr, r.stderr
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_max_runs_below_two_is_refused_not_read_as_the_default(tmp_path):
+    import subprocess
+    import sys
+
+    for bad in ("0", "-3"):
+        r = subprocess.run([sys.executable, "-m", "roles.cli", "sweep", "--config", str(tmp_path / "none.yaml"),
+                            "--set", "algorithm.optimizer.lr=1e-3,2e-3", "--max-runs", bad],
+                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+        assert r.returncode == 2 and f"--max-runs {bad}: a sweep is at least 2 runs" in r.stderr, r.stderr
