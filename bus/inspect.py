@@ -25,7 +25,7 @@ from schemas.redact import redact_url
 
 from .connection import connect, jetstream
 from .kv import RunState
-from .publish import H_CHUNK_COUNT, H_CHUNK_ID, H_CHUNK_INDEX, MAX_MESSAGE_BYTES
+from .publish import H_CHUNK_COUNT, H_CHUNK_ID, H_CHUNK_INDEX, H_ERROR, MAX_MESSAGE_BYTES
 from .subjects import KINDS, names
 
 #: Arrays with at most this many elements are printed whole; longer ones are summarized.
@@ -104,6 +104,30 @@ async def _tail(
         out.append(_msg_json(raw))
         seq -= 1
     return out[::-1]
+
+
+async def dead_letters(js: JetStreamContext, run_id: str, first: int = 3, scan: int = 200) -> tuple[int, list[str]]:
+    """How many messages ``run_id``'s dead-letter stream holds, and the first ``first``
+    distinct reasons (each message's ``Trinity-Error``) among its first ``scan`` messages:
+    what ``trinity run``'s summary lists. (0, []) when the stream does not exist."""
+    stream = names(run_id).stream("dlq")
+    try:
+        si = await js.stream_info(stream)
+    except NotFoundError:
+        return 0, []
+    reasons: list[str] = []
+    seq, last = max(si.state.first_seq, 1), min(si.state.last_seq, si.state.first_seq + scan - 1)
+    while seq <= last and len(reasons) < first:
+        try:
+            raw = await js.get_msg(stream, seq)
+        except NotFoundError:  # deleted or expired
+            seq += 1
+            continue
+        reason = (raw.headers or {}).get(H_ERROR, "(no reason recorded)")
+        if reason not in reasons:
+            reasons.append(reason)
+        seq += 1
+    return si.state.messages, reasons
 
 
 async def inspect_run(

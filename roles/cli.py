@@ -279,8 +279,8 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
 
     tune_process(cfg.cluster.cpu_tuning, cfg.cluster.gpu_per_node)
     from bus.errors import BusConnectError
-
     from roles.signals import exit_now
+    from roles.verdicts import RUN_FAILED_EXIT, RunFailed
 
     log = logging.getLogger(f"trinity.{role}")
     try:
@@ -291,6 +291,9 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         log.error("%s failed: %s", role, e)
         print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
         return connect_exit_code(e)
+    except RunFailed as e:  # the run cannot succeed: trinity run stops it instead of restarting this role
+        print(f"trinity {role}: the run failed: {e.cause}", file=sys.stderr, flush=True)
+        return RUN_FAILED_EXIT
     except Exception:  # noqa: BLE001 - mid-run: exit 1 with the traceback, so trinity run restarts it
         # Exit 2 ("your config is wrong, a restart cannot help") belongs to config loading and
         # the pre-start checks above. Past them, an error is a bug or a broken input met late

@@ -201,13 +201,17 @@ def read_metrics(job_dir: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def summary(stages: list[TrinityConfig]) -> list[str]:
+def summary(stages: list[TrinityConfig],
+            dead: dict[str, tuple[int, list[str]]] | None = None) -> list[str]:
     """Eval accuracy at the start and the end of every stage that evaluated: the lines
-    ``trinity run`` prints at the end, and the explorer does when honcho runs the roles."""
+    ``trinity run`` prints at the end, and the explorer does when honcho runs the roles.
+    ``dead``: by stage run id, how many messages its dead-letter stream holds and their first
+    reasons (``bus.dead_letters``; ``trinity run`` reads them), listed after the accuracy."""
     out, flags = [], []
     for s in stages:
         records = read_metrics(s.checkpoint_job_dir)
         flags += no_signal(s.name.rsplit("/", 1)[-1], records)
+        flags += dead_letter_lines(s.name.rsplit("/", 1)[-1], *(dead or {}).get(s.run_id, (0, [])))
         evals = [r for r in records if r["kind"] == "eval"]
         if not evals:
             continue
@@ -220,6 +224,16 @@ def summary(stages: list[TrinityConfig]) -> list[str]:
                        f"accuracy {100 * v.get('accuracy', float('nan')):5.1f}%")
     head = ["eval accuracy (each stage starts from the previous stage's final weights):", *out] if out else []
     return head + flags
+
+
+def dead_letter_lines(stage: str, count: int, reasons: list[str]) -> list[str]:
+    """The summary's lines for a stage whose dead-letter stream holds ``count`` messages:
+    the count, then the first distinct ``reasons``. Empty when there are none: a run whose
+    experience went to the dead-letter stream must not end on an accuracy alone."""
+    if count <= 0:
+        return []
+    return [f"WARNING {stage}: {count} message(s) dead-lettered (trinity inspect --stream dlq --tail N shows them); first reasons:",
+            *(f"    {r}" for r in reasons)]
 
 
 def eval_points(evals: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:

@@ -15,10 +15,14 @@ What it does, in order:
 5. A role that dies (a crash, a kill) is restarted, up to ``--max-restarts`` times: every
    role resumes (trainer from its checkpoint, explorer from its KV cursor, buffer from the
    durable consumer). When every role exits 0 the run is complete: print the evaluation summary
-   and exit 0. A role that keeps dying, or exits 2 (its config failed to load or a pre-start
-   check failed: a restart cannot help), stops the run with its last output and exit code 1.
-   Exit codes of a role: 0 done, 2 config/pre-start, anything else (1: an error mid-run,
-   logged with its traceback; a signal) is restarted.
+   (with the dead letters, if any) and exit 0. A role that keeps dying, or exits 2 (its config
+   failed to load or a pre-start check failed: a restart cannot help), stops the run with its
+   last output and exit code 1. A role that exits 3 found that the run cannot succeed
+   (``roles/verdicts.py``: a step's worth of groups dead-lettered for one reason, a trainer
+   short of its steps, a wait for weights with nothing trained): the run stops, prints its
+   summary and, as its last line, the cause (``run.failed`` in KV), and exits 1.
+   Exit codes of a role: 0 done, 2 config/pre-start, 3 the run cannot succeed, anything else
+   (1: an error mid-run, logged with its traceback; a signal) is restarted.
    Ctrl-C / SIGTERM stops every role cleanly (SIGTERM, then a kill after a grace period).
 
 Honcho runs the same role processes from the Procfile; this command adds the supervision.
@@ -42,6 +46,7 @@ from roles.checks import preflight
 from roles.monitor import summary
 from roles.owner import JobLock, RunLease, lock_job
 from roles.runrecord import RunRecord, job_dir_of
+from roles.verdicts import RUN_FAILED_EXIT
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
 
@@ -168,6 +173,10 @@ class Supervisor:
         #: No job folder yet: a new experiment (bus state under its name is stale).
         self.fresh = not Path(self.cfg.checkpoint_job_dir).exists()
         self.record = record  # <job>/run.json: what a role did, for the studio and inspect
+        #: why the run cannot succeed, when a role said so (exit RUN_FAILED_EXIT): the last line
+        self.failure: str | None = None
+        #: by stage run id: its dead-letter count and first reasons, read as the run ends
+        self.dead: dict[str, tuple[int, list[str]]] = {}
 
     def say(self, line: str) -> None:
         if self.tty and self.status:
@@ -251,12 +260,45 @@ class Supervisor:
                 lease = await self.own(js)  # the lease went with the stale bucket
             for c in self.children:
                 await self.start(c)
-            return await self.watch(interrupted, nc, asyncio.get_running_loop().create_task(lease.keep()))
+            rc = await self.watch(interrupted, nc, asyncio.get_running_loop().create_task(lease.keep()))
+            if rc == 0 or self.failure:  # for the summary
+                with contextlib.suppress(Exception):
+                    self.dead = await asyncio.wait_for(self.dead_letters(js), 10.0)
+            return rc
         finally:
             if lease is not None:
                 await lease.release()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 5.0)
+
+    async def dead_letters(self, js: object) -> dict[str, tuple[int, list[str]]]:
+        """Every stage's dead-letter count and first reasons (``bus.dead_letters``)."""
+        import bus
+
+        return {s.run_id: await bus.dead_letters(js, s.run_id) for s in self.stages}
+
+    async def failure_cause(self, nc: object, child: Child) -> str:
+        """Why the run failed, as the role that ended it said: its ``run.failed`` record of
+        this session in a stage's KV bucket, else its last line naming it, else its exit."""
+        import bus
+        from schemas import keys
+
+        async def recorded() -> str | None:
+            js = bus.jetstream(nc, self.cfg.nats)
+            for s in self.stages:
+                rec = await (await bus.RunState.open(js, s.run_id, s.nats.replicas)).get(keys.RUN_FAILED)
+                if rec is not None and rec.ts >= self.started:  # older: a previous session's
+                    return rec.cause
+            return None
+
+        with contextlib.suppress(Exception):  # a server that is gone: the role's own line
+            cause = await asyncio.wait_for(recorded(), 10.0)
+            if cause:
+                return cause
+        for line in reversed(child.tail):
+            if "the run failed: " in line:
+                return line.split("the run failed: ", 1)[1]
+        return f"{child.label or child.role} exited with {RUN_FAILED_EXIT} (the run cannot succeed)"
 
     async def own(self, js: object) -> RunLease:
         """Take every stage's ``run.owner`` lease; ConfigError naming the owner if another has it."""
@@ -301,6 +343,13 @@ class Supervisor:
                     self.record.role(who, "finished", c.restarts, 0)
                     continue
                 await asyncio.sleep(0.2)  # let the pump print the last lines
+                if rc == RUN_FAILED_EXIT:  # the run cannot succeed (roles/verdicts.py): no restart
+                    self.failure = await self.failure_cause(nc, c)
+                    self.say(f"trinity run: {who} ended the run (exit {rc}: a restart cannot help); "
+                             "stopping every role")
+                    self.record.role(who, "failed", c.restarts, rc)
+                    await self.stop_all()
+                    return 1
                 if rc == 2 or c.restarts >= self.max_restarts:  # 2: its config or a pre-start check
                     self.say(f"trinity run: {who} failed for good (exit {rc}); last output:")
                     for line in list(c.tail)[-10:]:
@@ -437,6 +486,9 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
         sys.stdout.write("\n")
     if rc == 0:
         print(f"trinity run: done; checkpoints and monitor files under {cfg.checkpoint_job_dir}")
-        for line in summary(stages):
+    if rc == 0 or sup.failure:
+        for line in summary(stages, sup.dead):
             print(line)
+    if sup.failure:  # the last line: what a sweep's log or a CI job shows
+        print(f"trinity run: failed: {sup.failure}", flush=True)
     return rc

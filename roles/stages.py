@@ -38,10 +38,11 @@ from roles.signals import (
     until_stopped,
 )
 from roles.tuning import share_cpu, tuning_on
+from roles.verdicts import RunFailed
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.modes import MODES
-from schemas.state import ExitMarker, StageDone
+from schemas.state import ExitMarker, RunFailure, StageDone
 
 log = structlog.get_logger(__name__)
 
@@ -170,6 +171,9 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
                 watcher = asyncio.create_task(_watch_done(state, done_key, stop, terminate))
                 try:
                     completed = await runner(cfg, stop)
+                except RunFailed as e:  # said in the stage's bucket, for trinity run and inspect
+                    await _record_failure(state, role, e)
+                    raise
                 finally:
                     # ended before the connection it reads closes (below): a watcher left
                     # mid-read would fail on the closed connection with nobody to hear it.
@@ -191,6 +195,16 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
         finally:
             await bus.disconnect(nc)
     return -1  # every stage walked: finish together (run_stages)
+
+
+async def _record_failure(state: Any, role: str, failure: RunFailed) -> None:
+    """Put ``run.failed`` (see ``roles/verdicts.py``). Best effort and bounded: the process
+    exits :data:`~roles.verdicts.RUN_FAILED_EXIT` with the cause on stderr either way."""
+    log.error("run_failed", role=role, cause=failure.cause)
+    try:
+        await asyncio.wait_for(state.put(keys.RUN_FAILED, RunFailure(role, failure.cause, time.time())), 10.0)
+    except Exception as e:  # noqa: BLE001 - the cause is still printed
+        log.warning("run_failed_not_recorded", error=f"{type(e).__name__}: {e}")
 
 
 def process_name(role: str) -> str:

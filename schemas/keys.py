@@ -27,6 +27,7 @@ EXPLORER_FINISHED = "finished.explorer"
 TRAINER_FINISHED = "finished.trainer"
 RUN_DONE = "run.done"
 RUN_OWNER = "run.owner"  # run.owner.<role>
+RUN_FAILED = "run.failed"
 EXPLORER_API = "api.explorer"
 EXIT_PREFIX = "exit."
 
@@ -102,6 +103,10 @@ KEYS: tuple[Key, ...] = (
     Key(f"{RUN_OWNER}.<role>", "trinity run / trinity sweep (a lease, taken and renewed by compare-and-swap)",
         "trinity run / trinity sweep starting the same run id", state.Owner,
         "who runs that role of the run: a second start is refused naming it (roles/owner.py)"),
+    Key(RUN_FAILED, "the role that finds the run cannot succeed (buffer, trainer, explorer: roles/verdicts.py)",
+        "trinity run (its last line), trinity inspect", state.RunFailure,
+        "why the run ended non-zero: no restart can help; records older than the session are "
+        "a previous session's"),
     Key(f"{EXIT_PREFIX}<process>", "every role process (in the last stage's bucket)",
         "every role process, trinity server --until-done", state.ExitMarker,
         "all leave together once every one written since their session started says done "

@@ -159,6 +159,20 @@ class StageDone:
 
 
 @dataclass(slots=True)
+class RunFailure:
+    """``run.failed``: the run cannot succeed and a restart cannot help; ``role`` found out
+    why (``cause``, one line) at ``ts``. ``trinity run`` prints the cause as its last line and
+    exits 1 (``roles/verdicts.py``)."""
+
+    role: str
+    cause: str
+    ts: float
+
+    def validate(self) -> None:
+        _check("RunFailure.cause", bool(self.cause), "must say why the run failed")
+
+
+@dataclass(slots=True)
 class ExitMarker:
     """``exit.<process>``: a role process is ``running`` or ``done``. An explorer's marker has
     a ``lease`` (seconds after ``ts``): it counts only while renewed (roles/stages.py)."""
@@ -347,6 +361,6 @@ class Serving:
 #: Every KV record type (schemas/keys.py maps keys to them; codec.encode_value refuses others).
 RECORDS: tuple[type, ...] = (
     ModelVersion, Heartbeat, Rendezvous, Cursor, ExplorerFinished, TrainerFinished, ApiAddress,
-    StageDone, ExitMarker, Leader, Owner, JoinSettings, SyncPlan, Offer, Join, Want, Hello,
+    StageDone, RunFailure, ExitMarker, Leader, Owner, JoinSettings, SyncPlan, Offer, Join, Want, Hello,
     Formed, Pull, Pulls, Serving,
 )

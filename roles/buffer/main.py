@@ -17,6 +17,7 @@ import structlog
 import bus
 from bus.rpc import Message
 from roles.signals import stop_on_signals
+from roles.verdicts import RunFailed, streak_limit
 from schemas import codec, keys
 from schemas.config import TrinityConfig
 from schemas.data import ExperienceGroup, Metric
@@ -132,6 +133,10 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
                     await asyncio.gather(*(pub.publish(f, "feedback") for f in feedback))
                     await consumer.ack([d for i, d in enumerate(items) if i not in bad])
                     log.debug("ingested", groups=len(items), experiences=added)
+                    # a step's worth dead-lettered for one reason: every next group would be too
+                    cause = service.streak.cause(streak_limit(cfg.buffer.batch_size))
+                    if cause is not None:
+                        raise RunFailed(cause)
                 elif not service.source_done and await drained(consumer, state):
                     service.source_done = True
                     log.info("explorer_finished_and_drained", stored=service.stored)

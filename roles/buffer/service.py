@@ -32,6 +32,7 @@ import structlog
 
 import ops
 from ops.sampling import BatchPlan
+from roles.verdicts import DeadLetterStreak
 from schemas import codec
 from schemas.data import ExperienceGroup, TaskFeedback
 from storage.replay import ReplayError, ReplayStore
@@ -104,6 +105,9 @@ class BufferService:
         self.stored = 0
         self.groups_in = 0
         self.quarantined = 0
+        #: groups dead-lettered in a row for one reason (roles/verdicts.py: the process loop
+        #: ends the run once a step's worth of them adds up)
+        self.streak = DeadLetterStreak()
         #: Set by the process loop once the explorer finished and every group on the stream
         #: is ingested: nothing more will come, so a batch request stops waiting.
         self.source_done = False
@@ -162,10 +166,11 @@ class BufferService:
         self.quarantined += len(bad)
         if added:
             self.arrived_threadsafe()
-        for i, e in bad.items():
-            g = groups[i]
-            error = f"{type(e).__name__}: {e}"
-            log.warning("quarantined", group_id=g.group_id, task_id=g.task_id, error=error)
+        for i, g in enumerate(groups):  # in ingest order: what was stored, what was dead-lettered
+            error = f"{type(bad[i]).__name__}: {bad[i]}" if i in bad else None
+            self.streak = self.streak.after(stored=i in keep and i not in bad, dead_letter=error)
+            if error is not None:
+                log.warning("quarantined", group_id=g.group_id, task_id=g.task_id, error=error)
         return added, bad, [f for i, f in feedback.items() if i not in bad]
 
     def arrived_threadsafe(self) -> None:

@@ -47,6 +47,7 @@ import structlog
 
 import bus
 from bus.server import free_port
+from roles.verdicts import RunFailed, nothing_trained
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
@@ -446,6 +447,19 @@ class ExplorerSyncClient(_Side):
     async def after_step(self, step: int) -> None:
         await self.state.set_model_version(self.version_key, self.version, step=step)
         self.step = step
+
+    async def timed_out(self, what: str, version: int, step: int, missing: list[str]) -> None:
+        """As every side's timeout, except that a wait for weights that timed out with nothing
+        trained (this explorer on the starting weights, the trainer at no step) ends the run
+        (:class:`roles.verdicts.RunFailed`): waiting on would only time out again."""
+        if what == "waiting for weights" and nothing_trained(self.version, await self.state.model_version("trainer")):
+            log.error("sync_timeout", what=what, version=version, missing=missing, nothing_trained=True)
+            await self.event("timeout", version, step, missing=missing, info={"what": what})
+            raise RunFailed(f"the explorer waited {self.plan.timeout:.0f}s (synchronizer.sync_timeout) for the "
+                            f"weights of its step {step + 1} and the trainer has trained no step: it got no "
+                            "experience to train on (see the buffer's dead letters) or cannot train it "
+                            "(see the trainer's output)")
+        await super().timed_out(what, version, step, missing)
 
     async def catch_up(self, engines: Sequence[Any], floor: int) -> int:
         """Before a queued task that needs version ``floor``: an explorer holding older weights

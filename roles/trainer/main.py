@@ -34,6 +34,7 @@ from roles.buffer.protocol import (
 )
 from roles.settings import algorithm_spec, session_start
 from roles.signals import stop_on_signals, to_thread_to_end
+from roles.verdicts import RunFailed, short_of_steps
 from schemas import codec, keys
 from schemas.config import TrinityConfig
 from schemas.data import Metric
@@ -453,6 +454,10 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
         if done:
             if saved != trainer.step or not trainer.has_hf_checkpoint():
                 await save(trainer, nc, cfg.run_id, final=True)
+            short = short_of_steps(trainer.step, last)  # the input ran out before total_steps
+            if short is not None:  # (what was trained is checkpointed above)
+                log.error("trainer_short", step=trainer.step, total_steps=last, consumed=trainer.consumed)
+                raise RunFailed(short)
             if explorer_takes_weights:
                 await sync.finish(trainer.step, trainer)
             await state.put(keys.TRAINER_FINISHED, TrainerFinished(trainer.step, time.time()))

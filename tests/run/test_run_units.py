@@ -153,3 +153,15 @@ async def test_exit_markers_count_only_this_sessions_done(nats_cfg, run_id):
         assert await unfinished(state, before, "both") == []
     finally:
         await bus.disconnect(nc)
+
+
+def test_the_summary_lists_a_stages_dead_letters_and_their_first_reasons(tmp_path):
+    """``trinity run`` reads each stage's dead-letter count and first reasons
+    (``bus.dead_letters``) and the summary lists them after the accuracy: a run whose
+    experience went to the dead-letter stream never ends on an accuracy alone."""
+    cfg = _cfg(tmp_path, name="n/grpo")
+    reason = "ValueError: ExperienceGroup.experiences[0].info['llm_quality_scor']: missing"
+    lines = summary([cfg], {cfg.run_id: (7, [reason])})
+    assert lines == ["WARNING grpo: 7 message(s) dead-lettered (trinity inspect --stream dlq --tail N shows "
+                     "them); first reasons:", f"    {reason}"]
+    assert summary([cfg], {cfg.run_id: (0, [])}) == summary([cfg]) == []
