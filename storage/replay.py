@@ -13,7 +13,17 @@ What is stored (each a named sub-database of one environment)::
     cooling   sortable(ready_at) + order  -> exp id     (used, waiting reuse_cooldown_time)
     versions  model_version             -> number of ready experiences of that version
     batches   batch key -> msgpack {ids, use counts, committed}
+    stored    order -> b"g" + group id, or b"e" + exp id (a loose experience): what was stored,
+              oldest first, for :meth:`ReplayStore.forget`
     meta      format version, order counter, sampling policy
+
+Why records outlive their payloads, and for how long: a used-up experience's payload is freed
+when the batch that trained on it is committed, but its index record and its group's record
+stay, because they are how a redelivered or re-published group is recognised and skipped.
+They are needed only while such a copy can still arrive (the groups in flight, a few steps'
+worth), so :meth:`ReplayStore.forget` drops the records of used-up groups beyond the newest
+``keep_groups`` stored: without it the store grew by ~250 bytes for every experience ever
+stored (455 MB after a 30-minute run).
 
 Modes follow the seeds' experience buffer:
 
@@ -63,6 +73,8 @@ if TYPE_CHECKING:
     from schemas.config import ExperienceBufferConfig
 
 FORMAT = b"trinity-replay/1"
+#: Committed batch records :meth:`ReplayStore.forget` keeps (the newest).
+KEEP_BATCHES = 1000
 Mode = Literal["fifo", "priority"]
 _MAX_KEY = MAX_ID_BYTES  # what validate() allows; LMDB refuses keys over 511 bytes
 
@@ -232,6 +244,10 @@ class _Rec:
             self.size,
         )
 
+    def in_use(self) -> bool:
+        """Still in circulation: ready, cooling, or held by an uncommitted batch."""
+        return self.state in (State.READY, State.COOLING) or self.pending > 0
+
     def ready_key(self) -> bytes:
         return _fkey(-self.priority) + _U64.pack(self.order)
 
@@ -344,7 +360,7 @@ class ReplayStore:
             meminit=False,
             max_readers=256,
         )
-        names = ("meta", "payload", "index", "groups", "ready", "cooling", "versions", "batches")
+        names = ("meta", "payload", "index", "groups", "ready", "cooling", "versions", "batches", "stored")
         try:
             self._db = {n: self.env.open_db(n.encode(), create=not readonly) for n in names}
         except lmdb.Error as e:
@@ -571,6 +587,7 @@ class ReplayStore:
         res = PutResult()
         t = time.time() if now is None else now
         index, payload, groups = self._db["index"], self._db["payload"], self._db["groups"]
+        stored = self._db["stored"]
         for gid, header, exps in prepared:
             if gid is not None:
                 if txn.get(gid, db=groups) is not None:
@@ -578,11 +595,14 @@ class ReplayStore:
                     continue
                 ids = [eid.decode() for eid, _, _ in exps]
                 txn.put(gid, msgpack.packb([header, ids]), db=groups)
+                txn.put(_U64.pack(self._next_order(txn)), b"g" + gid, db=stored)
                 res.groups += 1
             for eid, version, data in exps:
                 if txn.get(eid, db=index) is not None:
                     res.duplicates += 1 if gid is None else 0
                     continue
+                if gid is None:
+                    txn.put(_U64.pack(self._next_order(txn)), b"e" + eid, db=stored)
                 txn.put(eid, data, db=payload)
                 order = self._next_order(txn)
                 rec = _Rec(order, order, version, 0, 0, State.READY, 0.0, t, t, len(data))
@@ -590,6 +610,65 @@ class ReplayStore:
                 res.experiences += 1
                 res.bytes += len(data)
         return res
+
+    # -- forgetting --------------------------------------------------------------------------
+
+    def forget(self, keep_groups: int, *, limit: int = 2000, keep_batches: int = KEEP_BATCHES) -> int:
+        """Drop the records of used-up groups beyond the newest ``keep_groups`` stored (see
+        the module doc), at most ``limit`` per call so the write lock is held briefly; returns
+        how many groups (or loose experiences) were forgotten. A group with an experience still
+        in circulation (ready, cooling, or in an uncommitted batch) is kept and looked at again
+        ``keep_groups`` groups later. Committed batch records beyond the newest
+        ``keep_batches`` go too: a trainer that rolls back past one gets a fresh batch under its
+        key, as it would under the ``.k`` key that record made the buffer choose.
+        ``keep_groups < 0`` forgets nothing."""
+        if keep_groups < 0:
+            return 0
+
+        def fn(txn: lmdb.Transaction) -> int:
+            stored, index, groups = self._db["stored"], self._db["index"], self._db["groups"]
+            over = txn.stat(stored)["entries"] - keep_groups
+            forgotten = looked = 0
+            moved = _U64.pack(self._next_order(txn))  # entries from here on were moved by this call
+            cur = txn.cursor(db=stored)
+            while over > 0 and looked < limit and cur.first() and cur.key() < moved:
+                looked += 1
+                entry = cur.value()
+                cur.delete()
+                key = entry[1:]
+                if entry[:1] == b"g":
+                    raw = txn.get(key, db=groups)
+                    ids = [i.encode() for i in msgpack.unpackb(raw)[1]] if raw is not None else []
+                else:
+                    ids = [key]
+                recs = [txn.get(e, db=index) for e in ids]
+                if any(r is not None and _Rec.unpack(r).in_use() for r in recs):
+                    txn.put(_U64.pack(self._next_order(txn)), entry, db=stored)  # look again later
+                    continue
+                for e in ids:
+                    txn.delete(e, db=index)
+                    txn.delete(e, db=self._db["payload"])
+                if entry[:1] == b"g":
+                    txn.delete(key, db=groups)
+                forgotten += 1
+                over -= 1
+            self._forget_batches(txn, keep_batches)
+            return forgotten
+
+        return self._write(fn)
+
+    def _forget_batches(self, txn: lmdb.Transaction, keep: int) -> None:
+        batches = self._db["batches"]
+        if txn.stat(batches)["entries"] <= keep:
+            return
+        committed = []
+        for k, v in txn.cursor(db=batches):
+            rec = msgpack.unpackb(v)
+            if rec["committed"]:
+                committed.append((rec["created_at"], k))
+        committed.sort()
+        for _, k in committed[: max(0, len(committed) - keep)]:
+            txn.delete(k, db=batches)
 
     # -- taking ------------------------------------------------------------------------------
 
