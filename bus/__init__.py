@@ -54,6 +54,7 @@ _WHERE = {
     "free_port": "server",
     "serve_forever": "server",
     "ensure_streams": "streams",
+    "trim_streams": "retention",
     "delete_run": "streams",
     "StreamTail": "tail",
     "KINDS": "subjects",

@@ -156,6 +156,7 @@ UNUSED_FIELDS: dict[str, str] = {
     "buffer.trainer_input.auxiliary_buffers{}.storage_type": "an auxiliary buffer is a file dataset (SFT data for mix/CHORD)",
     "buffer.trainer_input.auxiliary_buffers{}.capacity": "an auxiliary buffer is a file dataset, read in full",
     "buffer.trainer_input.auxiliary_buffers{}.max_read_timeout": "an auxiliary buffer is a file dataset: it never waits",
+    "buffer.trainer_input.auxiliary_buffers{}.keep_used_groups": "an auxiliary buffer is a file dataset, not a replay store",
     "buffer.trainer_input.auxiliary_buffers{}.replay_buffer": "an auxiliary buffer is a file dataset, not a replay store",
     "buffer.trainer_input.auxiliary_buffers{}.format.workflow_key": "datasets are trained on, not run by workflows",
     "buffer.trainer_input.auxiliary_buffers{}.format.reward_fn_key": "datasets are trained on, not run by workflows",
@@ -644,6 +645,12 @@ class ExperienceBufferConfig(Section):
     """Max experiences kept by the replay store (lowest priority evicted first); 0: no limit."""
     max_read_timeout: float = Field(1800, ge=0)
     """Seconds to wait for a full batch before returning a partial one."""
+    keep_used_groups: int = Field(10000, ge=-1)
+    """Used-up groups whose records the replay store remembers (the newest), so a redelivered
+    or re-published copy is recognised and skipped; older ones are forgotten once a minute,
+    which keeps a long run's store flat. The copies that can arrive are the groups in flight, a
+    few steps' worth: 10,000 covers steps of up to ~1,000 groups. -1 remembers every group
+    (the store grows ~250 bytes per experience for the whole run). Queue only."""
     replay_buffer: ReplayBufferConfig = Field(default_factory=ReplayBufferConfig)
     """Experience reuse settings (queue only)."""
     split: str = "train"
@@ -918,9 +925,12 @@ class TrainerConfig(Section):
     """Alias of ``deepspeed.offload_param``."""
     optimizer_offload: bool = False
     """Alias of ``deepspeed.offload_optimizer``."""
-    max_checkpoints_to_keep: int = Field(0, ge=0)
-    """Checkpoints kept on disk; 0 keeps all. veRL's ``trainer.max_actor_ckpt_to_keep`` (or
-    ``max_critic_ckpt_to_keep``: the critic is saved in the same checkpoint) sets it too."""
+    max_checkpoints_to_keep: int | None = Field(5, ge=0)
+    """Checkpoints kept on disk, the newest (the latest a resume or a checkpoint sync reads is
+    always kept); ``0`` or ``null`` keeps all. Trinity-RFT keeps all when it is unset; here a
+    long run would fill the disk (141 checkpoints in 30 minutes of the quickstart), so unset
+    means 5. veRL's ``trainer.max_actor_ckpt_to_keep`` (or ``max_critic_ckpt_to_keep``: the
+    critic is saved in the same checkpoint) sets it too."""
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     """Where a starting trainer takes its weights, optimizer and step from (veRL's name).
     ``auto``: the job's latest checkpoint, or the model when there is none (with
@@ -1100,10 +1110,21 @@ class NatsConfig(Section):
     max_payload: int = Field(8 * 1024 * 1024, ge=1, le=MAX_NATS_PAYLOAD)
     """Largest message the embedded server accepts; bigger payloads are chunked (at most 64 MiB,
     nats-server's own limit)."""
+    stream_keep: Annotated[int, AfterValidator(_unlimited_or_at_least(1000))] = 10000
+    """Messages each stream of a run keeps beyond those a role's consumer has yet to
+    acknowledge: once a minute the buffer purges, per stream, what every durable consumer has
+    acknowledged except the newest ``stream_keep`` (what ``trinity inspect --tail`` and the
+    studio read back; the monitor's files keep every metric). Nothing unacknowledged is ever
+    purged, so a restarted role loses nothing. Streams read without a durable consumer
+    (``done`` and ``feedback``, which the leading explorer reads from its cursor; ``dlq``)
+    keep their newest ``stream_keep``: more than one step ever adds while that explorer is
+    away, hence at least 1000. -1 keeps every message (nats-server's memory and store then
+    grow with the run)."""
     stream_max_bytes: Annotated[int, AfterValidator(_unlimited_or_at_least(1))] = -1
-    """Byte limit of each stream; -1 unlimited."""
+    """Byte limit of each stream (the oldest messages go first, acknowledged or not); -1
+    unlimited. ``stream_keep`` bounds a run without that risk."""
     stream_max_age: float = Field(0, ge=0)
-    """Seconds messages are kept; 0 forever."""
+    """Seconds messages are kept (acknowledged or not); 0 forever."""
     duplicate_window: float = Field(120.0, gt=0)
     """Seconds JetStream remembers message ids for de-duplication."""
     replicas: int = Field(1, ge=1, le=5)

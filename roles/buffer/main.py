@@ -85,6 +85,23 @@ async def drained(consumer: bus.Consumer, state: bus.RunState) -> bool:
     return info.num_pending == 0 and info.num_ack_pending == 0
 
 
+#: Seconds between two rounds of :func:`tidy` (forgetting used-up records, trimming streams).
+TIDY_S = 60.0
+
+
+async def tidy(cfg: TrinityConfig, service: BufferService, js: Any) -> None:
+    """Keep a long run flat: the replay store forgets used-up groups beyond
+    ``keep_used_groups``, the run's streams drop what every consumer acknowledged beyond
+    ``nats.stream_keep``."""
+    from schemas.config import ExperienceBufferConfig
+
+    keep = (cfg.buffer.trainer_input.experience_buffer or ExperienceBufferConfig()).keep_used_groups
+    forgotten = await asyncio.to_thread(service.store.forget, keep) if service.store is not None else 0
+    purged = await bus.trim_streams(js, cfg.run_id, cfg.nats.stream_keep)
+    if forgotten or purged:
+        log.info("tidied", forgotten_groups=forgotten, purged=purged)
+
+
 async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
     """Serve until ``stop`` (or SIGTERM/SIGINT when no ``stop`` is given); True: the buffer
     has no work of its own that could be left unfinished."""
@@ -118,7 +135,7 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
     if service.store is not None:
         consumer = await bus.Consumer(nc, cfg.nats, cfg.run_id, "exp", "buffer", expect=ExperienceGroup).start()
     log.info("buffer_started", run=cfg.run_id, main="file" if service.main_file else "replay")
-    last_beat = 0.0
+    last_beat, last_tidy = 0.0, time.monotonic()
     try:
         while not stop.is_set():
             if consumer is None:
@@ -140,6 +157,9 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
                 elif not service.source_done and await drained(consumer, state):
                     service.source_done = True
                     log.info("explorer_finished_and_drained", stored=service.stored)
+            if time.monotonic() - last_tidy > TIDY_S:
+                last_tidy = time.monotonic()
+                await tidy(cfg, service, js)
             if time.monotonic() - last_beat > 2.0:
                 last_beat = time.monotonic()
                 ready = service.store.count_ready() if service.store is not None else 0

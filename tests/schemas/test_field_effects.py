@@ -1457,6 +1457,10 @@ RUNTIME_EFFECTS: dict[str, str] = {
     # the level's effect on the role's log; roles/cli.py passes log.level to setup_logging
     "log.level": "tests/roles/test_logs.py::test_level_filters",
     "nats.connect_wait": "tests/bus/test_connection.py::test_connect_waits_for_a_starting_server",
+    # the buffer's tidy, once a minute
+    "nats.stream_keep": "tests/bus/test_retention.py::test_the_buffer_tidies_by_its_settings",
+    "buffer.trainer_input.experience_buffer.keep_used_groups":
+        "tests/bus/test_retention.py::test_the_buffer_tidies_by_its_settings",
 }
 
 
