@@ -317,7 +317,7 @@ class Trainer:
             ckpt.save_checkpoint(
                 self.job, self.step, state_dict=weights, config=self.engine.model.config,
                 tokenizer=self.tokenizer, trainer_state=state, save_hf=hf,
-                max_checkpoints_to_keep=t.max_checkpoints_to_keep,
+                max_checkpoints_to_keep=t.max_checkpoints_to_keep or 0,
                 trainer_meta={"latest_iteration": self.step, "consumed": self.consumed, "session": self.session},
                 world_size=world,
             )
