@@ -288,7 +288,7 @@ class Supervisor:
             for s in self.stages:
                 rec = await (await bus.RunState.open(js, s.run_id, s.nats.replicas)).get(keys.RUN_FAILED)
                 if rec is not None and rec.ts >= self.started:  # older: a previous session's
-                    return rec.cause
+                    return f"{s.name}: {rec.cause}" if len(self.stages) > 1 else rec.cause
             return None
 
         with contextlib.suppress(Exception):  # a server that is gone: the role's own line

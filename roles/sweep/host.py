@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from roles.sweep.plan import SweepRun
+from roles.verdicts import RUN_FAILED_EXIT, RunFailed
 from schemas.config import TrinityConfig
 
 log = structlog.get_logger(__name__)
@@ -43,6 +44,8 @@ async def host(role: str, runs: list[SweepRun], cfgs: dict[str, TrinityConfig]) 
     failed = [r.name for r, c in zip(runs, codes, strict=True) if c]
     if failed:
         log.error("runs_failed", runs=failed)
+    if failed and all(c == RUN_FAILED_EXIT for c in codes if c):
+        return RUN_FAILED_EXIT  # the sweep stops and says why; a restart would fail the same way
     return 1 if failed else 0
 
 
@@ -54,6 +57,9 @@ async def run_one(role: str, cfg: TrinityConfig, runner: Any, terminate: asyncio
     structlog.contextvars.bind_contextvars(run=cfg.name)  # this task's log lines name the run
     try:
         return await run_stages(role, [cfg], runner, terminate)
+    except RunFailed as e:  # recorded in the run's bucket (run.failed); the others go on
+        log.error("run_cannot_succeed", run=cfg.name, cause=e.cause)
+        return RUN_FAILED_EXIT
     except Exception:  # noqa: BLE001 - one run's failure must not end the others
         log.exception("run_failed", run=cfg.name, why="the other runs go on; the sweep restarts this process")
         return 1

@@ -208,6 +208,8 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
     if rc == 0:
         print(f"trinity sweep: done; {len(runs)} runs under {Path(first.checkpoint_job_dir).parent}")
         print_table(cfgs)
+    elif sup.failure:
+        print(f"trinity sweep: failed: {sup.failure}", flush=True)
     return rc
 
 

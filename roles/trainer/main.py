@@ -333,8 +333,8 @@ async def fetch_batch(nc: Any, run_id: str, step: int, n: int, version: int, tim
 
 
 async def _fetch_serving_hellos(
-    fetch: Any, sync: Any, trainer: Any, state: Any, nc: Any, reconnects: int
-) -> BatchReply:
+    fetch: Any, sync: Any, trainer: Any, state: Any, nc: Any, reconnects: int, stop: asyncio.Event
+) -> BatchReply | None:
     """Await the batch request ``fetch``; meanwhile answer explorers that ask for weights (a
     restarted leader's hello, the other explorers' pulls: the batch may be waiting for their
     experience, see roles.synchronizer.client; the model is idle while a batch is awaited), and give up on
@@ -342,7 +342,9 @@ async def _fetch_serving_hellos(
     changed) or the connection went through a reconnect (a request or its reply sent while
     the server was away is gone). Waiting for the reply would cost the request's whole
     timeout; asking again is safe: the buffer hands out the same batch for a step.
-    ``reconnects``: the connection's count when the request was sent."""
+    ``reconnects``: the connection's count when the request was sent. None once ``stop`` is
+    set: a stopping trainer does not wait out a batch that may never come (a restart asks for
+    the same step's batch again)."""
     task = asyncio.ensure_future(fetch)
     buffer_pid = None
     try:
@@ -350,6 +352,8 @@ async def _fetch_serving_hellos(
             done, _ = await asyncio.wait({task}, timeout=1.0)
             if done:
                 return task.result()
+            if stop.is_set():
+                return None
             await sync.serve_explorers(trainer)
             beat = await state.get(f"{keys.HEARTBEAT}.buffer")
             pid = beat.pid if beat is not None else None
@@ -422,11 +426,13 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
                                           nc.stats["reconnects"])
             prefetch = None
             try:
-                reply = await _fetch_serving_hellos(fetch, sync, trainer, state, nc, sent_at)
+                reply = await _fetch_serving_hellos(fetch, sync, trainer, state, nc, sent_at, stop)
             except (bus.NoResponders, bus.RequestTimeout) as e:
                 log.warning("no_batch", step=step, error=str(e))
                 await asyncio.sleep(1.0)
                 continue
+            if reply is None:
+                break
             if not reply.items:
                 if reply.exhausted or (not MODES[cfg.mode].explores and trainer.spec.schema != "experience"):
                     log.info("input_exhausted", step=trainer.step)

@@ -123,3 +123,19 @@ def test_a_sweep_of_runs_that_cannot_share_fails_before_any_process(tmp_path, ti
     assert p.returncode == 2, out
     assert "run s-lr1e-4: model.lora_configs" in out and "run s-lr1e-3: model.lora_configs" in out
     assert not (tmp_path / "ckpt").exists(), "a process started before the runs were checked"
+
+
+def test_a_sweep_whose_runs_cannot_succeed_ends_with_exit_1_naming_the_run_and_cause(tmp_path, tiny_model, arith):
+    """The stats_key typo of ``tests/run/test_honest_ends.py`` in a sweep: the run whose buffer
+    finds out ends the sweep (exit 1), and the sweep's last line names that run and the cause."""
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(), name="s",
+                          stages=False, extra={"model.lora_configs": [LORA], "synchronizer.sync_timeout": 300,
+                                               "data_processor.experience_pipeline.operators": [
+                                                   {"name": "reward_shaping_mapper", "args": {"reward_shaping_configs": [
+                                                       {"stats_key": "llm_quality_scor", "op_type": "ADD", "weight": 1.0}]}}]})
+    p = trinity("sweep", "--config", str(cfg), "--set", "algorithm.optimizer.lr=1e-4,1e-3")
+    out = p.communicate(timeout=240)[0].decode()
+    last = out.rstrip().splitlines()[-1]
+    assert p.returncode == 1, out[-4000:]
+    assert last.startswith("trinity sweep: failed: s-lr1e-"), out[-4000:]
+    assert "info['llm_quality_scor']: missing" in last, last
