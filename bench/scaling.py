@@ -124,6 +124,15 @@ def memory_mb(pid: int | str = "self") -> tuple[float, float]:
 
 # ---- replay ----------------------------------------------------------------------------------
 
+def io_counters() -> tuple[int, int]:
+    """(bytes this process caused to be written to disk, major page faults: pages it had to
+    read from disk) so far, from /proc (Linux)."""
+    written = int(next(x for x in Path("/proc/self/io").read_text().splitlines()
+                       if x.startswith("write_bytes:")).split()[1])
+    majflt = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[9])
+    return written, majflt
+
+
 def replay(max_size: int) -> dict[str, float]:
     import numpy as np
 
@@ -158,21 +167,33 @@ def replay(max_size: int) -> dict[str, float]:
                 stored += 8 * n
             os.sync()  # the fill's dirty pages written back first: the windows measure the store, not that
             window = groups(4 * 250)  # 8,000 experiences, 4 groups a transaction
-            t = time.perf_counter()
+            io0, t = io_counters(), time.perf_counter()
             for i in range(0, len(window), 4):
                 store.put_groups(window[i:i + 4])
             put = 8 * len(window) / (time.perf_counter() - t)
+            io1 = io_counters()
             stored += 8 * len(window)
             t, taken = time.perf_counter(), 0
             for b in range(40):
                 taken += len(store.take_batch(f"{size}-{b}", 256))
                 store.commit_batch(f"{size}-{b}")
             take = taken / (time.perf_counter() - t)
+            io2 = io_counters()
             anon, file = memory_mb()
             disk = sum(f.stat().st_size for f in (work / "store").iterdir()) / 2**20
-            rows.append((size, put, take, anon, file, disk))
+            with store.env.begin() as txn:
+                stats = [txn.stat(db) for db in store._db.values()] + [store.env.stat()]
+            depth = max(st["depth"] for st in stats)
+            used = sum(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"] for st in stats)
+            free_pages = store.env.info()["last_pgno"] + 1 - used  # LMDB's free list (and its own pages)
+            # where the time goes: disk written per transaction, pages read back from disk
+            put_kb, take_kb = (io1[0] - io0[0]) / 250 / 1024, (io2[0] - io1[0]) / 80 / 1024
+            faults = (io1[1] - io0[1]) / 250, (io2[1] - io1[1]) / 80
+            rows.append((size, put, take, anon, file, disk, put_kb, take_kb, *faults, depth, free_pages))
             print(f"  {size:>10,} stored: put {put:8,.0f} exp/s, take {take:8,.0f} exp/s, heap {anon:6.0f} MB, "
-                  f"mapped {file:6.0f} MB, file {disk:7.0f} MB  ({time.perf_counter() - t_fill:.0f} s so far)", flush=True)
+                  f"mapped {file:6.0f} MB, file {disk:7.0f} MB; per transaction: put writes {put_kb:5.0f} KB "
+                  f"and faults {faults[0]:5.1f} pages in, take+commit {take_kb:5.0f} KB, {faults[1]:5.1f} pages; "
+                  f"B-tree depth {depth}, {free_pages:,} free pages  ({time.perf_counter() - t_fill:.0f} s so far)", flush=True)
         store.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -184,7 +205,11 @@ def replay(max_size: int) -> dict[str, float]:
             f"replay take at {last[0]:,} / at {first[0]:,}": round(last[2] / first[2], 2),
             f"replay put at {last[0]:,}, exp/s": round(last[1]), f"replay take at {last[0]:,}, exp/s": round(last[2]),
             f"replay heap at {first[0]:,}, MB": round(first[3]), f"replay heap at {last[0]:,}, MB": round(last[3]),
-            f"replay file at {last[0]:,}, MB": round(last[5])}
+            f"replay file at {last[0]:,}, MB": round(last[5]),
+            **{f"replay {what} at {r[0]:,}": round(r[i], 1) for r in (first, last) for i, what in (
+                (6, "KB written per put transaction"), (7, "KB written per take+commit"),
+                (8, "pages read from disk per put transaction"), (9, "pages read from disk per take+commit"),
+                (10, "B-tree depth"), (11, "free pages"))}}
 
 
 # ---- bus -------------------------------------------------------------------------------------
@@ -287,11 +312,7 @@ def memory(minutes: float) -> dict[str, float]:
             samples.append((time.time() - t0, {k: v for k, v in rss.items() if v >= 20}))
             time.sleep(10)
     finally:
-        os.killpg(p.pid, signal.SIGINT)
-        try:
-            p.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+        vs.stop_run(p)
     if p.returncode not in (0, -signal.SIGINT, 130, None) and time.time() - t0 < minutes * 60:
         raise RuntimeError(f"the run ended early (exit {p.returncode}); its logs are under {vs.WORK / 'ckpt'}")
     roles = sorted({k for _, s in samples for k in s if k not in ("run", "run:child")})

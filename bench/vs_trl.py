@@ -34,6 +34,7 @@ import json
 import math
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -216,45 +217,66 @@ def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str, lora:
     return out
 
 
-def by_process(root: int) -> tuple[dict[str, float], dict[str, float]]:
-    """CPU seconds (user + system) so far and resident memory now (MB) of ``root``'s
-    descendants, by role (the last word of ``trinity <role>``), ``nats-server`` and ``vllm``
-    (its engine processes), from /proc."""
-    parent, name, cpu, rss = {}, {}, {}, {}
-    tick = os.sysconf("SC_CLK_TCK")
+def stop_run(p: subprocess.Popen) -> None:
+    """Stop a ``trinity run`` started in its own session as Ctrl-C would (SIGINT to its
+    process group), killing what is left after 120 s."""
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        p.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+
+
+def role_pids(root: int) -> dict[int, str]:
+    """``root``'s descendants by role (the last word of ``trinity <role>``), ``nats-server``,
+    ``vllm`` (its engine processes), ``<role>:child`` (a role's helper: vLLM's engine core, a
+    compile worker) or ``run`` (``trinity run`` itself and its own helpers), from /proc."""
+    parent, name = {}, {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
             argv = (d / "cmdline").read_bytes().split(b"\0")
-            rss[int(d.name)] = int(stat[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
         except OSError:
             continue
         pid = int(d.name)
         parent[pid] = int(stat[1])
-        cpu[pid] = (int(stat[11]) + int(stat[12])) / tick
         words = [w.decode(errors="replace") for w in argv if w]
         name[pid] = ("nats-server" if any("nats-server" in w for w in words[:1]) else
                      next((w for w in words if w in ("explorer", "buffer", "trainer", "synchronizer", "server")),
                           "vllm" if any("vllm" in w.lower() or "VLLM" in w for w in words) else "other"))
-    out: dict[str, float] = {}
-    mem: dict[str, float] = {}
-    for pid, c in cpu.items():
-        a, role = pid, None
+    out: dict[int, str] = {}
+    for pid in name:
+        a = pid
         while a in parent and a != root:
             a = parent[a]
         if a != root:
             continue
         role = name[pid]
-        if role == "other":  # a child of a role (vLLM's engine core, a compile helper)
+        if role == "other":
             b = parent.get(pid)
             while b is not None and b != root and name.get(b) == "other":
                 b = parent.get(b)
             role = f"{name.get(b, 'run')}:child" if b != root else "run"
-        out[role] = out.get(role, 0.0) + c
-        mem[role] = mem.get(role, 0.0) + rss.get(pid, 0.0)
-    return out, mem
+        out[pid] = role
+    return out
+
+
+def by_process(root: int) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU seconds (user + system) so far and resident memory now (MB) of ``root``'s
+    descendants, by role (:func:`role_pids`), from /proc."""
+    tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    cpu: dict[str, float] = {}
+    mem: dict[str, float] = {}
+    for pid, role in role_pids(root).items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu[role] = cpu.get(role, 0.0) + (int(stat[11]) + int(stat[12])) / tick
+        mem[role] = mem.get(role, 0.0) + int(stat[21]) * page / 2**20
+    return cpu, mem
 
 
 def main() -> None:
