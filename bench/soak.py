@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -135,6 +136,7 @@ def main() -> None:
     ap.add_argument("--engine", default="vllm", help="the quickstart's (vllm) unless set")
     ap.add_argument("--every", type=float, default=60.0, help="seconds between samples")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a killed soak stops its run too
     shutil.rmtree(WORK / "ckpt", ignore_errors=True)
     WORK.mkdir(parents=True, exist_ok=True)
     cfg, job = config(a.engine, f"soak_{int(time.time())}")

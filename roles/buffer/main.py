@@ -87,6 +87,9 @@ async def drained(consumer: bus.Consumer, state: bus.RunState) -> bool:
 
 #: Seconds between two rounds of :func:`tidy` (forgetting used-up records, trimming streams).
 TIDY_S = 60.0
+#: Groups forgotten per write transaction (the ingest waits for each): a round takes as many
+#: as arrived in the minute (3,000 in the quickstart), one at most this many at a time.
+FORGET_BATCH = 1000
 
 
 async def tidy(cfg: TrinityConfig, service: BufferService, js: Any) -> None:
@@ -96,7 +99,12 @@ async def tidy(cfg: TrinityConfig, service: BufferService, js: Any) -> None:
     from schemas.config import ExperienceBufferConfig
 
     keep = (cfg.buffer.trainer_input.experience_buffer or ExperienceBufferConfig()).keep_used_groups
-    forgotten = await asyncio.to_thread(service.store.forget, keep) if service.store is not None else 0
+    forgotten = 0
+    while service.store is not None:  # short transactions, until a round's worth is done
+        n = await asyncio.to_thread(service.store.forget, keep, limit=FORGET_BATCH)
+        forgotten += n
+        if n < FORGET_BATCH:
+            break
     purged = await bus.trim_streams(js, cfg.run_id, cfg.nats.stream_keep)
     if forgotten or purged:
         log.info("tidied", forgotten_groups=forgotten, purged=purged)

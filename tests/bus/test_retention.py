@@ -59,7 +59,7 @@ async def test_the_buffer_tidies_by_its_settings(nats_conn, nats_cfg, run_id, tm
     ``keep_used_groups`` used-up groups, the streams ``nats.stream_keep`` messages."""
     from types import SimpleNamespace
 
-    from roles.buffer.main import tidy
+    from roles.buffer.main import FORGET_BATCH, tidy
     from schemas.config import TrinityConfig
     from storage.replay import ReplayStore
     from tests.storage.test_replay import group
@@ -74,8 +74,9 @@ async def test_the_buffer_tidies_by_its_settings(nats_conn, nats_cfg, run_id, tm
     for i in range(1005):
         await pub.publish(Metric(role="test", step=i, kind="test", values={}), "metrics")
     with ReplayStore(tmp_path / "r") as store:
-        store.put_groups([group(f"g{i}", 0) for i in range(8)])
-        store.take_batch("step-1", 16)
+        n = 2 * FORGET_BATCH + 8  # more than one transaction's worth: a round takes them all
+        store.put_groups([group(f"g{i}", 0) for i in range(n)])
+        store.take_batch("step-1", 2 * n)
         store.commit_batch("step-1")
         await tidy(cfg, SimpleNamespace(store=store), js)
         assert store.stats().groups == 3  # keep_used_groups
