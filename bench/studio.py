@@ -29,7 +29,6 @@ TARGET_MS = 300.0
 from bench.report import record  # noqa: E402
 from bus.server import free_port  # noqa: E402
 
-
 TOKEN = "bench-studio"
 
 
