@@ -1,6 +1,6 @@
 """A soak: the quickstart's GRPO stage for hours, memory and disk sampled every minute.
 
-    python bench/soak.py [--minutes 120] [--engine vllm]
+    python bench/soak.py [--minutes 120] [--engine vllm] [--steps N] [--every 60]
 
 What a user who leaves a run going gets, with the quickstart's own settings (its engine, its
 eval and save intervals, the default retention: ``keep_used_groups``, ``nats.stream_keep``,
@@ -80,12 +80,11 @@ RETAINED = {"disk: replay store": lambda k: k.name == "buffer",
 RECORDS = "disk: run record (logs, metrics)"
 
 
-def config(engine: str, name: str) -> tuple[Path, Path]:
+def config(engine: str, name: str, steps: int) -> tuple[Path, Path]:
     """The quickstart's GRPO stage (``bench/vs_trl.py``'s, which the TRL comparison runs)
-    with its own eval and save intervals, long enough to outlast the soak; the config and
-    the job folder."""
+    with its own eval and save intervals, ``steps`` long; the config and the job folder."""
     data, sft = vs.assets()
-    path = vs.trinity_config(data, sft, 10**7, engine, name)
+    path = vs.trinity_config(data, sft, steps, engine, name)
     cfg = yaml.safe_load(path.read_text())
     quick = yaml.safe_load((ROOT / "examples" / "quickstart" / "quickstart.yaml").read_text())
     cfg["explorer"]["eval_interval"] = quick["explorer"]["eval_interval"]
@@ -135,11 +134,13 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=120.0)
     ap.add_argument("--engine", default="vllm", help="the quickstart's (vllm) unless set")
     ap.add_argument("--every", type=float, default=60.0, help="seconds between samples")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="a run of this many steps, sampled to its end (--minutes: the most it may take)")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a killed soak stops its run too
     shutil.rmtree(WORK / "ckpt", ignore_errors=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    cfg, job = config(a.engine, f"soak_{int(time.time())}")
+    cfg, job = config(a.engine, f"soak_{int(time.time())}", a.steps or 10**7)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRINITY_")}
     log = (WORK / "run.log").open("w")
     p = subprocess.Popen([sys.executable, "-m", "roles.cli", "run", "--config", str(cfg)], cwd=ROOT, env=env,
@@ -149,14 +150,19 @@ def main() -> None:
     try:
         while time.time() - t0 < a.minutes * 60 and p.poll() is None:
             time.sleep(a.every)
+            if p.poll() is not None:  # ended (a --steps run): its processes are gone
+                break
             rows.append({"minute": (time.time() - t0) / 60, "step": last_step(job), **sample(p.pid, job)})
             r = rows[-1]
             print(f"  {r['minute']:6.1f} min  step {r['step']:>6}  " + "  ".join(
                 f"{k} {v:.0f}" for k, v in r.items() if k not in ("minute", "step")), flush=True)
     finally:
         vs.stop_run(p)
-    if time.time() - t0 < a.minutes * 60 - a.every:
+    if a.steps and (p.returncode != 0 or last_step(job) < a.steps):
+        raise SystemExit(f"the {a.steps}-step run did not finish (exit {p.returncode}); see {WORK / 'run.log'}")
+    if not a.steps and time.time() - t0 < a.minutes * 60 - a.every:
         raise SystemExit(f"the run ended early (exit {p.returncode}); see {WORK / 'run.log'}")
+    a.minutes = rows[-1]["minute"]
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
     SAMPLES.write_text(json.dumps(rows))
     warm = a.minutes / 5
@@ -169,14 +175,17 @@ def main() -> None:
     figures: dict[str, float] = {"steps": rows[-1]["step"], "minutes": round(a.minutes, 1)}
     met = True
     print(f"after warm-up ({warm:g} min) -> end:")
+    at300 = next((r for r in rows if r["step"] >= 300), rows[0])  # issue 54's 900-step window starts there
     for k, series in mem.items():
         start, end, pct = growth(series, warm)
         if start < 5:  # a helper that comes and goes (a compile worker): nothing to hold flat
             continue
         met &= abs(pct) <= 10
+        from300 = 100 * (end - at300.get(k, 0.0)) / max(at300.get(k, 0.0), 1e-9)
         figures[f"{k}: anonymous MB after warm-up"] = round(start)
         figures[f"{k}: anonymous growth, %"] = round(pct, 1)
-        print(f"  {k:14} {start:7.0f} MB -> {end:7.0f} MB ({pct:+.1f}%)")
+        figures[f"{k}: anonymous growth from step 300, %"] = round(from300, 1)
+        print(f"  {k:14} {start:7.0f} MB -> {end:7.0f} MB ({pct:+.1f}%; {from300:+.1f}% from step 300)")
     steps = {r["minute"]: r["step"] for r in rows}
     for k, series in disk.items():
         _, end, _ = growth(series, warm)

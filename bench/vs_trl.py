@@ -220,6 +220,8 @@ def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str, lora:
 def stop_run(p: subprocess.Popen) -> None:
     """Stop a ``trinity run`` started in its own session as Ctrl-C would (SIGINT to its
     process group), killing what is left after 120 s."""
+    if p.poll() is not None:
+        return
     os.killpg(p.pid, signal.SIGINT)
     try:
         p.wait(120)

@@ -1110,16 +1110,15 @@ class NatsConfig(Section):
     max_payload: int = Field(8 * 1024 * 1024, ge=1, le=MAX_NATS_PAYLOAD)
     """Largest message the embedded server accepts; bigger payloads are chunked (at most 64 MiB,
     nats-server's own limit)."""
-    stream_keep: Annotated[int, AfterValidator(_unlimited_or_at_least(1000))] = 10000
-    """Messages each stream of a run keeps beyond those a role's consumer has yet to
-    acknowledge: once a minute the buffer purges, per stream, what every durable consumer has
-    acknowledged except the newest ``stream_keep`` (what ``trinity inspect --tail`` and the
-    studio read back; the monitor's files keep every metric). Nothing unacknowledged is ever
-    purged, so a restarted role loses nothing. Streams read without a durable consumer
-    (``done`` and ``feedback``, which the leading explorer reads from its cursor; ``dlq``)
-    keep their newest ``stream_keep``: more than one step ever adds while that explorer is
-    away, hence at least 1000. -1 keeps every message (nats-server's memory and store then
-    grow with the run)."""
+    stream_keep: Annotated[int, AfterValidator(_unlimited_or_at_least(100))] = 1000
+    """Messages each stream of a run keeps beyond those its readers have yet to use: once a
+    minute the buffer purges, per stream, what every durable consumer has acknowledged (and,
+    from ``done`` and ``feedback``, what the leading explorer's saved cursor has read) except
+    the newest ``stream_keep``, for ``trinity inspect --tail`` and the studio (the monitor's
+    files keep every metric). Nothing unread is ever purged, so a restarted role loses
+    nothing. nats-server's memory follows what its streams hold: 1,000 is reached within a
+    minute of the quickstart and keeps it flat from there. -1 keeps every message (the
+    server's memory and store then grow with the run)."""
     stream_max_bytes: Annotated[int, AfterValidator(_unlimited_or_at_least(1))] = -1
     """Byte limit of each stream (the oldest messages go first, acknowledged or not); -1
     unlimited. ``stream_keep`` bounds a run without that risk."""

@@ -92,10 +92,11 @@ TIDY_S = 60.0
 FORGET_BATCH = 1000
 
 
-async def tidy(cfg: TrinityConfig, service: BufferService, js: Any) -> None:
+async def tidy(cfg: TrinityConfig, service: BufferService, js: Any, state: bus.RunState) -> None:
     """Keep a long run flat: the replay store forgets used-up groups beyond
     ``keep_used_groups``, the run's streams drop what every consumer acknowledged beyond
-    ``nats.stream_keep``."""
+    ``nats.stream_keep`` (from ``done`` and ``feedback``, nothing the leading explorer's cursor
+    has yet to read)."""
     from schemas.config import ExperienceBufferConfig
 
     keep = (cfg.buffer.trainer_input.experience_buffer or ExperienceBufferConfig()).keep_used_groups
@@ -105,7 +106,12 @@ async def tidy(cfg: TrinityConfig, service: BufferService, js: Any) -> None:
         forgotten += n
         if n < FORGET_BATCH:
             break
-    purged = await bus.trim_streams(js, cfg.run_id, cfg.nats.stream_keep)
+    cursor = await state.get(keys.EXPLORER_CURSOR)
+    if cursor is None:  # no leader has started yet: it will read both from the start
+        readers = {"done": 0, "feedback": 0}
+    else:  # None: this leader does not read that stream
+        readers = {kind: seq - 1 for kind, seq in (("done", cursor.done_from), ("feedback", cursor.feedback_from)) if seq}
+    purged = await bus.trim_streams(js, cfg.run_id, cfg.nats.stream_keep, readers)
     if forgotten or purged:
         log.info("tidied", forgotten_groups=forgotten, purged=purged)
 
@@ -167,7 +173,7 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
                     log.info("explorer_finished_and_drained", stored=service.stored)
             if time.monotonic() - last_tidy > TIDY_S:
                 last_tidy = time.monotonic()
-                await tidy(cfg, service, js)
+                await tidy(cfg, service, js, state)
             if time.monotonic() - last_beat > 2.0:
                 last_beat = time.monotonic()
                 ready = service.store.count_ready() if service.store is not None else 0

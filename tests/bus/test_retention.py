@@ -9,7 +9,9 @@ import bus
 from bus.consume import Consumer
 from bus.publish import Publisher
 from bus.retention import purge_below, trim_streams
+from schemas import keys
 from schemas.data import Metric
+from schemas.state import Cursor
 from tests.conftest import make_group
 
 
@@ -37,7 +39,9 @@ async def test_trim_purges_only_what_the_consumer_acknowledged(nats_conn, nats_c
     while len(got) < 12:
         got += await c.fetch(16, timeout=2)
     await c.ack(got[:8])  # g8..g11 delivered, not acknowledged: the buffer "crashed"
-    assert await trim_streams(js, run_id, keep=2) == {"exp": 8}
+    # a reader that keeps its own position (the leader's cursor) holds the trim back too
+    assert await trim_streams(js, run_id, keep=2, readers={"exp": 5}) == {"exp": 5}
+    assert await trim_streams(js, run_id, keep=2) == {"exp": 3}
     assert await trim_streams(js, run_id, keep=-1) == {}
     # a restarted buffer gets exactly the four it had not acknowledged
     await c.close()
@@ -66,20 +70,26 @@ async def test_the_buffer_tidies_by_its_settings(nats_conn, nats_cfg, run_id, tm
 
     project, name = run_id.split(".", 1)
     cfg = TrinityConfig.model_validate({
-        "project": project, "name": name, "nats": {"url": nats_cfg.url, "stream_keep": 1000},
+        "project": project, "name": name, "nats": {"url": nats_cfg.url, "stream_keep": 100},
         "buffer": {"trainer_input": {"experience_buffer": {"name": "exp", "keep_used_groups": 3}}}})
     assert cfg.run_id == run_id
     js = bus.jetstream(nats_conn, nats_cfg)
     pub = Publisher(nats_conn, nats_cfg, run_id)
-    for i in range(1005):
-        await pub.publish(Metric(role="test", step=i, kind="test", values={}), "metrics")
+    for kind in ("metrics", "done"):
+        for i in range(150):
+            await pub.publish(Metric(role="test", step=i, kind="test", values={}), kind)
+    state = await bus.RunState.open(js, run_id)
+    await tidy(cfg, SimpleNamespace(store=None), js, state)  # no leader's cursor yet: done is all unread
+    await state.put(keys.EXPLORER_CURSOR, Cursor(step=1, done_from=21))  # it read 20 of them
     with ReplayStore(tmp_path / "r") as store:
         n = 2 * FORGET_BATCH + 8  # more than one transaction's worth: a round takes them all
         store.put_groups([group(f"g{i}", 0) for i in range(n)])
         store.take_batch("step-1", 2 * n)
         store.commit_batch("step-1")
-        await tidy(cfg, SimpleNamespace(store=store), js)
+        await tidy(cfg, SimpleNamespace(store=store), js, state)
         assert store.stats().groups == 3  # keep_used_groups
-    info = await js.stream_info(bus.names(run_id).stream("metrics"))
-    assert info.state.messages == 1000  # stream_keep: no durable consumer reads metrics
+    metrics = await js.stream_info(bus.names(run_id).stream("metrics"))
+    done = await js.stream_info(bus.names(run_id).stream("done"))
+    assert metrics.state.messages == 100  # stream_keep: no durable consumer reads metrics
+    assert done.state.first_seq == 21  # the cursor's first unread, though stream_keep is 100
 
