@@ -66,6 +66,9 @@ RUN_ELSEWHERE = {
         "tests/trainer/test_prefix.py what its speed rests on",
     "python bench/scaling.py [--only replay,bus,sync,memory] [--minutes 30]":
         "nothing in CI: an hour of benchmarks; tests/test_bench_report.py checks it starts",
+    "python bench/soak.py [--minutes 120] [--steps N] [--every 60]":
+        "nothing in CI: hours of a run; its promise's parts are tested in tests/bus/test_retention.py "
+        "and tests/storage/test_replay_forget.py",
 }
 
 
