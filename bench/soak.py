@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import vs_trl as vs  # noqa: E402  (bench/, beside this script)
 from report import record  # noqa: E402
-from scaling import chart  # noqa: E402
+from scaling import chart, memory_mb  # noqa: E402
 
 WORK = ROOT / ".bench" / "soak"
 DOCS = ROOT / "docs"
@@ -45,14 +45,11 @@ SAMPLES = ROOT / "bench" / "results" / "soak_samples.json"  # every minute's sam
 
 
 def anon_mb(pid: int) -> float:
-    """A process's anonymous resident memory in MB (0 when it is gone)."""
+    """A process's anonymous resident memory in MB (``scaling.memory_mb``'s; 0 when it is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
+        return memory_mb(pid)[0]
     except OSError:
-        pass
-    return 0.0
+        return 0.0
 
 
 def disk_mb(*paths: Path) -> float:
