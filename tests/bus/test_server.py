@@ -194,6 +194,22 @@ def test_start_stop_keeps_data_dir_and_config(nats_server_factory, tmp_path: Pat
     assert (tmp_path / "st" / "jetstream").is_dir()
 
 
+def _server_environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(kv.decode().split("=", 1) for kv in raw if b"=" in kv)
+
+
+def test_the_embedded_server_collects_garbage_sooner_unless_told_otherwise(
+        nats_server_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GOGC=50 halves the heap's swing (block caches); a GOGC or GOMEMLIMIT of the user's wins."""
+    monkeypatch.delenv("GOGC", raising=False)
+    monkeypatch.delenv("GOMEMLIMIT", raising=False)
+    assert _server_environ(nats_server_factory().proc.pid)["GOGC"] == "50"
+    monkeypatch.setenv("GOMEMLIMIT", "200MiB")
+    env = _server_environ(nats_server_factory().proc.pid)
+    assert env["GOMEMLIMIT"] == "200MiB" and "GOGC" not in env
+
+
 def test_start_failure_says_why(nats_server_factory, tmp_path: Path) -> None:
     first = nats_server_factory()
     clash = EmbeddedServer(tmp_path / "other", port=first.port)
