@@ -70,6 +70,31 @@ IGNORED_PATHS: dict[str, str] = {
     "log.group_by_node": "logs are per role; one node per role process",
 }
 
+#: Keys Trinity-RFT itself retired (its loader refuses them now), still found in configs written
+#: for an older release: a migrating user gets a warning saying where the setting went, not a
+#: stop. (Dropped like :data:`IGNORED_PATHS`, whose warning says "is ignored: <why>".)
+RETIRED_PATHS: dict[str, str] = {
+    "buffer.max_retry_times": "retired in Trinity-RFT 0.3 (PR #227); a failed task's retries are "
+                              "explorer.max_retry_times",
+    "buffer.max_retry_interval": "retired in Trinity-RFT 0.3 (PR #227); retries follow at once",
+    "data_processor.data_processor_url": "retired in Trinity-RFT 0.3 (PR #226); Data-Juicer "
+                                         "operators run in-process here (data_processor.*_pipeline)",
+    "data_processor.setup_data_processor": "retired in Trinity-RFT 0.3 (PR #226); nothing to set up: "
+                                           "Data-Juicer operators run in-process here",
+}
+IGNORED_PATHS.update(RETIRED_PATHS)
+
+#: Values Trinity-RFT wrote under older names, per dotted path (``[]``: any list item): the
+#: loader reads them as the new one with a warning. ``engine_type``: any ``vllm*`` value is one
+#: engine upstream since its 0.2 (``vllm_async`` was the other, and its tests still write it).
+#: Matched case-insensitively, as upstream does for the sync settings.
+RENAMED_VALUES: dict[str, dict[str, str]] = {
+    "synchronizer.sync_method": {"online": "nccl", "offline": "checkpoint"},
+    "synchronizer.sync_style": {"dynamic_by_explorer": "explorer_driven", "dynamic_by_trainer": "trainer_driven"},
+}
+VLLM_ENGINE_PATHS = ("explorer.rollout_model.engine_type", "explorer.auxiliary_models[].engine_type")
+
+
 #: Why veRL's ``ppo_mini_batch_size`` is not read (the FAQ's batch-size answer): in Trinity-RFT
 #: it is overridden by ``buffer.train_batch_size``, one optimizer update per batch. Reading it
 #: into trinity's ``trainer.ppo_mini_batch_size`` made a migrated config take several updates

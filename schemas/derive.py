@@ -162,17 +162,19 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
         (f"buffer.explorer_input.eval_tasksets[{i}]", ts, True)
         for i, ts in enumerate(ei.eval_tasksets)
     ]
-    seen_names: dict[str, str] = {}
+    # unique per role: a training and an eval taskset may share one (upstream's FrozenLake
+    # examples do); their metrics stay apart by kind (``rollout/...`` and ``eval/<name>/...``)
+    seen_names: dict[tuple[bool, str], str] = {}
     for path, ts, is_eval in tasksets:
         if not ts.name:
             name = (f"eval_{path[-2]}" if is_eval else "taskset" if path.endswith("taskset")
                     else f"taskset_{path[-2]}")
             put(ts, "name", name, f"{path}.name")
-        if ts.name in seen_names:
-            problems.append(
-                f"{path}.name: {ts.name!r} is also the name of {seen_names[ts.name]}; taskset names must be unique"
-            )
-        seen_names[ts.name] = path
+        if (is_eval, ts.name) in seen_names:
+            role = "eval" if is_eval else "training"
+            problems.append(f"{path}.name: {ts.name!r} is also the name of {seen_names[is_eval, ts.name]}; "
+                            f"{role} taskset names must be unique")
+        seen_names[is_eval, ts.name] = path
         if is_eval:
             if ts.repeat_times is None:
                 put(ts, "repeat_times", 1, f"{path}.repeat_times")

@@ -24,7 +24,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource
 
-from schemas.config import IGNORED_PATHS, IGNORED_QUIET_VALUES, VERL_FIELDS, TrinityConfig
+from schemas.config import (
+    IGNORED_PATHS,
+    IGNORED_QUIET_VALUES,
+    RENAMED_VALUES,
+    VERL_FIELDS,
+    VLLM_ENGINE_PATHS,
+    TrinityConfig,
+)
 from schemas.derive import DEFAULT, derive
 from schemas.derive import DERIVED as DERIVED  # roles read the provenance labels from here
 from schemas.redact import REDACTED, SECRET_KEY, redact_secrets, redact_url
@@ -419,6 +426,39 @@ def _explain(
 # --------------------------------------------------------------------------------------------
 
 
+def _values_at(node: Any, parts: list[str], at: str = "") -> Iterator[tuple[dict[str, Any], str, str]]:
+    """``(parent, key, dotted path)`` of every value at ``parts`` (a part ending in ``[]``:
+    each item of that list)."""
+    if not parts or not isinstance(node, dict):
+        return
+    key, each = (parts[0][:-2], True) if parts[0].endswith("[]") else (parts[0], False)
+    if key not in node:
+        return
+    if each:
+        if isinstance(node[key], list):
+            for i, item in enumerate(node[key]):
+                yield from _values_at(item, parts[1:], f"{at}{key}[{i}].")
+    elif len(parts) == 1:
+        yield node, key, at + key
+    else:
+        yield from _values_at(node[key], parts[1:], f"{at}{key}.")
+
+
+def _rename_values(raw: dict[str, Any], warnings: list[str], prefix: str = "") -> None:
+    """Read Trinity-RFT's older value names as today's (:data:`RENAMED_VALUES`, any ``vllm*``
+    engine as ``vllm``), one warning each: its own loader still accepts them."""
+    renames: dict[str, dict[str, str] | None] = {**dict.fromkeys(VLLM_ENGINE_PATHS), **RENAMED_VALUES}
+    for dotted, names in renames.items():
+        for parent, key, path in _values_at(raw, dotted.split(".")):
+            old = parent[key]
+            if not isinstance(old, str):
+                continue
+            new = ("vllm" if old.lower().startswith("vllm") else None) if names is None else names.get(old.lower())
+            if new is not None and new != old:
+                parent[key] = new
+                warnings.append(f"{prefix}{path}: {old!r} is an older Trinity-RFT name; read as {new!r}")
+
+
 def _read_verl(raw: dict[str, Any], sources: dict[str, str], warnings: list[str], prefix: str = "") -> None:
     """Move the veRL settings trinity has (:data:`VERL_FIELDS`) to trinity's fields, at the
     top level and inside ``trainer.trainer_config``.
@@ -539,6 +579,7 @@ def _validate(
 ) -> TrinityConfig:
     _read_verl(raw, sources, warnings, prefix)
     _drop_ignored(raw, sources, warnings, prefix)
+    _rename_values(raw, warnings, prefix)
     _drop_empty_sections(raw, TrinityConfig, sources)
     try:
         cfg = TrinityConfig.model_validate(raw)

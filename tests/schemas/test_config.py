@@ -383,3 +383,44 @@ def test_a_name_that_is_no_safe_folder_and_subject_is_refused(field, value, says
 def test_names_with_dots_and_stages_load():
     assert TrinityConfig(project="qwen2.5", name="gsm8k-1.5b_grpo").run_id == "qwen2.5.gsm8k-1.5b_grpo"
     assert TrinityConfig(name="n/sft").checkpoint_job_dir.endswith("n/sft")
+
+
+def test_older_trinity_rft_names_load_as_todays_with_a_warning(tmp_path):
+    """Upstream's own tests still write ``vllm_async``; older configs ``online``/``offline`` and
+    ``dynamic_by_*``; retired keys (PRs #226, #227) warn and are dropped instead of stopping."""
+    p = write(tmp_path, """
+        buffer: {max_retry_times: 3, max_retry_interval: 1}
+        data_processor: {data_processor_url: "http://127.0.0.1:5005/data_processor"}
+        explorer:
+          rollout_model: {engine_type: vllm_async}
+          auxiliary_models: [{model_path: /m, engine_type: VLLM_ASYNC}]
+        synchronizer: {sync_method: Offline, sync_style: dynamic_by_explorer}
+    """)
+    loaded = load(p)
+    cfg = loaded.config
+    assert cfg.explorer.rollout_model.engine_type == "vllm"
+    assert cfg.explorer.auxiliary_models[0].engine_type == "vllm"
+    assert (cfg.synchronizer.sync_method, cfg.synchronizer.sync_style) == ("checkpoint", "explorer_driven")
+    said = "\n".join(loaded.warnings)
+    for says in ("explorer.rollout_model.engine_type: 'vllm_async' is an older Trinity-RFT name; read as 'vllm'",
+                 "explorer.auxiliary_models[0].engine_type: 'VLLM_ASYNC'",
+                 "synchronizer.sync_method: 'Offline'", "synchronizer.sync_style: 'dynamic_by_explorer'",
+                 "buffer.max_retry_times is ignored", "PR #227", "explorer.max_retry_times",
+                 "buffer.max_retry_interval is ignored", "data_processor.data_processor_url is ignored"):
+        assert says in said, says
+    with pytest.raises(ConfigError, match=r"engine_type.*'sglang'"):  # a name we lack still stops
+        load(p, ["explorer.rollout_model.engine_type=sglang"])
+
+
+def test_a_training_and_an_eval_taskset_may_share_a_name_but_not_two_of_one_role(tmp_path):
+    p = write(tmp_path, """
+        buffer:
+          explorer_input:
+            taskset: {name: frozenlake, path: /d}
+            eval_tasksets: [{name: frozenlake, path: /d}]
+    """)
+    ei = load(p).config.buffer.explorer_input
+    assert ei.taskset.name == ei.eval_tasksets[0].name == "frozenlake"
+    with pytest.raises(ConfigError, match=r"eval_tasksets\[1\]\.name: 'frozenlake' is also the name of .*"
+                                          r"eval_tasksets\[0\]; eval taskset names must be unique"):
+        load(p, ["buffer.explorer_input.eval_tasksets=[{name: frozenlake, path: /d}, {name: frozenlake, path: /e}]"])
