@@ -1060,7 +1060,7 @@ class ExperiencePipelineConfig(Section):
         dropped (its ``fill: true``, DAPO's dynamic sampling; ``max_fill_rounds``, default 3);
         0: a dropped group leaves the step short."""
         for op in self.operators:
-            if op.name in ("drop_equal_reward_groups", "reward_filter") and op.args.get("fill"):
+            if op.name == "drop_equal_reward_groups" and op.args.get("fill"):
                 return int(op.args.get("max_fill_rounds", 3))
         return 0
 

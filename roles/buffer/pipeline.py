@@ -139,6 +139,28 @@ def drop_equal_reward_groups(group: ExperienceGroup, *, min_size: int = 2, fill:
     return group
 
 
+def reward_filter(group: ExperienceGroup, *, threshold: float = 0.0) -> ExperienceGroup | None:
+    """Trinity-RFT's ``reward_filter``: keep the experiences whose reward is at least
+    ``threshold`` (one without a reward goes too, where upstream's would raise)."""
+    group.experiences = [e for e in group.experiences if e.reward is not None and e.reward >= threshold]
+    return group if group.experiences else None
+
+
+def reward_std_filter(group: ExperienceGroup, *, threshold: float = 0.0) -> ExperienceGroup | None:
+    """Trinity-RFT's ``reward_std_filter``: drop a group of fewer than two experiences, or one
+    whose rewards' (population) standard deviation is at most ``threshold``."""
+    rewards = [float(e.reward) if e.reward is not None else math.nan for e in group.experiences]
+    if len(rewards) < 2 or not float(np.std(rewards)) > threshold:
+        return None
+    return group
+
+
+def invalid_reward_filter(group: ExperienceGroup) -> ExperienceGroup | None:
+    """Trinity-RFT's ``invalid_reward_filter``: drop the experiences whose reward is missing or NaN."""
+    group.experiences = [e for e in group.experiences if e.reward is not None and not math.isnan(e.reward)]
+    return group if group.experiences else None
+
+
 def drop_truncated(group: ExperienceGroup) -> ExperienceGroup | None:
     """Drop experiences whose response was cut at max_tokens (their reward is unreliable)."""
     group.experiences = [e for e in group.experiences if not e.response_truncated]
@@ -192,7 +214,9 @@ OPERATORS: dict[str, Callable[..., ExperienceGroup | None]] = {
     "reward_shaping_mapper": reward_shaping_mapper,
     "pass_rate_calculator": pass_rate_calculator,
     "data_juicer": data_juicer,
-    "reward_filter": drop_equal_reward_groups,
+    "reward_filter": reward_filter,
+    "reward_std_filter": reward_std_filter,
+    "invalid_reward_filter": invalid_reward_filter,
     "drop_equal_reward_groups": drop_equal_reward_groups,
     "drop_truncated": drop_truncated,
 }

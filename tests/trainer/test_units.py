@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from ops.algorithms import resolve
-from roles.buffer.pipeline import Pipeline, drop_equal_reward_groups, reward_shaping
+from roles.buffer.pipeline import (
+    Pipeline,
+    drop_equal_reward_groups,
+    invalid_reward_filter,
+    reward_filter,
+    reward_shaping,
+    reward_std_filter,
+)
 from roles.buffer.protocol import BatchReply, BatchRequest, Commit, experiences
 from roles.synchronizer.main import missing_roles, overdue
 from roles.synchronizer.policy import explorer_requests, required_version, trainer_offers
@@ -89,6 +96,22 @@ def test_pipeline_shapes_filters_and_computes_grpo_advantages():
     assert pipe(_group([1.0, 1.0])) is None and pipe.dropped == {"drop_equal_reward_groups": 1}
     assert drop_equal_reward_groups(_group([0.5])) is not None
     assert reward_shaping(_group([3.0]), clip=[0, 1]).experiences[0].reward == 1.0
+
+
+def test_trinity_rft_reward_filters_keep_what_upstreams_keep():
+    """Upstream's ``reward_filter`` keeps experiences with reward >= threshold (per experience);
+    ``reward_std_filter`` drops groups of one or with rewards' std <= threshold;
+    ``invalid_reward_filter`` drops None and NaN rewards."""
+    rewards = lambda g: None if g is None else [e.reward for e in g.experiences]  # noqa: E731
+    assert rewards(reward_filter(_group([-1.0, 0.0, 0.5]))) == [0.0, 0.5]
+    assert rewards(reward_filter(_group([0.2, 0.7]), threshold=0.5)) == [0.7]
+    assert reward_filter(_group([0.1]), threshold=0.5) is None
+    assert reward_std_filter(_group([1.0, 1.0])) is None and reward_std_filter(_group([1.0])) is None
+    assert rewards(reward_std_filter(_group([0.0, 1.0]))) == [0.0, 1.0]  # std 0.5
+    assert reward_std_filter(_group([0.0, 1.0]), threshold=0.5) is None
+    assert rewards(invalid_reward_filter(_group([1.0, float("nan"), None]))) == [1.0]
+    pipe = Pipeline.from_config([OperatorConfig(name="reward_filter", args={"threshold": 0.5})], resolve("grpo"))
+    assert rewards(pipe(_group([0.0, 1.0, 1.0]))) == [1.0, 1.0]
 
 
 def test_pipeline_rejects_unknown_operator_and_args():
