@@ -1,0 +1,220 @@
+"""What of Trinity-RFT's own names and example configs works here: the table ``docs/upstream.md`` shows.
+
+    python -m roles.upstream     # rewrites docs/upstream.md
+
+Two parts, both data checked by tests:
+
+- :data:`UPSTREAM_NAMES`: every name upstream's registries hold (algorithm types, advantage
+  functions, policy losses, KL and entropy functions, sample strategies, workflows, reward
+  functions, experience operators, task selectors), read from its source at
+  :data:`UPSTREAM_COMMIT`, plus names its newer branches add. Each is "works" when trinity's own
+  map for that kind has it (the module that implements it is named), else refused: a config
+  naming it stops before anything starts, naming the key, the value and the names we have.
+  :data:`WHY_NOT` says why, where the reason is more than "not built yet".
+- :data:`EXAMPLES`: what each of upstream's example configs (copies in ``tests/upstream/``) gets
+  from ``trinity config`` and ``trinity run --plan``: ``loads`` or the words of its refusal.
+  ``tests/upstream/test_upstream_configs.py`` runs them all and fails where this disagrees.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+#: The upstream commit the names and example configs were read from (``agentscope-ai/Trinity-RFT``
+#: main, 2026-04-09, "Fix opd key error typo (#527)"; release 0.5.2).
+UPSTREAM_COMMIT = "9051d6374db5d4199dbe317d33eb1caa2e42a9fb"
+
+#: Upstream's registry names per kind. ``+`` marks a name seen only on its newer branches.
+UPSTREAM_NAMES: dict[str, list[str]] = {
+    "algorithm_type": ["sft", "ppo", "grpo", "reinforceplusplus", "rloo", "opmd", "asymre", "dpo", "topr",
+                       "cispo", "gspo", "sapo", "mix", "mix_chord", "raft", "sppo", "rec", "multi_step_grpo",
+                       "on_policy_distill", "jsd", "grpo_verl", "+cpt", "+m2po", "+dapo", "+gigpo"],
+    "advantage_fn": ["ppo", "grpo", "grpo_verl", "step_wise_grpo", "reinforceplusplus", "reinforce", "remax",
+                     "rloo", "opmd", "opmd_verl", "asymre", "asymre_verl", "rec", "on_policy_distill", "jsd",
+                     "clipb", "clipv", "+gigpo", "+cod"],
+    "policy_loss_fn": ["ppo", "opmd", "dpo", "sft", "mix", "gspo", "topr", "cispo", "sft_is", "sft_phi",
+                       "mix_chord", "sppo", "rec", "sapo", "importance_sampling", "+m2po"],
+    "kl_fn": ["none", "k1", "k2", "k3", "low_var_kl", "abs", "corrected_k3"],
+    "entropy_loss_fn": ["default", "mix", "none"],
+    "sample_strategy": ["default", "warmup", "staleness_control", "mix"],
+    "workflow": ["simple_workflow", "async_simple_workflow", "math_workflow", "async_math_workflow",
+                 "math_boxed_workflow", "async_math_boxed_workflow", "math_eval_workflow",
+                 "async_math_eval_workflow", "math_rm_workflow", "async_math_rm_workflow", "tool_call_workflow",
+                 "agentscope_workflow_adapter", "agentscope_workflow_adapter_v1", "agentscope_react_workflow",
+                 "as_react_workflow", "agentscope_react_math_workflow", "agentscopev0_react_math_workflow",
+                 "agentscope_v1_react_search_workflow", "email_search_workflow", "alfworld_workflow",
+                 "RAFT_alfworld_workflow", "RAFT_reflect_alfworld_workflow", "frozen_lake_workflow",
+                 "sciworld_workflow", "webshop_workflow", "step_wise_alfworld_workflow",
+                 "async_math_ruler_workflow", "math_ruler_workflow", "math_trainable_ruler_workflow",
+                 "rubric_judge_workflow", "rubric_judge_openai_workflow", "simple_mm_workflow",
+                 "async_simple_mm_workflow", "on_policy_distill_workflow", "on_policy_distill_math_workflow",
+                 "sudoku_workflow", "+intercode_sql_workflow", "+thinking_budget_workflow"],
+    "reward_fn": ["rm_gallery_reward", "math_reward", "math_boxed_reward", "format_reward", "countdown_reward",
+                  "accuracy_reward", "math_dapo_reward", "+rlcr_reward", "+openjudge_reward",
+                  "+trajectory_accuracy_grader_reward", "+openjudge_trajectory_accuracy_reward",
+                  "+openjudge_multi_grader_reward"],
+    "experience_operator": ["reward_filter", "reward_std_filter", "reward_shaping_mapper", "pass_rate_calculator",
+                            "data_juicer", "invalid_reward_filter", "+dapo_dynamic_sampling",
+                            "+mask_response_truncated", "+cod_advantage_fn", "+cod_overwrite_reward_with_returns"],
+    "task_selector": ["sequential", "shuffle", "random", "offline_easy2hard", "difficulty_based"],
+}
+
+#: Why a name is refused, where that is more than "not built yet" (the default).
+WHY_NOT: dict[tuple[str, str], str] = {
+    ("reward_fn", "rm_gallery_reward"): "needs the RM-Gallery package and a reward model service",
+    ("workflow", "rubric_judge_openai_workflow"): "calls a remote OpenAI-compatible API as its judge",
+    ("workflow", "agentscope_workflow_adapter"): "needs the agentscope package (deprecated upstream too)",
+    ("workflow", "agentscopev0_react_math_workflow"): "needs agentscope 0.x (deprecated upstream too)",
+    ("workflow", "simple_mm_workflow"): "multi-modal data is not implemented",
+    ("workflow", "async_simple_mm_workflow"): "multi-modal data is not implemented",
+    ("workflow", "webshop_workflow"): "needs the WebShop environment (a Java search server and its setup.sh)",
+}
+
+#: What each upstream example config (``tests/upstream/<path>``) gets here: ``loads`` (both
+#: ``trinity config`` and ``trinity run --plan`` succeed) or the start of its refusal.
+LOADS = "loads"
+EXAMPLES: dict[str, str] = {
+    "examples/RAFT_alfworld/RAFT_alfworld_7B.yaml": "config: algorithm.algorithm_type: unknown 'raft'",
+    "examples/RAFT_alfworld/RAFT_reflect_alfworld_7B.yaml": "config: algorithm.algorithm_type: unknown 'raft'",
+    "examples/agentscope_frozenlake/frozenlake_agent.yaml":
+        "config: explorer.rollout_model.enable_log_requests: unknown key",
+    "examples/agentscope_react/gsm8k.yaml": "config: explorer.rollout_model.enable_auto_tool_choice: unknown key",
+    "examples/agentscope_tool_react/agentscopev0_tool_react_dapo.yaml":
+        "config: explorer.rollout_model.enable_auto_tool_choice: unknown key",
+    "examples/agentscope_tool_react/agentscopev0_tool_react_gsm8k.yaml":
+        "config: explorer.rollout_model.enable_auto_tool_choice: unknown key",
+    "examples/agentscope_tool_react/agentscopev1_tool_react_dapo.yaml":
+        "config: explorer.rollout_model.enable_auto_tool_choice: unknown key",
+    "examples/agentscope_websearch/agentscopev1_websearch_agent.yaml":
+        "config: explorer.rollout_model.enable_auto_tool_choice: unknown key",
+    "examples/asymre_gsm8k/gsm8k.yaml": LOADS,
+    "examples/asymre_math/math.yaml": LOADS,
+    "examples/async_gsm8k/explorer.yaml": LOADS,
+    "examples/async_gsm8k/trainer.yaml": LOADS,
+    "examples/bench/external_model.yaml": LOADS,
+    "examples/bots/bots.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: workflow "
+                               "'examples.bots.workflow.bots_math_boxed_workflow.BOTSMathBoxedWorkflow': cannot import",
+    "examples/bots/random.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: workflow "
+                                 "'examples.bots.workflow.bots_math_boxed_workflow.BOTSMathBoxedWorkflow': cannot import",
+    "examples/bots/ref_eval_collect.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                           "unknown workflow 'bots_ref_eval_collect_math_boxed_workflow'",
+    "examples/cispo_gsm8k/gsm8k.yaml": LOADS,
+    "examples/dapo_math/dapo.yaml": "config: buffer.explorer_input.taskset.default_reward_fn_type: "
+                                    "unknown reward_fn 'math_dapo_reward'",
+    "examples/dpo_human_in_the_loop/dpo.yaml": LOADS,
+    "examples/dpo_humanlike/dpo.yaml": LOADS,
+    "examples/entropy/clipb.yaml": "config: algorithm.algorithm_type: unknown 'grpo_verl'",
+    "examples/entropy/clipv.yaml": "config: algorithm.algorithm_type: unknown 'grpo_verl'",
+    "examples/grpo_alfworld/alfworld.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                            "unknown workflow 'alfworld_workflow'",
+    "examples/grpo_alfworld_general_multi_step/alfworld.yaml":
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'step_wise_alfworld_workflow'",
+    "examples/grpo_email_search/email_search.yaml":
+        "config: explorer.rollout_model.enable_auto_tool_choice: unknown key",
+    "examples/grpo_frozen_lake/frozen_lake.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                                  "unknown workflow 'frozen_lake_workflow'",
+    "examples/grpo_gsm8k/gsm8k.yaml": LOADS,
+    "examples/grpo_gsm8k_experience_pipeline/gsm8k.yaml": LOADS,
+    "examples/grpo_gsm8k_ruler/gsm8k_ruler.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                                  "unknown workflow 'math_ruler_workflow'",
+    "examples/grpo_gsm8k_task_pipeline/gsm8k.yaml": LOADS,
+    "examples/grpo_gsm8k_trainable_ruler/gsm8k_ruler.yaml":
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'math_trainable_ruler_workflow'",
+    "examples/grpo_lora_gsm8k/gsm8k.yaml": LOADS,
+    "examples/grpo_math/math.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                    "unknown workflow 'math_rm_workflow'",
+    "examples/grpo_rubric_as_reward/rubric.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                                  "unknown workflow 'rubric_judge_workflow'",
+    "examples/grpo_sciworld/sciworld.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                            "unknown workflow 'sciworld_workflow'",
+    "examples/grpo_toolcall/toolace.yaml": "config: trainer.ulysses_sequence_parallel_size: got 2",
+    "examples/grpo_vlm/vlm.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                  "unknown workflow 'simple_mm_workflow'",
+    "examples/grpo_webshop/webshop.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                          "unknown workflow 'webshop_workflow'",
+    "examples/learn_to_ask/train.yaml": "config: explorer.rollout_model.use_v1: unknown key",
+    "examples/mix_chord/mix_chord.yaml": "config: buffer.trainer_input.auxiliary_buffers.sft_dataset.total_epochs: "
+                                         "unknown key",
+    "examples/mix_chord/mix_chord_toolace.yaml":
+        "config: buffer.trainer_input.auxiliary_buffers.sft_dataset.total_epochs: unknown key",
+    "examples/mix_math/mix_math.yaml": "config: buffer.trainer_input.auxiliary_buffers.sft_dataset.total_epochs: "
+                                       "unknown key",
+    "examples/mix_vlm/mix_vlm.yaml": "config: buffer.trainer_input.auxiliary_buffers.sft_dataset.total_epochs: "
+                                     "unknown key",
+    "examples/opd_gsm8k/opd_gsm8k.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                         "unknown workflow 'on_policy_distill_math_workflow'",
+    "examples/opd_gsm8k/opd_gsm8k_jsd.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
+                                             "unknown workflow 'on_policy_distill_math_workflow'",
+    "examples/opmd_gsm8k/opmd_gsm8k.yaml": LOADS,
+    "examples/ppo_countdown/countdown.yaml": LOADS,
+    "examples/ppo_countdown_exp_replay/countdown.yaml": LOADS,
+    "examples/ppo_countdown_megatron/countdown.yaml": LOADS,
+    "examples/rec_gsm8k/gsm8k.yaml": LOADS,
+    "examples/sft_mot/sft.yaml": LOADS,
+    "examples/sppo_gsm8k/gsm8k.yaml": LOADS,
+    "examples/tinker/tinker.yaml": "config: synchronizer.sync_method: got 'memory'",
+    "examples/topr_gsm8k/gsm8k.yaml": LOADS,
+    "test_template_dir/template/config.yaml": LOADS,
+}
+
+
+def ours() -> dict[str, dict[str, str]]:
+    """Trinity's names per kind, each with the module that implements it."""
+    import ops  # noqa: F401  (registers the built-in parts)
+    from ops.algorithms import ALGORITHM_DEFAULTS
+    from ops.registry import KINDS, parts
+    from roles.buffer.pipeline import OPERATORS
+    from roles.explorer.workflows.registry import WORKFLOWS
+    from schemas.config import SELECTOR_TYPES
+
+    def where(obj: Callable[..., object] | type) -> str:
+        return getattr(obj, "__module__", "?").replace(".", "/") + ".py"
+
+    found: dict[str, dict[str, str]] = {k: {n: where(f) for n, f in parts(k).items()} for k in KINDS}
+    found["algorithm_type"] = dict.fromkeys(ALGORITHM_DEFAULTS, "ops/algorithms.py")
+    found["workflow"] = {n: where(c) for n, c in WORKFLOWS.items()}
+    found["experience_operator"] = {n: where(f) for n, f in OPERATORS.items()}
+    found["task_selector"] = dict.fromkeys(SELECTOR_TYPES, "storage/selectors.py")
+    return found
+
+
+def render() -> str:
+    """``docs/upstream.md``."""
+    have = ours()
+    lines = ["# Trinity-RFT's names and examples here", "",
+             "Generated by `python -m roles.upstream` (`roles/upstream.py`); `tests/upstream/` checks it.",
+             f"Upstream read at [`{UPSTREAM_COMMIT[:7]}`](https://github.com/agentscope-ai/Trinity-RFT/tree/"
+             f"{UPSTREAM_COMMIT}) (release 0.5.2); names marked `+` are on its newer branches only.", "",
+             "A refused name stops `trinity config` and `trinity run` before anything starts, naming the key, "
+             "the value and the names trinity has.", ""]
+    works = refused = 0
+    for kind, names in UPSTREAM_NAMES.items():
+        lines += [f"## {kind}", "", "| name | here |", "|---|---|"]
+        for shown in names:
+            name = shown.lstrip("+")
+            if name in have.get(kind, {}):
+                works += 1
+                lines.append(f"| `{shown}` | works (`{have[kind][name]}`) |")
+            else:
+                refused += 1
+                lines.append(f"| `{shown}` | refused: {WHY_NOT.get((kind, name), 'not built yet')} |")
+        lines.append("")
+    loads = sum(v == LOADS for v in EXAMPLES.values())
+    lines += ["## Example configs", "",
+              f"Upstream's `examples/` and its test template, unchanged, with models and data pointed at local "
+              f"copies (`tests/upstream/test_upstream_configs.py`): **{loads} of {len(EXAMPLES)} load** "
+              "with `trinity config` and plan with `trinity run --plan`.", "",
+              "| config | here |", "|---|---|"]
+    lines += [f"| `{k}` | {'loads' if v == LOADS else 'refused: ' + v.split(': ', 1)[1]} |" for k, v in EXAMPLES.items()]
+    lines.insert(7, f"**{works} of {works + refused} upstream names work here; {refused} are refused.**\n")
+    return "\n".join(lines) + "\n"
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "upstream.md"
+
+
+if __name__ == "__main__":
+    DOC.write_text(render())
+    print(f"wrote {DOC}", file=sys.stderr)
