@@ -14,6 +14,7 @@ and ``1+x`` are different answers.
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import math
 import operator
@@ -29,8 +30,16 @@ RewardFn = Callable[..., dict[str, float]]
 # ``@register("reward_fn", name)``).
 REWARD_FNS: dict[str, RewardFn] = parts("reward_fn")
 
-# The data arguments every reward function accepts (the rest are options).
-REWARD_DATA: tuple[str, ...] = ("response", "truth", "prompt")
+# The data arguments a reward function may take (the rest are options): every one takes the
+# first three; ``response_length`` (tokens) goes to those that name it (DAPO's overlong penalty).
+REWARD_DATA: tuple[str, ...] = ("response", "truth", "prompt", "response_length")
+
+
+def call_reward(fn: RewardFn, response: str, truth: Any, *, prompt: str | None = None,
+                response_length: int | None = None, options: dict[str, Any] | None = None) -> dict[str, float]:
+    """``fn``'s scores for one response, with the data arguments it takes."""
+    extra = {"response_length": response_length} if "response_length" in inspect.signature(fn).parameters else {}
+    return fn(response, truth, prompt=prompt, **extra, **(options or {}))
 
 THINK_ANSWER_PATTERN = r".*?<think>.*?</think>\s*<answer>.*?</answer>\s*$"
 STRICT_FORMAT_PATTERN = r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$"
@@ -256,6 +265,50 @@ def math_boxed_reward(
     if with_think and not has_think_pattern(response):
         format_score = -format_score_coef
     return {"accuracy": 1.0 if ok else 0.0, "format_score": format_score}
+
+
+@register("reward_fn", "math_dapo_reward")
+def math_dapo_reward(
+    response: str,
+    truth: Any = None,
+    *,
+    prompt: str | None = None,
+    response_length: int | None = None,
+    enable_overlong_penalty: bool = False,
+    penalty_factor: float | None = None,
+    max_response_length: int | None = None,
+    cache_length: int | None = None,
+) -> dict[str, float]:
+    """DAPO's math reward with its overlong reward shaping (arXiv 2503.14476, eq. 13), as
+    Trinity-RFT scores it. ``accuracy``: 1.0 if the last ``\\boxed{}`` after any ``</think>``
+    (else that whole text) matches the truth. ``format_score``: 0, or with
+    ``enable_overlong_penalty`` the soft length penalty of a response of ``L`` tokens, with
+    ``L_max = max_response_length`` and ``L_cache = cache_length``: 0 while
+    ``L <= L_max - L_cache``, then ``(L_max - L_cache - L) / L_cache * penalty_factor``,
+    ``-penalty_factor`` past ``L_max``."""
+    answer_part = response.split("</think>")[-1]
+    predicted = extract_boxed_answer(answer_part) or answer_part
+    ok = truth is not None and answers_match(predicted, extract_ground_truth(str(truth)))
+    return {"accuracy": 1.0 if ok else 0.0,
+            "format_score": overlong_penalty(response_length, penalty_factor, max_response_length, cache_length)
+            if enable_overlong_penalty else 0.0}
+
+
+def overlong_penalty(length: int | None, penalty_factor: float | None, max_response_length: int | None,
+                     cache_length: int | None) -> float:
+    """DAPO's soft overlong punishment of a ``length``-token response (see :func:`math_dapo_reward`)."""
+    if length is None or penalty_factor is None or max_response_length is None or cache_length is None:
+        raise ValueError("math_dapo_reward: enable_overlong_penalty needs penalty_factor, max_response_length "
+                         "and cache_length (reward_fn_args), and the response's length")
+    if not 0 < cache_length < max_response_length:
+        raise ValueError(f"math_dapo_reward: cache_length ({cache_length}) must be above 0 and below "
+                         f"max_response_length ({max_response_length})")
+    expected = max_response_length - cache_length
+    if length <= expected:
+        return 0.0
+    if length > max_response_length:
+        return -float(penalty_factor)
+    return (expected - length) / cache_length * penalty_factor
 
 
 # ------------------------------------------------------------------- countdown

@@ -101,8 +101,7 @@ EXAMPLES: dict[str, str] = {
     "examples/bots/ref_eval_collect.yaml": "config: buffer.explorer_input.taskset.default_workflow_type: "
                                            "unknown workflow 'bots_ref_eval_collect_math_boxed_workflow'",
     "examples/cispo_gsm8k/gsm8k.yaml": LOADS,
-    "examples/dapo_math/dapo.yaml": "config: buffer.explorer_input.taskset.default_reward_fn_type: "
-                                    "unknown reward_fn 'math_dapo_reward'",
+    "examples/dapo_math/dapo.yaml": LOADS,
     "examples/dpo_human_in_the_loop/dpo.yaml": LOADS,
     "examples/dpo_humanlike/dpo.yaml": LOADS,
     "examples/entropy/clipb.yaml": "config: algorithm.algorithm_type: unknown 'grpo_verl'",

@@ -169,6 +169,39 @@ async def test_multi_turn_action_mask(hf_engine) -> None:
     assert e.action_mask.sum() > 0 and not e.action_mask.all()
 
 
+async def test_math_boxed_workflow_takes_trinity_rfts_workflow_args(hf_engine) -> None:
+    """``use_base`` completes upstream's plain-text prompt (no chat template); ``with_think``
+    asks for <think> in the system prompt and the reward's format check; math_dapo_reward gets
+    each response's length for its overlong penalty."""
+    from roles.explorer.workflows.base import ModelHandle
+    from roles.explorer.workflows.math import BOXED_THINK_SYSTEM_PROMPT, MathBoxedWorkflow
+    from schemas.data import Task
+
+    model = ModelHandle(hf_engine, asyncio.get_running_loop())
+    tok = hf_engine.tokenizer
+
+    def task(**kw):
+        return Task(task_id="b/0", raw={"q": "1+1?", "a": "2"}, workflow="math_boxed_workflow", repeat_times=2,
+                    format={"prompt_key": "q", "response_key": "a", "system_prompt": "Be brief."},
+                    rollout_args={"max_tokens": 4}, **kw)
+
+    exps = await MathBoxedWorkflow(task=task(workflow_args={"use_base": True}), model=model).run_async()
+    want = tok.encode("System:Be brief.\nUser:\n1+1?\nAssistant:\n", add_special_tokens=False)
+    assert len(exps) == 2 and all(list(e.tokens[:e.prompt_length]) == want for e in exps)
+
+    think = MathBoxedWorkflow(task=Task(task_id="b/1", raw={"q": "1+1?", "a": "2"}, workflow="math_boxed_workflow",
+                                        format={"prompt_key": "q", "response_key": "a"},
+                                        workflow_args={"with_think": True, "format_score_coef": 0.3}), model=model)
+    assert think.messages()[0]["content"] == BOXED_THINK_SYSTEM_PROMPT
+    assert think.reward("\\boxed{2}") == {"accuracy": 1.0, "format_score": -0.3}  # no <think>
+
+    dapo = MathBoxedWorkflow(task=task(reward_fn="math_dapo_reward", reward_fn_args={
+        "enable_overlong_penalty": True, "penalty_factor": 1.0, "max_response_length": 4, "cache_length": 2}),
+        model=model)
+    for e in await dapo.run_async():
+        assert e.info["format_score"] == pytest.approx(min(0.0, (2 - e.response_length) / 2))
+
+
 async def _math(wf: Workflow):
     """The math workflow on ``wf``'s task and model (what the test workflows do after their trick)."""
     from roles.explorer.workflows.math import MathWorkflow

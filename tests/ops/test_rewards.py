@@ -135,3 +135,22 @@ def test_evaluate_equation_is_safe_arithmetic():
     assert evaluate_equation("1 / 0") is None
     assert evaluate_equation("open('x')") is None
     assert evaluate_equation("((1)") is None
+
+
+def test_math_dapo_reward_by_the_papers_overlong_shaping():
+    """DAPO (arXiv 2503.14476) eq. 13 with L_max = 20, L_cache = 4, factor 1: no penalty up to
+    16 tokens, (16 - L) / 4 between, -1 past 20. Accuracy from the last box after </think>."""
+    from ops.rewards import math_dapo_reward
+
+    args = dict(enable_overlong_penalty=True, penalty_factor=1.0, max_response_length=20, cache_length=4)
+    right = "<think>maybe \\boxed{4}</think> so \\boxed{5}"
+    for length, penalty in [(10, 0.0), (16, 0.0), (17, -0.25), (18, -0.5), (20, -1.0), (21, -1.0)]:
+        assert math_dapo_reward(right, "5", response_length=length, **args) == {
+            "accuracy": 1.0, "format_score": pytest.approx(penalty)}
+    assert math_dapo_reward("<think>\\boxed{5}</think> \\boxed{4}", "#### 5", response_length=3)["accuracy"] == 0.0
+    assert math_dapo_reward("the answer is 5", "5", response_length=99) == {"accuracy": 0.0, "format_score": 0.0}
+    assert math_dapo_reward("5", "\\boxed{5}", response_length=99)["accuracy"] == 1.0  # no box: the whole text
+    with pytest.raises(ValueError, match="cache_length"):
+        math_dapo_reward("x", "5", response_length=3, **{**args, "cache_length": 20})
+    with pytest.raises(ValueError, match="needs penalty_factor"):
+        math_dapo_reward("x", "5", response_length=3, enable_overlong_penalty=True)

@@ -8,9 +8,10 @@ sum of the named scores, each score is kept in ``experience.info``.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-from ops.rewards import REWARD_FNS
+from ops.rewards import REWARD_FNS, call_reward
 from roles.explorer.workflows.base import Workflow
 from schemas.data import Experience
 
@@ -25,6 +26,12 @@ THINK_SYSTEM_PROMPT = (
 )
 
 BOXED_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+BOXED_THINK_SYSTEM_PROMPT = (  # Trinity-RFT's math_boxed_workflow with ``with_think``
+    "You are a helpful assistant that solves MATH problems. You should first thinks about the "
+    "reasoning process in mind and then provides the user with the answer. You should present your "
+    "reasoning process using the format: <think>\n ...your reasoning process here... </think>\n "
+    "first. You should always include your final answer in \\boxed{} as closed-form results."
+)
 
 
 class MathWorkflow(Workflow):
@@ -59,16 +66,18 @@ class MathWorkflow(Workflow):
     def truth(self) -> Any:
         return self.task.raw.get(self.task.format.get("response_key", "response"))
 
-    def reward(self, response: str, prompt: str | None = None) -> dict[str, float]:
+    def reward(self, response: str, prompt: str | None = None,
+               response_length: int | None = None) -> dict[str, float]:
         name = self.task.reward_fn or self.default_reward_fn
         fn = REWARD_FNS.get(name)
         if fn is None:
             raise KeyError(f"task {self.task.task_id}: unknown reward_fn {name!r}; known: {sorted(REWARD_FNS)}")
-        return fn(response, self.truth(), prompt=prompt, **self.task.reward_fn_args)
+        return call_reward(fn, response, self.truth(), prompt=prompt, response_length=response_length,
+                           options=self.task.reward_fn_args)
 
     def score(self, exps: list[Experience]) -> list[Experience]:
         for e in exps:
-            scores = self.reward(e.response_text or "")
+            scores = self.reward(e.response_text or "", response_length=e.response_length)
             e.reward = float(sum(scores.values()))
             e.info.update({k: float(v) for k, v in scores.items()})
         return exps
@@ -81,7 +90,35 @@ class MathWorkflow(Workflow):
 
 
 class MathBoxedWorkflow(MathWorkflow):
-    """Like :class:`MathWorkflow` with ``\\boxed{}`` answers (``math_boxed_reward``)."""
+    """Like :class:`MathWorkflow` with ``\\boxed{}`` answers (``math_boxed_reward``), and
+    Trinity-RFT's ``workflow_args``: ``with_think`` (a system prompt asking for
+    ``<think>...</think>``, and the reward's format check), ``format_score_coef`` (0.1: that
+    check's penalty), ``use_base`` (a base model: the plain-text prompt
+    ``System:...\\nUser:\\n...\\nAssistant:\\n`` completed as text, no chat template)."""
 
     default_reward_fn = "math_boxed_reward"
-    default_system_prompt = BOXED_SYSTEM_PROMPT
+
+    @property
+    def default_system_prompt(self) -> str:  # type: ignore[override]
+        return BOXED_THINK_SYSTEM_PROMPT if self.args.get("with_think") else BOXED_SYSTEM_PROMPT
+
+    def reward(self, response: str, prompt: str | None = None,
+               response_length: int | None = None) -> dict[str, float]:
+        name = self.task.reward_fn or self.default_reward_fn
+        fn = REWARD_FNS.get(name)
+        if fn is None:
+            raise KeyError(f"task {self.task.task_id}: unknown reward_fn {name!r}; known: {sorted(REWARD_FNS)}")
+        takes = inspect.signature(fn).parameters  # upstream hands these to every reward fn that takes them
+        options = {k: v for k, v in (("with_think", bool(self.args.get("with_think", False))),
+                                     ("format_score_coef", self.args.get("format_score_coef", 0.1))) if k in takes}
+        return call_reward(fn, response, self.truth(), prompt=prompt, response_length=response_length,
+                           options={**options, **self.task.reward_fn_args})
+
+    async def run_async(self) -> list[Experience]:
+        if not self.args.get("use_base"):
+            return await super().run_async()
+        msgs = self.messages()
+        system = next((m["content"] for m in msgs if m["role"] == "system"), None)
+        user = msgs[-1]["content"]
+        text = (f"System:{system}\nUser:\n" if system else "User:\n") + f"{user}\nAssistant:\n"
+        return self.score(await self.model.agenerate(text, n=self.repeat_times, **self.rollout_args))
