@@ -127,6 +127,22 @@ for _key in ("remove_previous_ckpt_in_save", "del_local_ckpt_after_load"):
     IGNORED_QUIET_VALUES[f"trainer.{_key}"] = False
     IGNORED_QUIET_VALUES[f"trainer.trainer_config.trainer.{_key}"] = False
 
+#: vLLM server options upstream writes on ``explorer.rollout_model`` (its agent examples):
+#: ``enable_auto_tool_choice: true`` asks for what the explorer's API always does (tool calls are
+#: read whenever a request has tools), ``use_v1: true`` for the only vLLM engine there is now;
+#: their ``true`` is dropped quietly, a ``false`` warned. ``tool_call_parser`` is read into
+#: ``explorer.openai_api.tool_call_parser`` (:data:`VERL_FIELDS`).
+for _key, _why in {
+    "enable_auto_tool_choice": "tool calls are read whenever a request has tools "
+                               "(explorer.openai_api.tool_call_parser)",
+    "use_v1": "vLLM's V1 engine is the only one",
+    "enable_log_requests": "vLLM's request log is not kept; the explorer logs each step and the "
+                           "trajectories (monitor.trajectory_steps) keep the requests",
+}.items():
+    IGNORED_PATHS[f"explorer.rollout_model.{_key}"] = _why
+    if _key != "enable_log_requests":
+        IGNORED_QUIET_VALUES[f"explorer.rollout_model.{_key}"] = True
+
 
 #: veRL settings trinity has, read into trinity's own fields: ``actor_rollout_ref.actor`` and
 #: veRL's ``trainer`` section, each at the top level or inside ``trainer.trainer_config`` (as
@@ -156,6 +172,8 @@ VERL_FIELDS: dict[str, str] = {
     "trainer.critic_warmup": "trainer.critic_warmup",
     "trainer.resume_mode": "trainer.resume_mode",
     "trainer.resume_from_path": "trainer.resume_from_path",
+    # not veRL's: upstream sets the API's tool-call parser on the rollout model
+    "explorer.rollout_model.tool_call_parser": "explorer.openai_api.tool_call_parser",
 }
 
 #: Fields trinity accepts (Trinity-RFT configs set them) but that change nothing here, with why.
@@ -207,6 +225,9 @@ UNUSED_FIELDS["buffer.trainer_input.auxiliary_buffers{}.format.chosen_key"] = (
     "an auxiliary buffer is read as SFT data (expert demonstrations); chosen/rejected are DPO columns")
 UNUSED_FIELDS["buffer.trainer_input.auxiliary_buffers{}.format.rejected_key"] = (
     UNUSED_FIELDS["buffer.trainer_input.auxiliary_buffers{}.format.chosen_key"])
+for _buf in ("buffer.trainer_input.experience_buffer", "buffer.trainer_input.auxiliary_buffers{}"):
+    UNUSED_FIELDS[f"{_buf}.schema_type"] = ("the kind of rows follows from the algorithm (an SFT or DPO "
+                                            "dataset) or the buffer (experiences)")
 UNUSED_FIELDS["model.logprobs"] = ("the sampled token's log-prob is always recorded; top-k "
                                    "alternatives are not stored in experiences")
 for _ts in ("buffer.explorer_input.taskset", "buffer.explorer_input.tasksets[]",
@@ -672,8 +693,8 @@ class ExperienceBufferConfig(Section):
     """Seconds to wait for a full batch before returning a partial one."""
     keep_used_groups: int = Field(10000, ge=-1)
     """Used-up groups whose records the replay store remembers (the newest), so a redelivered
-    or re-published copy is recognised and skipped; older ones are forgotten once a minute,
-    which keeps a long run's store flat. The copies that can arrive are the groups in flight, a
+    or re-published copy is recognised and skipped; older ones are forgotten as the buffer
+    tidies (every 10 s), which keeps a long run's store flat. The copies that can arrive are the groups in flight, a
     few steps' worth: 10,000 covers steps of up to ~1,000 groups. -1 remembers every group
     (the store grows ~250 bytes per experience for the whole run). Queue only."""
     replay_buffer: ReplayBufferConfig = Field(default_factory=ReplayBufferConfig)
@@ -691,6 +712,14 @@ class ExperienceBufferConfig(Section):
     skip_invalid_rows: bool = False
     """Skip invalid rows (as a taskset's ``skip_invalid_rows``) instead of failing before
     start; one warning counts them and names the first (file only)."""
+    total_epochs: int | None = Field(None, ge=1)
+    """Passes over a file buffer's rows. None: ``buffer.total_epochs`` for the experience
+    buffer; an auxiliary buffer repeats for as long as the trainer trains, and once its epochs
+    are used up its share of each batch is left out, with a warning (file only)."""
+    schema_type: Literal["sft", "dpo", "experience", "task"] | None = None
+    """Trinity-RFT's name for the layout of a SQL buffer's rows. Here the kind of rows follows
+    from the algorithm (an SFT or DPO dataset) or the buffer (experiences): accepted for
+    compatibility."""
 
 
 class ExplorerInputConfig(Section):

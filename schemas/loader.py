@@ -417,7 +417,13 @@ def _explain(
             else:
                 shown = repr(redact_url(value) if isinstance(value, str) else value)
             msg = e["msg"].removeprefix("Value error, ")
-            problems.append(f"{full}: got {shown}{where}; expected {msg[0].lower() + msg[1:]}")
+            why = ""
+            if e["type"] == "literal_error" and len((e.get("ctx") or {}).get("expected", "").split(" or ")) == 1:
+                # a setting with one value here (the rest not implemented): its docstring says why
+                model = _model_at(loc[:-1], root)
+                field = model.model_fields.get(str(loc[-1])) if model else None
+                why = f" ({field.description.strip()})" if field is not None and field.description else ""
+            problems.append(f"{full}: got {shown}{where}; expected {msg[0].lower() + msg[1:]}{why}")
     return problems
 
 

@@ -57,15 +57,16 @@ def build_service(cfg: TrinityConfig) -> BufferService:
     max_len = cfg.model.max_model_len
     if eb is not None and eb.storage_type == "file":
         kind = "dpo" if spec.schema == "dpo" else "sft"
-        main_file = FileBuffer(eb, tok(), batch_size=n, kind=kind, total_epochs=cfg.buffer.total_epochs,
-                               max_length=max_len)
+        main_file = FileBuffer(eb, tok(), batch_size=n, kind=kind,
+                               total_epochs=eb.total_epochs or cfg.buffer.total_epochs, max_length=max_len)
     else:
         from schemas.config import ExperienceBufferConfig
 
         eb = eb or ExperienceBufferConfig(name="experience_buffer")
         store = ReplayStore.from_config(eb, os.path.join(job, "buffer", eb.name or "experience_buffer"))
     aux = {
-        name: FileBuffer(b, tok(), batch_size=n, kind="sft", total_epochs=10**6, max_length=max_len)
+        name: FileBuffer(b, tok(), batch_size=n, kind="sft", total_epochs=b.total_epochs or 10**6,
+                         max_length=max_len)
         for name, b in cfg.buffer.trainer_input.auxiliary_buffers.items()
     }
     pipeline = Pipeline.from_config(cfg.data_processor.experience_pipeline.operators, spec)

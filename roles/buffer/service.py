@@ -94,6 +94,7 @@ class BufferService:
         self.pipeline = pipeline
         self.main_file = main_file
         self.aux = aux or {}
+        self._aux_used_up = False  # warned once
         self.strategy = sample_strategy
         self.args = dict(sample_args or {})
         self.plan_fn = ops.get("sample_strategy", sample_strategy)
@@ -213,6 +214,10 @@ class BufferService:
         if expert:
             aux = next(iter(self.aux.values()))
             exps = await asyncio.to_thread(aux.batch, req.step, expert)
+            if len(exps) < expert and not self._aux_used_up:  # its total_epochs are over
+                self._aux_used_up = True
+                log.warning("auxiliary_buffer_used_up", buffer=aux.cfg.name, step=req.step,
+                            note="its total_epochs are used up: batches go on without its rows")
             items += [codec.encode(e) for e in exps]
             counts += [1] * len(exps)
         exhausted = self.source_done and self.store.count_available(floor) == 0

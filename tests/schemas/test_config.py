@@ -424,3 +424,10 @@ def test_a_training_and_an_eval_taskset_may_share_a_name_but_not_two_of_one_role
     with pytest.raises(ConfigError, match=r"eval_tasksets\[1\]\.name: 'frozenlake' is also the name of .*"
                                           r"eval_tasksets\[0\]; eval taskset names must be unique"):
         load(p, ["buffer.explorer_input.eval_tasksets=[{name: frozenlake, path: /d}, {name: frozenlake, path: /e}]"])
+
+
+def test_a_setting_with_one_value_here_says_why_the_others_are_refused(tmp_path):
+    """Upstream examples set sequence parallelism; the refusal says it is not implemented."""
+    with pytest.raises(ConfigError, match=r"ulysses_sequence_parallel_size: got 2.*expected input should be 1 "
+                                          r"\(Sequence parallelism is not implemented"):
+        load(None, ["trainer.ulysses_sequence_parallel_size=2"])

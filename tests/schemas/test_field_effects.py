@@ -1425,6 +1425,8 @@ def observe(cfg: TrinityConfig) -> dict[str, Any]:
 #: retries, reconnects, servers), each with the test that exercises that effect. The test is
 #: checked to exist and to mention the field.
 RUNTIME_EFFECTS: dict[str, str] = {
+    "buffer.trainer_input.experience_buffer.total_epochs":
+        "tests/trainer/test_buffer.py::test_a_file_buffers_own_total_epochs_bounds_its_rows",
     **{f"data_processor.task_pipeline.{leaf}": "tests/roles/test_juicer.py::test_guide_selector_snippet_and_data_processor_load"
        for leaf in ("operators[].name", "operators[].args", "config_path", "inputs", "target_fields")},
     **{f"buffer.explorer_input.{ts}.{sel}.{leaf}": f"tests/storage/test_selectors.py::{test}"

@@ -145,6 +145,35 @@ async def test_mix_strategy_takes_expert_share_from_auxiliary_buffer(tmp_path, n
     await _with_buffer(cfg, body)
 
 
+def test_a_file_buffers_own_total_epochs_bounds_its_rows(tmp_path, tokenizer_dir):
+    """``total_epochs`` of a file buffer (Trinity-RFT's mix examples set it on their SFT
+    dataset): the experience buffer's replaces ``buffer.total_epochs``; an auxiliary buffer
+    without one repeats for as long as the trainer trains."""
+    from roles.buffer.main import build_service
+
+    data = _sft_rows(tmp_path / "sft.jsonl", 3)
+    fmt = {"prompt_type": "plaintext", "prompt_key": "prompt", "response_key": "response"}
+
+    def service(**eb):
+        cfg = _cfg(tmp_path, TrinityConfig().nats, "p.r", model={"model_path": str(tokenizer_dir)},
+                   algorithm={"algorithm_type": "mix_chord", "repeat_times": 2},
+                   buffer={"train_batch_size": 2, "trainer_input": {
+                       "experience_buffer": {"name": "exp"},
+                       "auxiliary_buffers": {"sft_dataset": {"name": "sft_dataset", "storage_type": "file",
+                                                             "path": str(data), "format": fmt, **eb}}}})
+        return build_service(cfg).aux["sft_dataset"]
+
+    assert len(service().batch(50, 2)) == 2  # no total_epochs: it goes on
+    used_up = service(total_epochs=2)  # 6 rows in all: 3 steps of 2
+    assert [len(used_up.batch(s, 2)) for s in (3, 4)] == [2, 0]
+    sft = _cfg(tmp_path, TrinityConfig().nats, "p.s", model={"model_path": str(tokenizer_dir)},
+               algorithm={"algorithm_type": "sft"},
+               buffer={"train_batch_size": 2, "trainer_input": {"experience_buffer": {
+                   "name": "sft", "storage_type": "file", "path": str(data), "format": fmt, "total_epochs": 2}}})
+    main = build_service(sft).main_file
+    assert [len(main.batch(s, 2)) for s in (3, 4)] == [2, 0]
+
+
 def test_ingest_quarantines_each_bad_group_and_stores_the_others(tmp_path):
     """A group the pipeline makes invalid (NaN advantages), or with a token id past the
     vocabulary, comes back with its error; the good groups of the same fetch are stored."""
