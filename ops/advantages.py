@@ -47,7 +47,8 @@ from ops.registry import register
 # repeat_times is 2 for them) and which need the whole training batch at once (so they run
 # in the trainer rather than in the buffer as each group arrives).
 # Functions not listed in either set are assumed to need the whole batch.
-GROUP_ADVANTAGE_FNS: frozenset[str] = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo"})
+GROUP_ADVANTAGE_FNS: frozenset[str] = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo",
+                                                  "grpo_verl", "opmd_verl", "asymre_verl"})
 SEQUENCE_ADVANTAGE_FNS: frozenset[str] = frozenset(
     {"reinforce", "remax", "on_policy_distill", "jsd"}
 )
@@ -634,3 +635,10 @@ def jsd_advantage(
     jsd_seq = (jsd * mask).sum(dim=-1)
     metrics = {"jsd_mean": float(jsd_seq.mean()) if jsd_seq.numel() else 0.0}
     return AdvantageResult(adv.to(dtype), adv.to(dtype).clone(), keep, metrics)
+
+
+# Trinity-RFT's deprecated ``*_verl`` names (its entropy examples still write ``grpo_verl``): the
+# same advantages, which its trainer computed over the whole batch, one task's group at a time;
+# here a group at a time in the buffer, as the names without the suffix.
+for _alias, _fn in (("grpo_verl", grpo_advantage), ("opmd_verl", opmd_advantage), ("asymre_verl", asymre_advantage)):
+    register("advantage_fn", _alias)(_fn)

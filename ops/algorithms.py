@@ -116,6 +116,12 @@ ALGORITHM_DEFAULTS: dict[str, _Defaults] = {
         sample_strategy="mix",
         repeat_times=8,
     ),
+    # RAFT (reward-ranked fine-tuning): SFT's loss on the explorer's own rollouts; which ones
+    # is the experience pipeline's (reward_filter) or the workflow's choice
+    "raft": _Defaults(None, policy_loss_fn="sft", repeat_times=1, **_NO_KL),
+    # upstream's GRPO with advantages computed in its trainer: the same values per group, so
+    # computed in the buffer here as GRPO's are
+    "grpo_verl": _Defaults("grpo"),
     "rec": _Defaults("rec", policy_loss_fn="rec"),
     "rloo": _Defaults("rloo"),
     "multi_step_grpo": _Defaults("step_wise_grpo", repeat_times=8),

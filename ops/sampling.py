@@ -39,6 +39,7 @@ def staleness_floor(trainer_version: int, max_staleness: int | float | None) -> 
     return max(int(trainer_version - max_staleness), 0)
 
 
+@register("sample_strategy", "warmup")  # Trinity-RFT's deprecated name, the same strategy
 @register("sample_strategy", "default")
 def default(n: int, trainer_version: int) -> BatchPlan:
     """The replay store's order (FIFO or priority), any model version."""
