@@ -83,11 +83,11 @@ EXAMPLES: dict[str, str] = {
     "examples/agentscope_frozenlake/frozenlake_agent.yaml":
         "config: trainer.ulysses_sequence_parallel_size: got 2",
     "examples/agentscope_react/gsm8k.yaml":
-        "config: explorer.rollout_model.reasoning_parser: unknown key",
+        "config: trainer.ulysses_sequence_parallel_size: got 2",
     "examples/agentscope_tool_react/agentscopev0_tool_react_dapo.yaml":
-        "config: explorer.rollout_model.reasoning_parser: unknown key",
+        "config: trainer.ulysses_sequence_parallel_size: got 2",
     "examples/agentscope_tool_react/agentscopev0_tool_react_gsm8k.yaml":
-        "config: explorer.rollout_model.reasoning_parser: unknown key",
+        "config: trainer.ulysses_sequence_parallel_size: got 2",
     "examples/agentscope_tool_react/agentscopev1_tool_react_dapo.yaml":
         "config: trainer.ulysses_sequence_parallel_size: got 2",
     "examples/agentscope_websearch/agentscopev1_websearch_agent.yaml":

@@ -174,6 +174,7 @@ VERL_FIELDS: dict[str, str] = {
     "trainer.resume_from_path": "trainer.resume_from_path",
     # not veRL's: upstream sets the API's tool-call parser on the rollout model
     "explorer.rollout_model.tool_call_parser": "explorer.openai_api.tool_call_parser",
+    "explorer.rollout_model.reasoning_parser": "explorer.openai_api.reasoning_parser",
 }
 
 #: Fields trinity accepts (Trinity-RFT configs set them) but that change nothing here, with why.
@@ -861,6 +862,11 @@ class OpenAIApiConfig(Section):
     """How tool calls are read from generated text: ``hermes`` parses
     ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen2.5/3);
     ``none`` leaves all text as content."""
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
+    """Return a completion's ``<think>...</think>`` as the message's ``reasoning_content`` and
+    only the rest as ``content``, as vLLM's ``--reasoning-parser`` does (``deepseek_r1``: text
+    without ``</think>`` is all reasoning; ``qwen3``: all content). None: all text is content.
+    The experience keeps every generated token either way."""
     episode_timeout: float = Field(600.0, gt=0)
     """Seconds an episode may stay without a request or a reward before it is dropped
     (counted and logged, never trained)."""

@@ -128,6 +128,33 @@ async def test_streaming_gives_the_same_completion(api):
     assert calls[0].function.name == "add"
 
 
+def test_reasoning_is_split_from_the_answer_as_vllms_parsers_do():
+    from roles.explorer.api.reasoning import split_reasoning
+
+    assert split_reasoning("<think>a\nb</think>\n\nthe answer", "deepseek_r1") == ("a\nb", "the answer")
+    assert split_reasoning("a</think>x", "qwen3") == ("a", "x")  # the template opened <think>
+    assert split_reasoning("still thinking", "deepseek_r1") == ("still thinking", "")
+    assert split_reasoning("just an answer", "qwen3") == (None, "just an answer")
+    assert split_reasoning("<think>a</think>b", None) == (None, "<think>a</think>b")
+
+
+async def test_a_reasoning_parser_returns_the_thinking_as_reasoning_content(api):
+    """Through the openai client: deepseek_r1 counts a completion without </think> as reasoning,
+    streamed or not; qwen3 as content; an agent may echo reasoning_content back."""
+    ask = dict(model="tiny", messages=USER, temperature=0, max_tokens=8)
+    text = (await client(await api(), "r0").chat.completions.create(**ask)).choices[0].message.content
+    assert text and "</think>" not in text
+    ds = client(await api(reasoning_parser="deepseek_r1"), "r1")
+    msg = (await ds.chat.completions.create(**ask)).choices[0].message
+    assert msg.reasoning_content == text and msg.content == ""
+    deltas = [ch.choices[0].delta async for ch in await ds.chat.completions.create(**ask, stream=True) if ch.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == text
+    again = USER + [msg.model_dump(exclude_none=True), {"role": "user", "content": "and?"}]
+    await ds.chat.completions.create(**{**ask, "messages": again})
+    qwen = (await client(await api(reasoning_parser="qwen3"), "r2").chat.completions.create(**ask)).choices[0].message
+    assert qwen.content == text and getattr(qwen, "reasoning_content", None) is None
+
+
 async def test_plain_routes_open_an_episode_per_request(api):
     server = await api()
     c = client(server, None)

@@ -74,6 +74,7 @@ class Message(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     refusal: None = None
+    reasoning_content: str | None = None
     annotations: list[Any] | None = None
     audio: None = None
     function_call: None = None
@@ -84,7 +85,7 @@ class Message(BaseModel):
             d["content"] = "".join(p.text for p in self.content)
         else:
             d["content"] = self.content if self.content is not None else ""
-        for k in ("name", "tool_calls", "tool_call_id"):
+        for k in ("name", "tool_calls", "tool_call_id", "reasoning_content"):  # templates that know it use it
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         return d

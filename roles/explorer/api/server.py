@@ -48,6 +48,7 @@ from roles.explorer.api.protocol import (
     now,
     parse,
 )
+from roles.explorer.api.reasoning import split_reasoning
 from roles.explorer.api.tools import ToolError, check_tools, parse_tool_calls, template_messages
 from roles.explorer.engines.base import EngineError, RolloutEngine, Sample
 from schemas.config import OpenAIApiConfig
@@ -319,10 +320,12 @@ class ApiServer:
                 tools: bool) -> tuple[dict[str, Any], int, int]:
         """The response's choice, its tool calls and whether a call was malformed (counted
         per episode: an agent developer watches both)."""
-        text = _strip_stop(s.response_text, req.stop)
+        reasoning, text = split_reasoning(_strip_stop(s.response_text, req.stop), self.cfg.reasoning_parser)
         content, calls = parse_tool_calls(text, self.cfg.tool_call_parser) if tools else (text, [])
         malformed = int(tools and not calls and "<tool_call>" in text)
         msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if reasoning is not None:
+            msg["reasoning_content"] = reasoning
         reason = s.finish_reason or "stop"
         if calls:
             msg["tool_calls"] = [c.to_openai() for c in calls]
@@ -349,10 +352,13 @@ class ApiServer:
             k, msg = c["index"], c["message"]
             await send({"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                         "finish_reason": None})
-            if "tool_calls" in msg:
+            if "reasoning_content" in msg:  # not a prefix of the tokens' text: one chunk each
+                await send({"index": k, "delta": {"reasoning_content": msg["reasoning_content"]},
+                            "finish_reason": None})
+            if "tool_calls" in msg or "reasoning_content" in msg:
                 if msg["content"]:
                     await send({"index": k, "delta": {"content": msg["content"]}, "finish_reason": None})
-                for j, tc in enumerate(msg["tool_calls"]):
+                for j, tc in enumerate(msg.get("tool_calls", [])):
                     await send({"index": k, "delta": {"tool_calls": [{"index": j, **tc}]},
                                 "finish_reason": None})
             else:
