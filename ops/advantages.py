@@ -308,16 +308,24 @@ def step_wise_grpo_advantage(
     episode_ids: GroupIds = None,
     epsilon: float = 1e-6,
     std_normalize: bool = True,
+    std_cal_level: str = "group",
+    std_threshold: float | None = None,
+    enable_step_norm: bool = False,
 ) -> AdvantageResult:
     """GRPO over *episodes* for step-wise agents (Trinity-RFT's ``step_wise_grpo``): a turn is
     one sequence, an episode several; the episodes of a task are the group.
 
     Each episode's return is the reward of its first turn (the whole episode's return both
     when the final reward is propagated to every turn and when each turn carries its
-    reward-to-go); ``A_e = (R_e - mean_group(R)) / (std_group(R) + epsilon)`` over the group's
+    reward-to-go); ``A_e = (R_e - mean_group(R)) / (std + epsilon)`` over the group's
     *episodes*, so an episode with more turns does not weigh more in the baseline; every turn
-    of the episode gets ``A_e`` on its counted tokens.
+    of the episode gets ``A_e`` on its counted tokens. As upstream's: ``std`` is the group's
+    (``std_cal_level="group"``) or that of every episode's return in the batch (``"batch"``);
+    a group whose returns' std is at or below ``std_threshold`` is dropped (``keep=False``);
+    ``enable_step_norm`` divides ``A_e`` by the episode's number of turns.
     """
+    if std_cal_level not in ("group", "batch"):
+        raise ValueError(f"std_cal_level must be 'group' or 'batch', got {std_cal_level!r}")
     mask = _mask(action_mask)
     b = mask.shape[0]
     r = _scalar_rewards(_require("rewards", rewards, "step_wise_grpo"), b)
@@ -330,14 +338,22 @@ def step_wise_grpo_advantage(
     first = first.scatter_reduce(0, inverse, torch.arange(b), reduce="amin")
     ep_r, ep_g = r[first], grp[first]
     stats = _group_stats(ep_r, ep_g)
+    std = (ep_r.std() if ep_r.numel() > 1 else ep_r.new_zeros(())).expand_as(ep_r) \
+        if std_cal_level == "batch" else stats.std
     scores = ep_r - stats.mean
     if std_normalize:  # all-equal returns give 0, never 0/0
-        denom = stats.std + epsilon
+        denom = std + epsilon
         scores = torch.where(denom > 0, scores / denom.clamp(min=1e-30), torch.zeros_like(scores))
-    scores = torch.where(stats.count > 1, scores, torch.zeros_like(scores))
+    keep = torch.ones_like(stats.count, dtype=torch.bool)
+    if std_threshold is not None:  # as GRPO's: no signal in the group
+        keep = (stats.count > 1) & (stats.std > std_threshold)
+    scores = torch.where((stats.count > 1) & keep, scores, torch.zeros_like(scores))
+    if enable_step_norm:
+        scores = scores / torch.bincount(inverse, minlength=uniq.numel()).to(scores.dtype)
     metrics = _group_metrics(ep_r, stats)
     metrics["episodes"] = float(uniq.numel())
-    return _result(scores[inverse], mask, _float_dtype(rewards), metrics)
+    metrics["filtered_count"] = float((~keep[inverse]).sum())
+    return _result(scores[inverse], mask, _float_dtype(rewards), metrics, keep[inverse])
 
 
 @register("advantage_fn", "rloo")

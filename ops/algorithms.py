@@ -274,7 +274,7 @@ def resolve(algorithm_type: str, **overrides: Any) -> AlgorithmSpec:
             f"got {repeat_times}"
         )
     local = advantages.GROUP_ADVANTAGE_FNS | advantages.SEQUENCE_ADVANTAGE_FNS
-    batch_std = adv == "grpo" and resolved["advantage_fn_args"].get("std_cal_level") == "batch"
+    batch_std = adv in ("grpo", "grpo_verl", "step_wise_grpo") and resolved["advantage_fn_args"].get("std_cal_level") == "batch"
     # A KL penalty in the reward needs reference log-probs, which only the trainer has.
     kl_in_reward = resolved["kl_penalty_fn"] != "none"
     in_trainer = adv is not None and (adv not in local or batch_std or kl_in_reward)

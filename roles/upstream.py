@@ -116,7 +116,7 @@ EXAMPLES: dict[str, str] = {
     "examples/grpo_alfworld_general_multi_step/alfworld.yaml":
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'step_wise_alfworld_workflow'",
     "examples/grpo_email_search/email_search.yaml":
-        "config: algorithm.advantage_fn_args: 'step_wise_grpo' has no argument(s) std_cal_level",
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'email_search_workflow'",
     "examples/grpo_frozen_lake/frozen_lake.yaml":
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'frozen_lake_workflow'",
     "examples/grpo_gsm8k/gsm8k.yaml": LOADS,

@@ -45,3 +45,29 @@ def test_without_episode_ids_every_sequence_is_an_episode():
     sw = get("advantage_fn", "step_wise_grpo")(action_mask=mask, rewards=r, group_ids=["g"] * 4)
     g = get("advantage_fn", "grpo")(action_mask=mask, rewards=r, group_ids=["g"] * 4)
     assert torch.allclose(sw.advantages, g.advantages, atol=1e-6)
+
+
+def test_step_wise_grpo_upstreams_std_level_threshold_and_step_norm_by_hand():
+    """The group of the first test: returns 1, 0, 0.5 (a) and 1, 1 (b)."""
+    groups = ["a", "a", "a", "a", "a", "a", "b", "b"]
+    episodes = [0, 0, 1, 2, 2, 2, 0, 1]
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.5, 0.5, 0.5, 1.0, 1.0])
+    mask = torch.ones(8, 1, dtype=torch.bool)
+    fn = get("advantage_fn", "step_wise_grpo")
+
+    def adv(**kw):
+        res = fn(action_mask=mask, rewards=rewards, group_ids=groups, episode_ids=episodes, epsilon=0.0, **kw)
+        return res.advantages[:, 0].tolist(), res.keep.tolist()
+
+    # batch: std over the five returns 1, 0, 0.5, 1, 1 (mean 0.7): sqrt((0.09+0.49+0.04+0.09+0.09)/4)
+    s = (0.8 / 4) ** 0.5
+    a, _ = adv(std_cal_level="batch")
+    assert a == pytest.approx([0.5 / s, 0.5 / s, -0.5 / s, 0.0, 0.0, 0.0, 0.0, 0.0], abs=1e-6)
+    # threshold 0: group b (std 0) is dropped, a kept
+    a, keep = adv(std_threshold=0.0)
+    assert keep == [True] * 6 + [False] * 2 and a[:3] == pytest.approx([1.0, 1.0, -1.0])
+    # step norm: episode 0 has two turns, 1 one, 2 three
+    a, _ = adv(enable_step_norm=True)
+    assert a == pytest.approx([0.5, 0.5, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0], abs=1e-6)
+    with pytest.raises(ValueError, match="std_cal_level"):
+        adv(std_cal_level="task")
