@@ -66,6 +66,11 @@ class MathWorkflow(Workflow):
     def truth(self) -> Any:
         return self.task.raw.get(self.task.format.get("response_key", "response"))
 
+    def reward_options(self, fn: Any) -> dict[str, Any]:
+        """What this workflow gives reward function ``fn`` besides the taskset's ``reward_fn_args``
+        (which win)."""
+        return {}
+
     def reward(self, response: str, prompt: str | None = None,
                response_length: int | None = None) -> dict[str, float]:
         name = self.task.reward_fn or self.default_reward_fn
@@ -73,7 +78,7 @@ class MathWorkflow(Workflow):
         if fn is None:
             raise KeyError(f"task {self.task.task_id}: unknown reward_fn {name!r}; known: {sorted(REWARD_FNS)}")
         return call_reward(fn, response, self.truth(), prompt=prompt, response_length=response_length,
-                           options=self.task.reward_fn_args)
+                           options={**self.reward_options(fn), **self.task.reward_fn_args})
 
     def score(self, exps: list[Experience]) -> list[Experience]:
         for e in exps:
@@ -102,17 +107,10 @@ class MathBoxedWorkflow(MathWorkflow):
     def default_system_prompt(self) -> str:  # type: ignore[override]
         return BOXED_THINK_SYSTEM_PROMPT if self.args.get("with_think") else BOXED_SYSTEM_PROMPT
 
-    def reward(self, response: str, prompt: str | None = None,
-               response_length: int | None = None) -> dict[str, float]:
-        name = self.task.reward_fn or self.default_reward_fn
-        fn = REWARD_FNS.get(name)
-        if fn is None:
-            raise KeyError(f"task {self.task.task_id}: unknown reward_fn {name!r}; known: {sorted(REWARD_FNS)}")
+    def reward_options(self, fn: Any) -> dict[str, Any]:
         takes = inspect.signature(fn).parameters  # upstream hands these to every reward fn that takes them
-        options = {k: v for k, v in (("with_think", bool(self.args.get("with_think", False))),
-                                     ("format_score_coef", self.args.get("format_score_coef", 0.1))) if k in takes}
-        return call_reward(fn, response, self.truth(), prompt=prompt, response_length=response_length,
-                           options={**options, **self.task.reward_fn_args})
+        return {k: v for k, v in (("with_think", bool(self.args.get("with_think", False))),
+                                  ("format_score_coef", self.args.get("format_score_coef", 0.1))) if k in takes}
 
     async def run_async(self) -> list[Experience]:
         if not self.args.get("use_base"):
