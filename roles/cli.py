@@ -155,12 +155,18 @@ def cmd_server(args: argparse.Namespace) -> int:
         if routes and not args.cluster_port:
             print("trinity server: --routes needs --cluster-port (this node's own route port)", file=sys.stderr)
             return 2
-        return serve_forever(cfg.nats, cfg.nats.store_dir, args.host, args.port, args.monitor_port,
+        code = serve_forever(cfg.nats, cfg.nats.store_dir, args.host, args.port, args.monitor_port,
                              until=until, cluster_port=args.cluster_port, routes=routes or None,
                              server_name=args.name)
     except BusError as e:  # the port is taken, the binary is missing: say so, no traceback
         print(f"trinity server: {e}", file=sys.stderr)
         return 1
+    # the server has exited and nothing here holds data: skip the interpreter's teardown (torch
+    # is imported with the config), which under load outlasted honcho's 5 s grace after the
+    # server stopped (rc=-9 for a clean stop, seen in the suite)
+    from roles.signals import exit_now
+
+    exit_now(code)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

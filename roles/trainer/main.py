@@ -363,7 +363,15 @@ async def _fetch_serving_hellos(
                 raise bus.RequestTimeout("reconnected to NATS while waiting for the batch")
             buffer_pid = buffer_pid or pid
     finally:
-        task.cancel()
+        _discard(task)
+
+
+def _discard(task: asyncio.Future) -> None:
+    """Cancel a batch request no one waits for any more, its outcome dropped: one that failed
+    with a connection lost as the trainer stopped is no error of the trainer's (asyncio would
+    log it as an exception never retrieved)."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None, shared: SharedBase | None = None) -> bool:
@@ -470,7 +478,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
             log.info("trainer_finished", step=trainer.step, consumed=trainer.consumed)
     finally:
         if prefetch is not None:
-            prefetch[0].cancel()
+            _discard(prefetch[0])
         monitor.close()
         await sync.close()
         await bus.disconnect(nc)
