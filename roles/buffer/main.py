@@ -88,10 +88,10 @@ async def drained(consumer: bus.Consumer, state: bus.RunState) -> bool:
 
 
 #: Seconds between two rounds of :func:`tidy` (forgetting used-up records, trimming streams).
-#: Why this often: nats-server's memory follows what its streams hold (about three times the
-#: stored bytes), so what arrives between two trims is a sawtooth on top of ``stream_keep``:
-#: at the quickstart's pace (2.7 steps/s) a minute added 2,600 experiences (12 MB) and swung
-#: the server by 30%; ten seconds add a sixth of that. A round is ~30 API calls.
+#: Why this often: what arrives between two trims rides on top of ``stream_keep`` in the
+#: streams and in nats-server's block caches (its heap, measured with pprof): a minute at the
+#: quickstart's pace (2.7 steps/s) was 2,600 experiences, 12 MB; ten seconds hold a sixth of
+#: that. A round is ~30 API calls.
 TIDY_S = 10.0
 #: Groups forgotten per write transaction (the ingest waits for each): a round takes as many
 #: as arrived since the last (~450 in the quickstart), one at most this many at a time.
