@@ -76,94 +76,116 @@ WHY_NOT: dict[tuple[str, str], str] = {
 #: ``trinity config`` and ``trinity run --plan`` succeed) or the start of its refusal.
 LOADS = "loads"
 EXAMPLES: dict[str, str] = {
-    "examples/RAFT_alfworld/RAFT_alfworld_7B.yaml":
+    'examples/RAFT_alfworld/RAFT_alfworld_7B.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'RAFT_alfworld_workflow'",
-    "examples/RAFT_alfworld/RAFT_reflect_alfworld_7B.yaml":
+    'examples/RAFT_alfworld/RAFT_reflect_alfworld_7B.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'RAFT_reflect_alfworld_workflow'",
-    "examples/agentscope_frozenlake/frozenlake_agent.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/agentscope_react/gsm8k.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/agentscope_tool_react/agentscopev0_tool_react_dapo.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/agentscope_tool_react/agentscopev0_tool_react_gsm8k.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/agentscope_tool_react/agentscopev1_tool_react_dapo.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/agentscope_websearch/agentscopev1_websearch_agent.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/asymre_gsm8k/gsm8k.yaml": LOADS,
-    "examples/asymre_math/math.yaml": LOADS,
-    "examples/async_gsm8k/explorer.yaml": LOADS,
-    "examples/async_gsm8k/trainer.yaml": LOADS,
-    "examples/bench/external_model.yaml": LOADS,
-    "examples/bots/bots.yaml":
+    'examples/agentscope_frozenlake/frozenlake_agent.yaml':
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow': cannot import FrozenLakeWorkflow from examples.agentscope_frozenlake.workflow: No module named 'examples.agentscope_frozenlake'",
+    'examples/agentscope_react/gsm8k.yaml':
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscope_react_workflow'",
+    'examples/agentscope_tool_react/agentscopev0_tool_react_dapo.yaml':
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscopev0_react_math_workflow'",
+    'examples/agentscope_tool_react/agentscopev0_tool_react_gsm8k.yaml':
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscopev0_react_math_workflow'",
+    'examples/agentscope_tool_react/agentscopev1_tool_react_dapo.yaml':
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscope_react_math_workflow'",
+    'examples/agentscope_websearch/agentscopev1_websearch_agent.yaml':
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscope_v1_react_search_workflow'",
+    'examples/asymre_gsm8k/gsm8k.yaml':
+        LOADS,
+    'examples/asymre_math/math.yaml':
+        LOADS,
+    'examples/async_gsm8k/explorer.yaml':
+        LOADS,
+    'examples/async_gsm8k/trainer.yaml':
+        LOADS,
+    'examples/bench/external_model.yaml':
+        LOADS,
+    'examples/bots/bots.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.bots.workflow.bots_math_boxed_workflow.BOTSMathBoxedWorkflow': cannot import",
-    "examples/bots/random.yaml":
+    'examples/bots/random.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.bots.workflow.bots_math_boxed_workflow.BOTSMathBoxedWorkflow': cannot import",
-    "examples/bots/ref_eval_collect.yaml":
+    'examples/bots/ref_eval_collect.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'bots_ref_eval_collect_math_boxed_workflow'",
-    "examples/cispo_gsm8k/gsm8k.yaml": LOADS,
-    "examples/dapo_math/dapo.yaml": LOADS,
-    "examples/dpo_human_in_the_loop/dpo.yaml": LOADS,
-    "examples/dpo_humanlike/dpo.yaml": LOADS,
-    "examples/entropy/clipb.yaml":
+    'examples/cispo_gsm8k/gsm8k.yaml':
+        LOADS,
+    'examples/dapo_math/dapo.yaml':
+        LOADS,
+    'examples/dpo_human_in_the_loop/dpo.yaml':
+        LOADS,
+    'examples/dpo_humanlike/dpo.yaml':
+        LOADS,
+    'examples/entropy/clipb.yaml':
         "config: algorithm.advantage_fn: unknown advantage_fn 'clipb'",
-    "examples/entropy/clipv.yaml":
+    'examples/entropy/clipv.yaml':
         "config: algorithm.advantage_fn: unknown advantage_fn 'clipv'",
-    "examples/grpo_alfworld/alfworld.yaml":
+    'examples/grpo_alfworld/alfworld.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'alfworld_workflow'",
-    "examples/grpo_alfworld_general_multi_step/alfworld.yaml":
+    'examples/grpo_alfworld_general_multi_step/alfworld.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'step_wise_alfworld_workflow'",
-    "examples/grpo_email_search/email_search.yaml":
+    'examples/grpo_email_search/email_search.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'email_search_workflow'",
-    "examples/grpo_frozen_lake/frozen_lake.yaml":
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'frozen_lake_workflow'",
-    "examples/grpo_gsm8k/gsm8k.yaml": LOADS,
-    "examples/grpo_gsm8k_experience_pipeline/gsm8k.yaml": LOADS,
-    "examples/grpo_gsm8k_ruler/gsm8k_ruler.yaml":
+    'examples/grpo_frozen_lake/frozen_lake.yaml':
+        LOADS,
+    'examples/grpo_gsm8k/gsm8k.yaml':
+        LOADS,
+    'examples/grpo_gsm8k_experience_pipeline/gsm8k.yaml':
+        LOADS,
+    'examples/grpo_gsm8k_ruler/gsm8k_ruler.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'math_ruler_workflow'",
-    "examples/grpo_gsm8k_task_pipeline/gsm8k.yaml": LOADS,
-    "examples/grpo_gsm8k_trainable_ruler/gsm8k_ruler.yaml":
+    'examples/grpo_gsm8k_task_pipeline/gsm8k.yaml':
+        LOADS,
+    'examples/grpo_gsm8k_trainable_ruler/gsm8k_ruler.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'math_trainable_ruler_workflow'",
-    "examples/grpo_lora_gsm8k/gsm8k.yaml": LOADS,
-    "examples/grpo_math/math.yaml":
+    'examples/grpo_lora_gsm8k/gsm8k.yaml':
+        LOADS,
+    'examples/grpo_math/math.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'math_rm_workflow'",
-    "examples/grpo_rubric_as_reward/rubric.yaml":
+    'examples/grpo_rubric_as_reward/rubric.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'rubric_judge_workflow'",
-    "examples/grpo_sciworld/sciworld.yaml":
+    'examples/grpo_sciworld/sciworld.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'sciworld_workflow'",
-    "examples/grpo_toolcall/toolace.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/grpo_vlm/vlm.yaml":
+    'examples/grpo_toolcall/toolace.yaml':
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'toolcall_workflow'",
+    'examples/grpo_vlm/vlm.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'simple_mm_workflow'",
-    "examples/grpo_webshop/webshop.yaml":
+    'examples/grpo_webshop/webshop.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'webshop_workflow'",
-    "examples/learn_to_ask/train.yaml":
+    'examples/learn_to_ask/train.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.learn_to_ask.workflow.workflow_learn2ask.Learn2AskWorkflow': cannot import Learn2AskWorkflow from examples.learn_to_ask.workflow.workflow_learn2ask: No module named 'examples.learn_to_ask'",
-    "examples/mix_chord/mix_chord.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/mix_chord/mix_chord_toolace.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/mix_math/mix_math.yaml":
+    'examples/mix_chord/mix_chord.yaml':
+        "config: algorithm.policy_loss_fn_args: 'mix_chord' has no argument(s) ngpus_trainer, ppo_micro_batch_size_per_gpu, ppo_mini_batch_size, sft_loss_agg_mode, train_batch_size_expert, train_batch_size_usual, use_dynamic_bsz",
+    'examples/mix_chord/mix_chord_toolace.yaml':
+        "config: algorithm.policy_loss_fn_args: 'mix_chord' has no argument(s) ngpus_trainer, ppo_micro_batch_size_per_gpu, ppo_mini_batch_size, sft_loss_agg_mode, train_batch_size_expert, train_batch_size_usual, use_dynamic_bsz",
+    'examples/mix_math/mix_math.yaml':
         "config: algorithm.policy_loss_fn_args: 'mix' has no argument(s) ngpus_trainer, ppo_micro_batch_size_per_gpu, ppo_mini_batch_size, sft_loss_agg_mode, train_batch_size_expert, train_batch_size_usual, use_dynamic_bsz",
-    "examples/mix_vlm/mix_vlm.yaml":
-        "config: trainer.ulysses_sequence_parallel_size: got 2",
-    "examples/opd_gsm8k/opd_gsm8k.yaml":
+    'examples/mix_vlm/mix_vlm.yaml':
+        "config: algorithm.policy_loss_fn_args: 'mix_chord' has no argument(s) ngpus_trainer, ppo_micro_batch_size_per_gpu, ppo_mini_batch_size, sft_loss_agg_mode, train_batch_size_expert, train_batch_size_usual, use_dynamic_bsz",
+    'examples/opd_gsm8k/opd_gsm8k.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'on_policy_distill_math_workflow'",
-    "examples/opd_gsm8k/opd_gsm8k_jsd.yaml":
+    'examples/opd_gsm8k/opd_gsm8k_jsd.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'on_policy_distill_math_workflow'",
-    "examples/opmd_gsm8k/opmd_gsm8k.yaml": LOADS,
-    "examples/ppo_countdown/countdown.yaml": LOADS,
-    "examples/ppo_countdown_exp_replay/countdown.yaml": LOADS,
-    "examples/ppo_countdown_megatron/countdown.yaml": LOADS,
-    "examples/rec_gsm8k/gsm8k.yaml": LOADS,
-    "examples/sft_mot/sft.yaml": LOADS,
-    "examples/sppo_gsm8k/gsm8k.yaml": LOADS,
-    "examples/tinker/tinker.yaml":
+    'examples/opmd_gsm8k/opmd_gsm8k.yaml':
+        LOADS,
+    'examples/ppo_countdown/countdown.yaml':
+        LOADS,
+    'examples/ppo_countdown_exp_replay/countdown.yaml':
+        LOADS,
+    'examples/ppo_countdown_megatron/countdown.yaml':
+        LOADS,
+    'examples/rec_gsm8k/gsm8k.yaml':
+        LOADS,
+    'examples/sft_mot/sft.yaml':
+        LOADS,
+    'examples/sppo_gsm8k/gsm8k.yaml':
+        LOADS,
+    'examples/tinker/tinker.yaml':
         "config: synchronizer.sync_method: got 'memory'",
-    "examples/topr_gsm8k/gsm8k.yaml": LOADS,
-    "test_template_dir/template/config.yaml": LOADS,
+    'examples/topr_gsm8k/gsm8k.yaml':
+        LOADS,
+    'test_template_dir/template/config.yaml':
+        LOADS,
 }
 
 

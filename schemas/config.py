@@ -961,8 +961,9 @@ class TrainerConfig(Section):
     when both are set this one wins (a warning says so if they differ)."""
     micro_batch_size_per_gpu: int = Field(4, ge=1)
     """Sequences per micro-batch when ``use_dynamic_bsz`` is false."""
-    ulysses_sequence_parallel_size: Literal[1] = 1
-    """Sequence parallelism is not implemented; only 1."""
+    ulysses_sequence_parallel_size: int = Field(1, ge=1)
+    """veRL's sequence parallelism. Not implemented: a value above 1 is warned and read as 1
+    (each GPU holds whole sequences: the same loss, more memory per GPU than veRL's split)."""
     critic_warmup: int = Field(0, ge=0)
     """Steps training only the critic (PPO)."""
     ppo_epochs: int = Field(1, ge=1)

@@ -309,6 +309,13 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
             "trainer.trainer_type 'verl': trinity has no veRL backend; using 'auto' (DeepSpeed on GPU, PyTorch on CPU)"
         )
         put(tr, "trainer_type", "auto", "trainer.trainer_type")
+    if tr.ulysses_sequence_parallel_size > 1:
+        warnings.append(
+            f"trainer.ulysses_sequence_parallel_size={tr.ulysses_sequence_parallel_size} is ignored: "
+            "sequence parallelism is not implemented; each GPU holds whole sequences (the same "
+            "loss, more memory per GPU)"
+        )
+        put(tr, "ulysses_sequence_parallel_size", 1, "trainer.ulysses_sequence_parallel_size")
     if tr.max_token_len_per_gpu is None and m.max_model_len is not None:
         put(
             tr,

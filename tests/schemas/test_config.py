@@ -427,7 +427,15 @@ def test_a_training_and_an_eval_taskset_may_share_a_name_but_not_two_of_one_role
 
 
 def test_a_setting_with_one_value_here_says_why_the_others_are_refused(tmp_path):
-    """Upstream examples set sequence parallelism; the refusal says it is not implemented."""
-    with pytest.raises(ConfigError, match=r"ulysses_sequence_parallel_size: got 2.*expected input should be 1 "
-                                          r"\(Sequence parallelism is not implemented"):
-        load(None, ["trainer.ulysses_sequence_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"taskset.storage_type: got 'sql'.*expected input should be 'file' "
+                                          r"\(Where tasks come from. Only ``file``"):
+        load(None, ["buffer.explorer_input.taskset.storage_type=sql"])
+
+
+def test_sequence_parallelism_is_warned_and_read_as_one():
+    """Upstream's examples set it (11 of them to 2): the loss is the same without it."""
+    loaded = load(None, ["trainer.ulysses_sequence_parallel_size=2", "model.max_model_len=100"])
+    assert loaded.config.trainer.ulysses_sequence_parallel_size == 1
+    assert loaded.config.trainer.max_token_len_per_gpu == 200  # whole sequences per GPU
+    assert any("ulysses_sequence_parallel_size=2 is ignored: sequence parallelism is not implemented" in w
+               for w in loaded.warnings)

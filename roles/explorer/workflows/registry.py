@@ -12,6 +12,7 @@ import importlib
 from collections.abc import Callable
 
 from roles.explorer.workflows.base import Workflow
+from roles.explorer.workflows.frozen_lake import FrozenLakeWorkflow
 from roles.explorer.workflows.math import MathBoxedWorkflow, MathWorkflow
 from roles.plugins import load_plugin_dirs
 
@@ -20,6 +21,7 @@ __all__ = ["WORKFLOWS", "get_workflow", "load_plugin_dirs", "register_workflow"]
 WORKFLOWS: dict[str, type[Workflow]] = {
     "math_workflow": MathWorkflow,
     "math_boxed_workflow": MathBoxedWorkflow,
+    "frozen_lake_workflow": FrozenLakeWorkflow,
 }
 
 
