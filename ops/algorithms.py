@@ -244,6 +244,10 @@ def resolve(algorithm_type: str, **overrides: Any) -> AlgorithmSpec:
             fn = _lookup(field_name, kind, name)
             valid = list(hyperparameters(fn, data))
             _check_args(field_name, name, fn, args, valid)
+            for key, mode in args.items():  # loss_agg_mode, and a part's own (sft_loss_agg_mode)
+                if key.endswith("loss_agg_mode") and mode is not None and mode not in LOSS_AGG_MODES:
+                    raise ValueError(f"algorithm.{field_name}_args.{key}: unknown {mode!r}; "
+                                     f"valid names: {', '.join(LOSS_AGG_MODES)}")
             if "loss_agg_mode" in valid:
                 args.setdefault("loss_agg_mode", loss_agg_mode)
         resolved[field_name] = name

@@ -47,7 +47,12 @@ POLICY_LOSS_DATA: tuple[str, ...] = (
     "ref_logprob",
     "expert_mask",
     "global_step",
+    "part_weights",
 )
+
+#: Policy losses whose parts (RL rows, expert rows) are each averaged over the whole
+#: mini-batch's rows of that part: the trainer passes them ``part_weights`` per micro-batch.
+PART_WEIGHTED: frozenset[str] = frozenset({"mix", "mix_chord"})
 
 
 def _f(x: Tensor) -> float:
@@ -552,6 +557,8 @@ def _mix(
     phi: bool,
     ppo_args: dict[str, float | None],
     loss_agg_mode: str,
+    sft_loss_agg_mode: str | None,
+    part_weights: tuple[float, float] | None,
 ) -> tuple[Tensor, Metrics]:
     if expert_mask is None:
         raise ValueError("mix policy losses need `expert_mask` (B,) marking expert rows")
@@ -572,9 +579,10 @@ def _mix(
         metrics.update({f"usual/{k}": v for k, v in rl_metrics.items()})
     if bool(expert.any()):
         tokens = _sft_tokens(logprob[expert], phi)
-        sft = aggregate_loss(tokens, action_mask[expert], loss_agg_mode)
+        sft = aggregate_loss(tokens, action_mask[expert], sft_loss_agg_mode or loss_agg_mode)
         metrics["expert/sft_loss"] = _f(sft)
-    loss = (1.0 - mu) * rl_loss + mu * sft
+    usual_weight, expert_weight = part_weights if part_weights is not None else (1.0, 1.0)
+    loss = (1.0 - mu) * rl_loss * usual_weight + mu * sft * expert_weight
     metrics.update({"loss": _f(loss), "mu": float(mu)})
     return loss, metrics
 
@@ -589,16 +597,23 @@ def mix_policy_loss(
     ref_logprob: Tensor | None = None,
     expert_mask: Tensor | None = None,
     global_step: int = 0,
+    part_weights: tuple[float, float] | None = None,
     mu: float = 0.1,
     clip_range: float | None = 0.2,
     clip_range_low: float | None = None,
     clip_range_high: float | None = None,
     loss_agg_mode: str = "token-mean",
+    sft_loss_agg_mode: str | None = None,
+    grpo_loss_agg_mode: str | None = None,
 ) -> tuple[Tensor, Metrics]:
     """SFT + RL in one batch: ``(1 - mu) PPO(rollout rows) + mu SFT(expert rows)``.
 
-    Each part is averaged over its own rows. (Trinity-RFT also rescales each part by
-    micro-batch sizes; that bookkeeping belongs to the trainer.)
+    Each part is averaged over its own rows (``grpo_loss_agg_mode`` / ``sft_loss_agg_mode``,
+    else ``loss_agg_mode``). Over micro-batches, each part is the mean over the *mini-batch's*
+    rows of that part, however they fall into micro-batches: the trainer passes
+    ``part_weights`` = (this micro-batch's share of the mini-batch's rollout rows, of its
+    expert rows) / the share it weighs the micro-batch by. Trinity-RFT gets the same from
+    ``train_batch_size_usual``/``_expert`` and micro-batch sizes written in the config.
     """
     ppo_args = {
         "clip_range": clip_range,
@@ -607,7 +622,7 @@ def mix_policy_loss(
     }
     return _mix(
         logprob, old_logprob, advantages, action_mask, expert_mask, mu, False, ppo_args,
-        loss_agg_mode,
+        grpo_loss_agg_mode or loss_agg_mode, sft_loss_agg_mode, part_weights,
     )  # fmt: skip
 
 
@@ -621,6 +636,7 @@ def mix_chord_policy_loss(
     ref_logprob: Tensor | None = None,
     expert_mask: Tensor | None = None,
     global_step: int = 0,
+    part_weights: tuple[float, float] | None = None,
     mu_warmup_steps: int = 0,
     mu_decay_steps: int = 0,
     mu_peak: float = 0.1,
@@ -630,6 +646,8 @@ def mix_chord_policy_loss(
     clip_range_low: float | None = None,
     clip_range_high: float | None = None,
     loss_agg_mode: str = "token-mean",
+    sft_loss_agg_mode: str | None = None,
+    grpo_loss_agg_mode: str | None = None,
 ) -> tuple[Tensor, Metrics]:
     """CHORD (Zhang et al. 2025, arXiv:2508.11408): ``mix`` with a scheduled ``mu`` and
     token weighting of the SFT part.
@@ -647,5 +665,5 @@ def mix_chord_policy_loss(
     }
     return _mix(
         logprob, old_logprob, advantages, action_mask, expert_mask, mu, enable_phi_function,
-        ppo_args, loss_agg_mode,
+        ppo_args, grpo_loss_agg_mode or loss_agg_mode, sft_loss_agg_mode, part_weights,
     )  # fmt: skip

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.config import TrinityConfig
+from schemas.config import TasksetConfig, TrinityConfig
 from schemas.loader import ConfigError
 from schemas.modes import MODES
 from storage.hub import RepoType
@@ -235,12 +235,20 @@ def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
         # absolute: a relative checkpoint folder is no hub id
         out.append(Input(f"{where}trainer.resume_from_path", str(Path(resume).expanduser().absolute()),
                          frozenset({"trainer"})))
+
+    def prompt(ts: TasksetConfig, default: str | None) -> bool:  # its workflow reads the prompt column
+        from roles.explorer.workflows.registry import reads_prompt
+
+        return reads_prompt(ts.default_workflow_type or default or "")
+
     for path, ts in ei.training() if MODES[cfg.mode].reads_taskset else []:
         out.append(Input(f"{where}{path}.path", ts.path, explorer,
-                         lambda ts=ts: check_taskset(ts), ident(ts, "task"), "dataset"))
+                         lambda ts=ts: check_taskset(ts, prompt(ts, ei.default_workflow_type)),
+                         ident(ts, "task"), "dataset"))
+    eval_default = ei.default_eval_workflow_type or ei.default_workflow_type
     for j, ts in enumerate(ei.eval_tasksets):
         out.append(Input(f"{where}buffer.explorer_input.eval_tasksets[{j}].path", ts.path, explorer,
-                         lambda ts=ts: check_taskset(ts), ident(ts, "task"), "dataset"))
+                         lambda ts=ts: check_taskset(ts, prompt(ts, eval_default)), ident(ts, "task"), "dataset"))
     eb = ti.experience_buffer
     if eb is not None and eb.storage_type == "file":
         kind = _dataset_kind(cfg)

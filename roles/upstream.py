@@ -155,13 +155,13 @@ EXAMPLES: dict[str, str] = {
     'examples/learn_to_ask/train.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.learn_to_ask.workflow.workflow_learn2ask.Learn2AskWorkflow': cannot import Learn2AskWorkflow from examples.learn_to_ask.workflow.workflow_learn2ask: No module named 'examples.learn_to_ask'",
     'examples/mix_chord/mix_chord.yaml':
-        "config: algorithm.policy_loss_fn_args: 'mix_chord' has no argument(s) ngpus_trainer, ppo_micro_batch_size_per_gpu, ppo_mini_batch_size, sft_loss_agg_mode, train_batch_size_expert, train_batch_size_usual, use_dynamic_bsz",
+        LOADS,
     'examples/mix_chord/mix_chord_toolace.yaml':
-        "config: algorithm.policy_loss_fn_args: 'mix_chord' has no argument(s) ngpus_trainer, ppo_micro_batch_size_per_gpu, ppo_mini_batch_size, sft_loss_agg_mode, train_batch_size_expert, train_batch_size_usual, use_dynamic_bsz",
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'toolcall_workflow'",
     'examples/mix_math/mix_math.yaml':
-        "config: algorithm.policy_loss_fn_args: 'mix' has no argument(s) ngpus_trainer, ppo_micro_batch_size_per_gpu, ppo_mini_batch_size, sft_loss_agg_mode, train_batch_size_expert, train_batch_size_usual, use_dynamic_bsz",
+        LOADS,
     'examples/mix_vlm/mix_vlm.yaml':
-        "config: algorithm.policy_loss_fn_args: 'mix_chord' has no argument(s) ngpus_trainer, ppo_micro_batch_size_per_gpu, ppo_mini_batch_size, sft_loss_agg_mode, train_batch_size_expert, train_batch_size_usual, use_dynamic_bsz",
+        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'simple_mm_workflow'",
     'examples/opd_gsm8k/opd_gsm8k.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'on_policy_distill_math_workflow'",
     'examples/opd_gsm8k/opd_gsm8k_jsd.yaml':

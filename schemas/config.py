@@ -574,6 +574,10 @@ class GenerationConfig(Section):
     """Accepted for compatibility (see ``model.logprobs``)."""
     max_tokens: int | None = Field(None, ge=1)
     """Max generated tokens; None: ``model.max_response_tokens``."""
+    stop: list[str] | None = None
+    """Strings that end a reply where they first appear (kept in it, as vLLM keeps the token
+    that completes one). Ours: Trinity-RFT has no such setting. None: only end-of-sequence and
+    ``max_tokens`` end it."""
     n: int = Field(1, ge=1)
     """Samples per task. Set automatically from repeat_times; do not set."""
 

@@ -575,6 +575,28 @@ def _drop_empty_sections(raw: dict[str, Any], model: type[BaseModel], sources: d
 
 Resolver = Callable[[TrinityConfig, dict[str, str]], list[str]]
 
+#: What Trinity-RFT's ``mix`` policy losses are told of the batch layout in their args (so each
+#: part averages over its own rows across micro-batches); trinity's trainer counts the rows.
+MIX_LAYOUT_ARGS = ("use_dynamic_bsz", "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ngpus_trainer",
+                   "train_batch_size_usual", "train_batch_size_expert")
+
+
+def _drop_mix_layout(raw: dict[str, Any], warnings: list[str], prefix: str) -> None:
+    """Drop :data:`MIX_LAYOUT_ARGS` from a ``mix``/``mix_chord`` policy loss's args, with a warning."""
+    alg = raw.get("algorithm")
+    args = alg.get("policy_loss_fn_args") if isinstance(alg, dict) else None
+    if not isinstance(args, dict) or (alg.get("policy_loss_fn") or alg.get("algorithm_type")) not in ("mix", "mix_chord"):
+        return
+    layout = [k for k in MIX_LAYOUT_ARGS if k in args]
+    for k in layout:
+        del args[k]
+    if layout:
+        warnings.append(
+            f"{prefix}algorithm.policy_loss_fn_args: {', '.join(layout)} ignored: Trinity-RFT's mix losses "
+            "read the batch layout from them; here the trainer counts each micro-batch's rollout and "
+            "expert rows itself (each part is the mean over its rows of the whole mini-batch)"
+        )
+
 
 def _validate(
     raw: dict[str, Any],
@@ -586,6 +608,7 @@ def _validate(
     _read_verl(raw, sources, warnings, prefix)
     _drop_ignored(raw, sources, warnings, prefix)
     _rename_values(raw, warnings, prefix)
+    _drop_mix_layout(raw, warnings, prefix)
     _drop_empty_sections(raw, TrinityConfig, sources)
     try:
         cfg = TrinityConfig.model_validate(raw)

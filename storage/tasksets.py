@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 
 def task_required_keys(
-    fmt: FormatConfig, feature_keys: Sequence[str] = ()
+    fmt: FormatConfig, feature_keys: Sequence[str] = (), prompt: bool = True
 ) -> Callable[[dict[str, Any]], list[RequiredKey]]:
     """Keys a task row must carry, decided from the dataset's first row.
 
@@ -68,13 +68,14 @@ def task_required_keys(
     as its Python text. ``response_key`` (the reference answer, any value) is required when the
     data has that column, so one row without an answer fails instead of scoring zero forever;
     ``system_prompt_key`` (a string) when set; the selector's ``feature_keys`` (finite numbers)
-    when it reads them (:func:`selector_features`)."""
+    when it reads them (:func:`selector_features`). ``prompt=False``: the taskset's workflow
+    writes its own prompt (an environment's, from the row's other columns), none is required."""
 
     def decide(first: dict[str, Any]) -> list[RequiredKey]:
         keys: list[RequiredKey] = []
-        if fmt.prompt_type == "messages" and fmt.messages_key in first:
+        if prompt and fmt.prompt_type == "messages" and fmt.messages_key in first:
             keys.append(RequiredKey(fmt.messages_key, "format.messages_key", "messages"))
-        else:
+        elif prompt:
             keys.append(RequiredKey(fmt.prompt_key, "format.prompt_key", "text"))
         if fmt.response_key in first:
             keys.append(RequiredKey(fmt.response_key, "format.response_key"))
@@ -458,14 +459,16 @@ class TaskReader(DatasetReader[Task]):
         default_workflow_type: str | None = None,
         default_reward_fn_type: str | None = None,
         repeat_times: int | None = None,
+        prompt: bool = True,
     ) -> TaskReader:
         """Read the taskset ``cfg`` describes. Eval readers run one epoch and keep the last
         partial batch; the ``default_*`` and ``repeat_times`` arguments fill what the taskset
-        leaves unset (the explorer_input defaults, ``algorithm.repeat_times``)."""
+        leaves unset (the explorer_input defaults, ``algorithm.repeat_times``); ``prompt``:
+        whether its workflow reads the prompt column (:func:`task_required_keys`)."""
         if not cfg.path:
             raise TasksetError(f"taskset {cfg.name!r}: path is not set")
         files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
-        rowset = load_rows(files, task_required_keys(cfg.format, selector_features(cfg)),
+        rowset = load_rows(files, task_required_keys(cfg.format, selector_features(cfg), prompt),
                            skip_invalid_rows=cfg.skip_invalid_rows)
         sel = cfg.data_selector if cfg.data_selector is not None else cfg.task_selector
         name = cfg.name or Path(cfg.path).name
@@ -534,7 +537,7 @@ def dataset_reader_from_config(
     )
 
 
-def check_taskset(cfg: TasksetConfig) -> RowSet:
+def check_taskset(cfg: TasksetConfig, prompt: bool = True) -> RowSet:
     """Raise :class:`TasksetError` when the taskset ``cfg`` describes cannot be read: no path,
     no files for its split, no (valid) rows, or a row (any of them: one streamed pass) that is
     not a JSON object, lacks the prompt key (or a present answer column's key, or the
@@ -545,7 +548,7 @@ def check_taskset(cfg: TasksetConfig) -> RowSet:
     if not cfg.path:
         raise TasksetError("path is not set")
     files = resolve_data_files(cfg.path, cfg.subset_name, cfg.split)
-    return check_rows(files, task_required_keys(cfg.format, selector_features(cfg)),
+    return check_rows(files, task_required_keys(cfg.format, selector_features(cfg), prompt),
                       skip_invalid_rows=cfg.skip_invalid_rows)
 
 

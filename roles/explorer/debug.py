@@ -22,6 +22,7 @@ from roles.explorer.main import (
     start_auxiliary_apis,
     stop_auxiliary_apis,
 )
+from roles.explorer.workflows.registry import reads_prompt
 from schemas.config import TrinityConfig
 from schemas.data import Experience
 from storage.scheduler import scheduler_from_config
@@ -57,7 +58,7 @@ async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict
         pool = make_pool(cfg, engines, auxiliary, api)
         if api is not None:
             await start_auxiliary_apis(cfg, pool)
-        tasks_of = scheduler_from_config(cfg)  # one step's tasks, or the first n_tasks
+        tasks_of = scheduler_from_config(cfg, reads_prompt)  # one step's tasks, or the first n_tasks
         tasks = tasks_of.next_batch()
         while n_tasks is not None and len(tasks) < n_tasks and (batch := tasks_of.next_batch()):
             tasks += batch

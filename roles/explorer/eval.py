@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from roles.explorer.runner import RunnerPool, TaskResult
+from roles.explorer.workflows.registry import reads_prompt
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from storage.tasksets import TaskReader
@@ -105,6 +106,8 @@ def eval_readers(cfg: TrinityConfig) -> list[TaskReader]:
             default_workflow_type=ei.default_eval_workflow_type or ei.default_workflow_type,
             default_reward_fn_type=ei.default_reward_fn_type,
             repeat_times=1,
+            prompt=reads_prompt(ts.default_workflow_type or ei.default_eval_workflow_type
+                                or ei.default_workflow_type or ""),
         )
         for ts in ei.eval_tasksets
     ]

@@ -47,6 +47,7 @@ from roles.explorer.lease import (
 )
 from roles.explorer.queue import TaskQueue, TaskWorker
 from roles.explorer.runner import RunnerPool, TaskResult
+from roles.explorer.workflows.registry import reads_prompt
 from roles.signals import stop_on_signals, until_stopped
 from roles.synchronizer.client import ExplorerSyncClient
 from schemas import keys
@@ -308,7 +309,7 @@ class Explorer:
             from roles.juicer import run_task_pipeline
 
             await asyncio.to_thread(run_task_pipeline, cfg)
-        tasks_of = scheduler_from_config(cfg)
+        tasks_of = scheduler_from_config(cfg, reads_prompt)
         saved = await self.state.get(CURSOR_KEY)
         in_flight = None
         if saved:

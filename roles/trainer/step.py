@@ -19,6 +19,7 @@ from ops.algorithms import AlgorithmSpec, hyperparameters
 from ops.entropy import ENTROPY_DATA
 from ops.kl import kl_loss, kl_penalty
 from ops.logits import entropy_from_logits, logprobs_from_logits
+from ops.policy_losses import PART_WEIGHTED
 from schemas.data import Experience
 
 from .batch import Batch, collate, micro_batches, padding_fraction, per_micro_batch
@@ -261,6 +262,7 @@ class StepRunner:
         world = 1 if dp is None else dp.world
         sums: dict[str, float] = defaultdict(float)
         filler = self._filler(batch, mbs)
+        experts = int(batch.expert_mask[torch.as_tensor(rows)].sum())
         for i in range(n_mb):
             mb_rows = mbs[i] if i < len(mbs) else filler
             mb = batch.select(mb_rows)
@@ -269,8 +271,13 @@ class StepRunner:
             lp, ent = token_logprobs(self.engine, mb, self.temperature, self.with_entropy, self.entropy_grad)
             old = torch.where(mb.has_old.unsqueeze(-1), mb.old_logprob, lp.detach())
             mask = mb.action_mask
-            loss, m = self.policy_fn(lp, old, mb.advantages, mask, ref_logprob=ref_lp,
-                                     expert_mask=mb.expert_mask, global_step=step, **self.spec.policy_loss_fn_args)
+            parts = {}
+            if self.spec.policy_loss_fn in PART_WEIGHTED and share > 0:  # each part: a mean over its rows
+                e = int(mb.expert_mask.sum())
+                parts["part_weights"] = ((len(mb_rows) - e) / max(len(rows) - experts, 1) / share,
+                                         e / max(experts, 1) / share)
+            loss, m = self.policy_fn(lp, old, mb.advantages, mask, ref_logprob=ref_lp, expert_mask=mb.expert_mask,
+                                     global_step=step, **parts, **self.spec.policy_loss_fn_args)
             if ref_lp is not None and self.spec.kl_loss_fn != "none" and self.spec.policy_loss_fn != "dpo":
                 kl, km = kl_loss(lp, ref_lp, mask, kl_fn=self.spec.kl_loss_fn, **self.spec.kl_loss_fn_args)
                 loss = loss + kl

@@ -241,3 +241,12 @@ def test_ops_imports_nothing_from_the_rest_of_the_project():
                 continue
             for mod in mods:
                 assert mod.split(".")[0] not in ("schemas", "bus", "storage", "roles"), path
+
+
+def test_a_parts_own_loss_agg_mode_is_checked():
+    with pytest.raises(ValueError, match=r"policy_loss_fn_args.sft_loss_agg_mode: unknown 'token_mean'; valid names"):
+        resolve("mix", policy_loss_fn_args={"sft_loss_agg_mode": "token_mean"})
+    with pytest.raises(ValueError, match=r"'ppo' has no argument\(s\) ngpus_trainer"):
+        resolve("ppo", policy_loss_fn_args={"ngpus_trainer": 4})
+    assert resolve("mix", policy_loss_fn_args={"sft_loss_agg_mode": "seq-mean-token-sum"}).policy_loss_fn_args[
+        "sft_loss_agg_mode"] == "seq-mean-token-sum"

@@ -330,6 +330,34 @@ def test_mix_weights_rl_and_sft_rows():
         mix_policy_loss(*_args())
 
 
+def test_mix_parts_average_over_the_whole_mini_batch_however_it_is_split():
+    """Six rows, two of them expert, in micro-batches of 3 rows holding 0 and 2 expert rows:
+    weighted as the trainer weighs them, the sum is (1 - mu) * the mean PPO loss of the 4
+    rollout rows + mu * the mean SFT loss of the 2 expert rows (upstream's layout arithmetic)."""
+    torch.manual_seed(0)
+    lp, old = -torch.rand(6, 4), -torch.rand(6, 4)
+    adv, mask = torch.randn(6, 4), torch.ones(6, 4)
+    expert = torch.tensor([False, False, False, True, False, True])
+    mu, kw = 0.3, {"loss_agg_mode": "seq-mean-token-mean"}
+    total = 0.0
+    for rows in ([0, 1, 2], [3, 4, 5]):
+        r = torch.tensor(rows)
+        share = len(rows) / 6  # the trainer's share of a micro-batch (seq modes: its rows)
+        e = int(expert[r].sum())
+        weights = ((len(rows) - e) / 4 / share, e / 2 / share)
+        loss, _ = mix_policy_loss(lp[r], old[r], adv[r], mask[r], expert_mask=expert[r], mu=mu,
+                                  part_weights=weights, **kw)
+        total += share * loss.item()
+    usual = [i for i in range(6) if not expert[i]]
+    rl = sum(ppo_policy_loss(lp[[i]], old[[i]], adv[[i]], mask[[i]], **kw)[0].item() for i in usual) / 4
+    sft = -(lp[3].mean() + lp[5].mean()).item() / 2
+    assert total == pytest.approx((1 - mu) * rl + mu * sft, rel=1e-5)
+    # a part's own aggregation: token-sum for the expert rows
+    loss, m = mix_policy_loss(*_args(), expert_mask=torch.tensor([False, True]), mu=0.25,
+                              sft_loss_agg_mode="seq-mean-token-sum")
+    assert m["expert/sft_loss"] == pytest.approx(-sum(L[1]))
+
+
 def test_mix_chord_phi_weighting_and_schedule():
     expert = torch.tensor([False, True])
     args = {"mu_warmup_steps": 0, "mu_decay_steps": 10, "mu_peak": 0.6, "mu_valley": 0.2}

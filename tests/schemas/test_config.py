@@ -439,3 +439,13 @@ def test_sequence_parallelism_is_warned_and_read_as_one():
     assert loaded.config.trainer.max_token_len_per_gpu == 200  # whole sequences per GPU
     assert any("ulysses_sequence_parallel_size=2 is ignored: sequence parallelism is not implemented" in w
                for w in loaded.warnings)
+
+
+def test_upstreams_mix_batch_layout_args_are_warned_and_dropped():
+    """Trinity-RFT's mix examples write the batch layout into the loss's args; the trainer counts it."""
+    loaded = load(None, ["algorithm.algorithm_type=mix", "algorithm.policy_loss_fn_args={mu: 0.2, ngpus_trainer: 4, "
+                         "train_batch_size_usual: 256, sft_loss_agg_mode: token-mean}"])
+    assert loaded.config.algorithm.policy_loss_fn_args == {"mu": 0.2, "sft_loss_agg_mode": "token-mean"}
+    assert any("ngpus_trainer, train_batch_size_usual ignored" in w for w in loaded.warnings)
+    other = load(None, ["algorithm.algorithm_type=ppo", "algorithm.policy_loss_fn_args={ngpus_trainer: 4}"])
+    assert other.config.algorithm.policy_loss_fn_args == {"ngpus_trainer": 4}  # only mix's: ppo refuses it

@@ -185,6 +185,9 @@ class Workflow:
 
     is_async: bool = False
     repeatable: bool = True
+    #: Whether a task row must carry the prompt column (``format.prompt_key``): False for an
+    #: environment workflow that writes its own prompt from the row's other columns.
+    reads_prompt: bool = True
 
     def __init__(
         self,

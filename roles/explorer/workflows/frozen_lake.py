@@ -125,10 +125,29 @@ def random_lake(size: int, p: float, seed: int, max_steps: int) -> list[str]:
             return ["".join(row) for row in board]
 
 
+def render_lake(desc: list[str], state: int) -> str:
+    """The grid as upstream renders it (``tiny_rgb_array``), the player (state ``row * ncol +
+    col``, gymnasium's) as ``P``."""
+    here = divmod(state, len(desc[0]))
+    return "\n".join("".join(CELLS["P" if (r, c) == here else cell] for c, cell in enumerate(row))
+                     for r, row in enumerate(desc))
+
+
+def user_turn(step: int, obs: str, unchanged: bool, max_steps: int) -> str:
+    """What the model is told before its ``step``-th move (``unchanged``: its last move left
+    the observation as it was)."""
+    text = (f"Current Observation ({step}): \n{obs}\nYou have not achieved the goal, "
+            "P has not reached G yet. Please give the next action.")
+    if step > 0 and unchanged:
+        text += INVALID_HINT
+    return text + f"\nThe maximum number of steps remaining is {max_steps - step}."
+
+
 class FrozenLakeWorkflow(MultiTurnWorkflow):
     """One episode on the task row's lake (see the module's docstring)."""
 
     is_async = True
+    reads_prompt = False  # the row holds a lake (seed, size, p), the prompt is the workflow's
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -149,11 +168,8 @@ class FrozenLakeWorkflow(MultiTurnWorkflow):
         self.env = FrozenLakeEnv(desc=self.desc, is_slippery=bool(args.get("is_slippery", False)))
 
     def observation(self) -> str:
-        """The grid as upstream renders it (``tiny_rgb_array``), the player as ``P``."""
-        here = divmod(int(self.env.s), self.env.ncol)
-        return "\n".join(
-            "".join(CELLS["P" if (r, c) == here else cell] for c, cell in enumerate(row))
-            for r, row in enumerate(self.desc))
+        """The grid as upstream renders it, the player where the environment has it."""
+        return render_lake(self.desc, int(self.env.s))
 
     def move(self, action: int) -> tuple[float, bool]:
         """One environment step for a model action (0: no move); (reward, episode over)."""
@@ -175,12 +191,7 @@ class FrozenLakeWorkflow(MultiTurnWorkflow):
         rewards: list[float] = []
         obs, last_obs, done, truncated, calls = self.observation(), None, False, False, []
         for step in range(self.agent_max_steps):
-            text = (f"Current Observation ({step}): \n{obs}\nYou have not achieved the goal, "
-                    "P has not reached G yet. Please give the next action.")
-            if step > 0 and last_obs == obs:
-                text += INVALID_HINT
-            text += f"\nThe maximum number of steps remaining is {self.agent_max_steps - step}."
-            messages.append({"role": "user", "content": text})
+            messages.append({"role": "user", "content": user_turn(step, obs, last_obs == obs, self.agent_max_steps)})
             n = len(render(messages, True))
             first_len = n if first_len is None else first_len
             left = budget - (n - first_len)

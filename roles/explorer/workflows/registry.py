@@ -16,7 +16,7 @@ from roles.explorer.workflows.frozen_lake import FrozenLakeWorkflow
 from roles.explorer.workflows.math import MathBoxedWorkflow, MathWorkflow
 from roles.plugins import load_plugin_dirs
 
-__all__ = ["WORKFLOWS", "get_workflow", "load_plugin_dirs", "register_workflow"]
+__all__ = ["WORKFLOWS", "get_workflow", "load_plugin_dirs", "reads_prompt", "register_workflow"]
 
 WORKFLOWS: dict[str, type[Workflow]] = {
     "math_workflow": MathWorkflow,
@@ -50,3 +50,12 @@ def get_workflow(name: str) -> type[Workflow]:
         WORKFLOWS[name] = cls
         return cls
     raise KeyError(f"unknown workflow {name!r}; known: {sorted(WORKFLOWS)} (or module.path:Class)")
+
+
+def reads_prompt(name: str) -> bool:
+    """Whether workflow ``name`` needs its task rows' prompt column (``Workflow.reads_prompt``);
+    an unknown name says True (the config check names it)."""
+    try:
+        return get_workflow(name).reads_prompt
+    except KeyError:
+        return True
