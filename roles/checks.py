@@ -307,9 +307,15 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
                 out.append(str(e))
             if ts.default_workflow_type:
                 try:
-                    get_workflow(ts.default_workflow_type)
+                    cls = get_workflow(ts.default_workflow_type)
                 except KeyError as e:
                     out.append(f"{where}buffer.explorer_input.{key}.default_workflow_type: {e.args[0]}")
+                else:
+                    if (getattr(cls, "default_reward_fn", "") is None and not ts.default_reward_fn_type
+                            and not ts.format.reward_fn_key):
+                        out.append(f"{where}buffer.explorer_input.{key}.default_reward_fn_type: not set; workflow "
+                                   f"{ts.default_workflow_type!r} scores with the reward function you name "
+                                   f"(known: {', '.join(ops.names('reward_fn'))})")
             if ts.default_reward_fn_type:
                 try:
                     ops.get("reward_fn", ts.default_reward_fn_type)

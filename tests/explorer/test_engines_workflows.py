@@ -202,6 +202,26 @@ async def test_math_boxed_workflow_takes_trinity_rfts_workflow_args(hf_engine) -
         assert e.info["format_score"] == pytest.approx(min(0.0, (2 - e.response_length) / 2))
 
 
+async def test_simple_workflow_is_math_workflow_without_its_defaults(hf_engine) -> None:
+    from roles.explorer.workflows.base import ModelHandle
+    from roles.explorer.workflows.math import THINK_SYSTEM_PROMPT
+    from schemas.data import Task
+
+    model = ModelHandle(hf_engine, asyncio.get_running_loop())
+
+    def make(name, **kw):
+        task = Task(task_id="s/0", raw={"prompt": "1+1?", "response": "2"}, workflow=name, repeat_times=2,
+                    rollout_args={"max_tokens": 4}, **kw)
+        return get_workflow(name)(task=task, model=model)
+
+    assert make("simple_workflow").messages() == [{"role": "user", "content": "1+1?"}]
+    assert make("async_math_workflow").messages()[0]["content"] == THINK_SYSTEM_PROMPT
+    exps = await make("async_simple_workflow", reward_fn="format_reward").run_async()
+    assert len(exps) == 2 and all(e.reward == e.info["format_score"] == -0.1 for e in exps)  # no <think>
+    with pytest.raises(KeyError, match="simple_workflow needs a reward function"):
+        await make("simple_workflow").run_async()
+
+
 async def _math(wf: Workflow):
     """The math workflow on ``wf``'s task and model (what the test workflows do after their trick)."""
     from roles.explorer.workflows.math import MathWorkflow

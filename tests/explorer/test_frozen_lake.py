@@ -109,3 +109,18 @@ def test_the_seed_row_makes_the_map(engine) -> None:
         return workflow(engine, raw={"size": 4, "p": 0.7, "seed": 11}).desc
 
     assert asyncio.run(lake()) == random_lake(4, 0.7, 11, 8)
+
+
+def test_its_rows_need_no_prompt_column(tmp_path) -> None:
+    """Upstream's FrozenLake data is seed/size/p: the workflow writes the prompt."""
+    from roles.explorer.workflows.registry import reads_prompt
+    from schemas.config import TasksetConfig
+    from storage.datafiles import TasksetError
+    from storage.tasksets import check_taskset
+
+    (tmp_path / "train.jsonl").write_text('{"seed": 1, "size": 3, "p": 0.8}\n')
+    ts = TasksetConfig(name="lakes", path=str(tmp_path), split="train")
+    assert not reads_prompt("frozen_lake_workflow") and reads_prompt("math_workflow")
+    assert check_taskset(ts, prompt=reads_prompt("frozen_lake_workflow")).count == 1
+    with pytest.raises(TasksetError, match=r"missing key 'prompt' \(format.prompt_key\)"):
+        check_taskset(ts, prompt=reads_prompt("math_workflow"))

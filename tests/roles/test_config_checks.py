@@ -298,6 +298,18 @@ def test_a_misspelled_name_exits_2_naming_it_and_the_valid_ones(tmp_path, config
     assert key in err and valid in err, err
 
 
+def test_simple_workflow_needs_the_reward_function_named(tmp_path, config):
+    """Upstream's simple_workflow has no reward of its own: the config must name one."""
+    run_cfg = ("--config", str(_run_config(tmp_path, _data(tmp_path))))
+    rc, _, err = config("buffer.explorer_input.default_workflow_type=simple_workflow",
+                        "buffer.explorer_input.default_reward_fn_type=null", extra=run_cfg)
+    assert rc == 2 and "taskset.default_reward_fn_type: not set; workflow 'simple_workflow'" in err, err
+    assert "accuracy_reward" in err
+    rc, _, err = config("buffer.explorer_input.default_workflow_type=async_simple_workflow",
+                        "buffer.explorer_input.default_reward_fn_type=accuracy_reward", extra=run_cfg)
+    assert rc == 0, err
+
+
 def test_trinity_run_refuses_an_unknown_workflow_before_any_process(tmp_path):
     data = _data(tmp_path)
     r = trinity("run", "--config", str(_run_config(tmp_path, data)),

@@ -1,8 +1,10 @@
-"""Built-in math workflows: the seeds' GSM8K quickstart (``math_workflow``) and the
-``\\boxed{}`` variant (``math_boxed_workflow``).
+"""Built-in single-turn workflows: Trinity-RFT's ``simple_workflow`` (the reward function the
+config names), the seeds' GSM8K quickstart (``math_workflow``) and the ``\\boxed{}`` variant
+(``math_boxed_workflow``). Upstream's ``async_*`` names of each are the same classes here (every
+one runs as a coroutine on the explorer's loop).
 
-Both ask the model for ``repeat_times`` samples of one prompt in a single engine call (the
-fast path) and score each with a rule-based reward from :mod:`ops.rewards`; the reward is the
+Each asks the model for ``repeat_times`` samples of one prompt in a single engine call (the
+fast path) and scores each with a rule-based reward from :mod:`ops.rewards`; the reward is the
 sum of the named scores, each score is kept in ``experience.info``.
 """
 
@@ -34,11 +36,13 @@ BOXED_THINK_SYSTEM_PROMPT = (  # Trinity-RFT's math_boxed_workflow with ``with_t
 )
 
 
-class MathWorkflow(Workflow):
-    """Single-turn question -> answer, scored against ``raw[format.response_key]``."""
+class SimpleWorkflow(Workflow):
+    """Trinity-RFT's ``simple_workflow``: single-turn question -> answer, scored by the reward
+    function the taskset names (``default_reward_fn_type``) against ``raw[format.response_key]``;
+    the system prompt is the taskset's (``format.system_prompt``), none by default."""
 
-    default_reward_fn = "math_reward"
-    default_system_prompt: str | None = THINK_SYSTEM_PROMPT
+    default_reward_fn: str | None = None
+    default_system_prompt: str | None = None
 
     def messages(self) -> list[dict[str, Any]]:
         """System prompt (per row, per taskset, or the default) + the user's question, or the
@@ -74,6 +78,9 @@ class MathWorkflow(Workflow):
     def reward(self, response: str, prompt: str | None = None,
                response_length: int | None = None) -> dict[str, float]:
         name = self.task.reward_fn or self.default_reward_fn
+        if name is None:  # the config check refuses this before start; a row's own workflow may not
+            raise KeyError(f"task {self.task.task_id}: {self.task.workflow} needs a reward function "
+                           f"(default_reward_fn_type); known: {sorted(REWARD_FNS)}")
         fn = REWARD_FNS.get(name)
         if fn is None:
             raise KeyError(f"task {self.task.task_id}: unknown reward_fn {name!r}; known: {sorted(REWARD_FNS)}")
@@ -92,6 +99,14 @@ class MathWorkflow(Workflow):
         return self.score(exps)
 
     is_async = True
+
+
+class MathWorkflow(SimpleWorkflow):
+    """The seeds' GSM8K workflow: :class:`SimpleWorkflow` with ``math_reward`` and its
+    ``<think>``/``<answer>`` system prompt by default."""
+
+    default_reward_fn = "math_reward"
+    default_system_prompt = THINK_SYSTEM_PROMPT
 
 
 class MathBoxedWorkflow(MathWorkflow):

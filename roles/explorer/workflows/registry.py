@@ -13,14 +13,19 @@ from collections.abc import Callable
 
 from roles.explorer.workflows.base import Workflow
 from roles.explorer.workflows.frozen_lake import FrozenLakeWorkflow
-from roles.explorer.workflows.math import MathBoxedWorkflow, MathWorkflow
+from roles.explorer.workflows.math import MathBoxedWorkflow, MathWorkflow, SimpleWorkflow
 from roles.plugins import load_plugin_dirs
 
 __all__ = ["WORKFLOWS", "get_workflow", "load_plugin_dirs", "reads_prompt", "register_workflow"]
 
+#: Upstream's ``async_*`` twins are the same classes: every workflow here runs on the event loop.
 WORKFLOWS: dict[str, type[Workflow]] = {
+    "simple_workflow": SimpleWorkflow,
+    "async_simple_workflow": SimpleWorkflow,
     "math_workflow": MathWorkflow,
+    "async_math_workflow": MathWorkflow,
     "math_boxed_workflow": MathBoxedWorkflow,
+    "async_math_boxed_workflow": MathBoxedWorkflow,
     "frozen_lake_workflow": FrozenLakeWorkflow,
 }
 
