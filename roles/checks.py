@@ -311,7 +311,7 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
                 except KeyError as e:
                     out.append(f"{where}buffer.explorer_input.{key}.default_workflow_type: {e.args[0]}")
                 else:
-                    if (getattr(cls, "default_reward_fn", "") is None and not ts.default_reward_fn_type
+                    if (getattr(cls, "reward_required", False) and not ts.default_reward_fn_type
                             and not ts.format.reward_fn_key):
                         out.append(f"{where}buffer.explorer_input.{key}.default_reward_fn_type: not set; workflow "
                                    f"{ts.default_workflow_type!r} scores with the reward function you name "

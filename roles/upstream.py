@@ -163,9 +163,9 @@ EXAMPLES: dict[str, str] = {
     'examples/mix_vlm/mix_vlm.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'simple_mm_workflow'",
     'examples/opd_gsm8k/opd_gsm8k.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'on_policy_distill_math_workflow'",
+        LOADS,
     'examples/opd_gsm8k/opd_gsm8k_jsd.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'on_policy_distill_math_workflow'",
+        LOADS,
     'examples/opmd_gsm8k/opmd_gsm8k.yaml':
         LOADS,
     'examples/ppo_countdown/countdown.yaml':

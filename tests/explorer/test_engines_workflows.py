@@ -222,6 +222,29 @@ async def test_simple_workflow_is_math_workflow_without_its_defaults(hf_engine) 
         await make("simple_workflow").run_async()
 
 
+async def test_on_policy_distill_workflows_are_upstreams(hf_engine) -> None:
+    """No reward of their own (the teacher's log-probs are the signal; the explorer fills them);
+    the math one asks in Qwen2.5-Math's words and scores the boxed answer."""
+    from roles.explorer.workflows.base import ModelHandle
+    from schemas.data import Task
+
+    model = ModelHandle(hf_engine, asyncio.get_running_loop())
+
+    def make(name, **kw):
+        task = Task(task_id="d/0", raw={"prompt": "1+1?", "response": "2"}, workflow=name, repeat_times=2,
+                    rollout_args={"max_tokens": 4}, **kw)
+        return get_workflow(name)(task=task, model=model)
+
+    assert all(e.reward == 0.0 for e in await make("on_policy_distill_workflow").run_async())
+    wf = make("on_policy_distill_math_workflow")
+    assert wf.messages() == [{"role": "system", "content": "You are a helpful assistant."},
+                             {"role": "user", "content": "1+1?\nPlease reason step by step, and put your "
+                                                         "final answer within \\boxed{}."}]
+    assert wf.reward("so \\boxed{2}") == {"accuracy": 1.0} and wf.reward("3") == {"accuracy": 0.0}
+    with pytest.raises(ValueError, match="workflow_args.temperature 0.5: the teacher scores at temperature 1"):
+        make("on_policy_distill_workflow", workflow_args={"temperature": 0.5})
+
+
 async def _math(wf: Workflow):
     """The math workflow on ``wf``'s task and model (what the test workflows do after their trick)."""
     from roles.explorer.workflows.math import MathWorkflow

@@ -43,6 +43,8 @@ class SimpleWorkflow(Workflow):
 
     default_reward_fn: str | None = None
     default_system_prompt: str | None = None
+    #: The config must name a reward function (checked before start): no default here.
+    reward_required: bool = True
 
     def messages(self) -> list[dict[str, Any]]:
         """System prompt (per row, per taskset, or the default) + the user's question, or the
@@ -107,6 +109,7 @@ class MathWorkflow(SimpleWorkflow):
 
     default_reward_fn = "math_reward"
     default_system_prompt = THINK_SYSTEM_PROMPT
+    reward_required = False
 
 
 class MathBoxedWorkflow(MathWorkflow):
@@ -135,3 +138,39 @@ class MathBoxedWorkflow(MathWorkflow):
         user = msgs[-1]["content"]
         text = (f"System:{system}\nUser:\n" if system else "User:\n") + f"{user}\nAssistant:\n"
         return self.score(await self.model.agenerate(text, n=self.repeat_times, **self.rollout_args))
+
+
+class OnPolicyDistillWorkflow(SimpleWorkflow):
+    """Trinity-RFT's ``on_policy_distill_workflow``: the student's samples of the prompt, each
+    scored by the teacher (auxiliary model 0: the explorer fills ``teacher_logprobs`` for
+    algorithms that learn from a teacher, whatever the workflow), with reward 0 unless the
+    config names a reward function: the advantage is the teacher's, not a reward's."""
+
+    reward_required = False
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        if float(self.args.get("temperature", 1.0)) != 1.0:
+            raise ValueError(f"task {self.task.task_id}: workflow_args.temperature "
+                             f"{self.args['temperature']}: the teacher scores at temperature 1 here")
+
+    def reward(self, response: str, prompt: str | None = None,
+               response_length: int | None = None) -> dict[str, float]:
+        return super().reward(response, prompt, response_length) if self.task.reward_fn else {}
+
+
+class OnPolicyDistillMathWorkflow(OnPolicyDistillWorkflow):
+    """Trinity-RFT's ``on_policy_distill_math_workflow``: Qwen2.5-Math's prompt (a fixed system
+    line, the question and "Please reason step by step, and put your final answer within
+    \\boxed{}."), and the answer's correctness as reward and accuracy (``math_boxed_reward``;
+    upstream: qwen25_eval's ``verify_math_answer``)."""
+
+    def messages(self) -> list[dict[str, Any]]:
+        question = super().messages()[-1]["content"]
+        return [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": f"{question}\nPlease reason step by step, and put your final "
+                                            "answer within \\boxed{}."}]
+
+    def reward(self, response: str, prompt: str | None = None,
+               response_length: int | None = None) -> dict[str, float]:
+        return {"accuracy": call_reward(REWARD_FNS["math_boxed_reward"], response, self.truth())["accuracy"]}

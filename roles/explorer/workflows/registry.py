@@ -13,7 +13,13 @@ from collections.abc import Callable
 
 from roles.explorer.workflows.base import Workflow
 from roles.explorer.workflows.frozen_lake import FrozenLakeWorkflow
-from roles.explorer.workflows.math import MathBoxedWorkflow, MathWorkflow, SimpleWorkflow
+from roles.explorer.workflows.math import (
+    MathBoxedWorkflow,
+    MathWorkflow,
+    OnPolicyDistillMathWorkflow,
+    OnPolicyDistillWorkflow,
+    SimpleWorkflow,
+)
 from roles.plugins import load_plugin_dirs
 
 __all__ = ["WORKFLOWS", "get_workflow", "load_plugin_dirs", "reads_prompt", "register_workflow"]
@@ -26,6 +32,8 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "async_math_workflow": MathWorkflow,
     "math_boxed_workflow": MathBoxedWorkflow,
     "async_math_boxed_workflow": MathBoxedWorkflow,
+    "on_policy_distill_workflow": OnPolicyDistillWorkflow,
+    "on_policy_distill_math_workflow": OnPolicyDistillMathWorkflow,
     "frozen_lake_workflow": FrozenLakeWorkflow,
 }
 
