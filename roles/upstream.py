@@ -69,6 +69,9 @@ WHY_NOT: dict[tuple[str, str], str] = {
     ("workflow", "agentscopev0_react_math_workflow"): "needs agentscope 0.x (deprecated upstream too)",
     ("workflow", "simple_mm_workflow"): "multi-modal data is not implemented",
     ("workflow", "async_simple_mm_workflow"): "multi-modal data is not implemented",
+    ("workflow", "math_rm_workflow"): "calls its reward as RM-Gallery's (response, messages, ground_truth): "
+                                      "only rm_gallery_reward, which needs the RM-Gallery package",
+    ("workflow", "async_math_rm_workflow"): "the async math_rm_workflow (RM-Gallery's rewards)",
     ("workflow", "webshop_workflow"): "needs the WebShop environment (a Java search server and its setup.sh)",
 }
 

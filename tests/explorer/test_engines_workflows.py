@@ -243,6 +243,11 @@ async def test_on_policy_distill_workflows_are_upstreams(hf_engine) -> None:
     assert wf.reward("so \\boxed{2}") == {"accuracy": 1.0} and wf.reward("3") == {"accuracy": 0.0}
     with pytest.raises(ValueError, match="workflow_args.temperature 0.5: the teacher scores at temperature 1"):
         make("on_policy_distill_workflow", workflow_args={"temperature": 0.5})
+    ev = get_workflow("async_math_eval_workflow")(task=Task(
+        task_id="e/0", raw={"question": "1+1?", "answer": "2"}, workflow="math_eval_workflow",
+        format={"response_key": "answer"}, rollout_args={"temperature": 0.0, "max_tokens": 4}), model=model)
+    assert ev.messages() == wf.messages() and ev.rollout_args["temperature"] == 0.6 and ev.rollout_args["top_p"] == 0.8
+    assert ev.reward("\\boxed{2}") == {"accuracy": 1.0}
 
 
 async def _math(wf: Workflow):

@@ -166,11 +166,43 @@ class OnPolicyDistillMathWorkflow(OnPolicyDistillWorkflow):
     upstream: qwen25_eval's ``verify_math_answer``)."""
 
     def messages(self) -> list[dict[str, Any]]:
-        question = super().messages()[-1]["content"]
-        return [{"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": f"{question}\nPlease reason step by step, and put your final "
-                                            "answer within \\boxed{}."}]
+        return qwen_math_messages(super().messages()[-1]["content"])
 
     def reward(self, response: str, prompt: str | None = None,
                response_length: int | None = None) -> dict[str, float]:
-        return {"accuracy": call_reward(REWARD_FNS["math_boxed_reward"], response, self.truth())["accuracy"]}
+        return boxed_accuracy(response, self.truth())
+
+
+def qwen_math_messages(question: str) -> list[dict[str, Any]]:
+    """Qwen2.5-Math's evaluation prompt, as upstream's math eval and distillation workflows ask."""
+    return [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": f"{question}\nPlease reason step by step, and put your final "
+                                        "answer within \\boxed{}."}]
+
+
+def boxed_accuracy(response: str, truth: Any) -> dict[str, float]:
+    """Whether the last ``\\boxed{}`` answer is right (``math_boxed_reward``'s accuracy; upstream:
+    qwen25_eval's ``verify_math_answer``)."""
+    return {"accuracy": call_reward(REWARD_FNS["math_boxed_reward"], response, truth)["accuracy"]}
+
+
+class MathEvalWorkflow(SimpleWorkflow):
+    """Trinity-RFT's ``math_eval_workflow``: Qwen2.5-Math's evaluation (its prompt on the row's
+    ``question``, sampled at temperature 0.6 and top-p 0.8 whatever the taskset says, as
+    upstream does) scored by the boxed answer's correctness."""
+
+    reward_required = False
+
+    def messages(self) -> list[dict[str, Any]]:
+        if "question" not in self.task.raw:
+            raise KeyError(f"task {self.task.task_id}: math_eval_workflow reads the row's 'question'; "
+                           f"keys: {sorted(self.task.raw)}")
+        return qwen_math_messages(str(self.task.raw["question"]))
+
+    @property
+    def rollout_args(self) -> dict[str, Any]:
+        return {**super().rollout_args, "temperature": 0.6, "top_p": 0.8}
+
+    def reward(self, response: str, prompt: str | None = None,
+               response_length: int | None = None) -> dict[str, float]:
+        return boxed_accuracy(response, self.truth())

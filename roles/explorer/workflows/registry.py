@@ -15,6 +15,7 @@ from roles.explorer.workflows.base import Workflow
 from roles.explorer.workflows.frozen_lake import FrozenLakeWorkflow
 from roles.explorer.workflows.math import (
     MathBoxedWorkflow,
+    MathEvalWorkflow,
     MathWorkflow,
     OnPolicyDistillMathWorkflow,
     OnPolicyDistillWorkflow,
@@ -32,6 +33,8 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "async_math_workflow": MathWorkflow,
     "math_boxed_workflow": MathBoxedWorkflow,
     "async_math_boxed_workflow": MathBoxedWorkflow,
+    "math_eval_workflow": MathEvalWorkflow,
+    "async_math_eval_workflow": MathEvalWorkflow,
     "on_policy_distill_workflow": OnPolicyDistillWorkflow,
     "on_policy_distill_math_workflow": OnPolicyDistillMathWorkflow,
     "frozen_lake_workflow": FrozenLakeWorkflow,
