@@ -64,15 +64,6 @@ UPSTREAM_NAMES: dict[str, list[str]] = {
 #: Why a name is refused, where that is more than "not built yet" (the default).
 WHY_NOT: dict[tuple[str, str], str] = {
     ("reward_fn", "rm_gallery_reward"): "needs the RM-Gallery package and a reward model service",
-    ("workflow", "rubric_judge_openai_workflow"): "calls a remote OpenAI-compatible API as its judge",
-    ("workflow", "agentscope_workflow_adapter"): "needs the agentscope package (deprecated upstream too)",
-    ("workflow", "agentscopev0_react_math_workflow"): "needs agentscope 0.x (deprecated upstream too)",
-    ("workflow", "simple_mm_workflow"): "multi-modal data is not implemented",
-    ("workflow", "async_simple_mm_workflow"): "multi-modal data is not implemented",
-    ("workflow", "math_rm_workflow"): "calls its reward as RM-Gallery's (response, messages, ground_truth): "
-                                      "only rm_gallery_reward, which needs the RM-Gallery package",
-    ("workflow", "async_math_rm_workflow"): "the async math_rm_workflow (RM-Gallery's rewards)",
-    ("workflow", "webshop_workflow"): "needs the WebShop environment (a Java search server and its setup.sh)",
 }
 
 #: What each upstream example config (``tests/upstream/<path>``) gets here: ``loads`` (both
@@ -80,17 +71,17 @@ WHY_NOT: dict[tuple[str, str], str] = {
 LOADS = "loads"
 EXAMPLES: dict[str, str] = {
     'examples/RAFT_alfworld/RAFT_alfworld_7B.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'RAFT_alfworld_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'RAFT_alfworld_workflow' (Trinity-RFT's) is not available here: needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them from GitHub; ALFWorld cannot generate them without the ALFRED dataset)",
     'examples/RAFT_alfworld/RAFT_reflect_alfworld_7B.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'RAFT_reflect_alfworld_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'RAFT_reflect_alfworld_workflow' (Trinity-RFT's) is not available here: needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them from GitHub; ALFWorld cannot generate them without the ALFRED dataset)",
     'examples/agentscope_frozenlake/frozenlake_agent.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow': cannot import FrozenLakeWorkflow from examples.agentscope_frozenlake.workflow: No module named 'examples.agentscope_frozenlake'",
     'examples/agentscope_react/gsm8k.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscope_react_workflow'",
     'examples/agentscope_tool_react/agentscopev0_tool_react_dapo.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscopev0_react_math_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'agentscopev0_react_math_workflow' (Trinity-RFT's) is not available here: needs agentscope 0.x (deprecated upstream too)",
     'examples/agentscope_tool_react/agentscopev0_tool_react_gsm8k.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscopev0_react_math_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'agentscopev0_react_math_workflow' (Trinity-RFT's) is not available here: needs agentscope 0.x (deprecated upstream too)",
     'examples/agentscope_tool_react/agentscopev1_tool_react_dapo.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscope_react_math_workflow'",
     'examples/agentscope_websearch/agentscopev1_websearch_agent.yaml':
@@ -124,9 +115,9 @@ EXAMPLES: dict[str, str] = {
     'examples/entropy/clipv.yaml':
         "config: algorithm.advantage_fn: unknown advantage_fn 'clipv'",
     'examples/grpo_alfworld/alfworld.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'alfworld_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'alfworld_workflow' (Trinity-RFT's) is not available here: needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them from GitHub; ALFWorld cannot generate them without the ALFRED dataset)",
     'examples/grpo_alfworld_general_multi_step/alfworld.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'step_wise_alfworld_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'step_wise_alfworld_workflow' (Trinity-RFT's) is not available here: needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them from GitHub; ALFWorld cannot generate them without the ALFRED dataset)",
     'examples/grpo_email_search/email_search.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'email_search_workflow'",
     'examples/grpo_frozen_lake/frozen_lake.yaml':
@@ -144,17 +135,17 @@ EXAMPLES: dict[str, str] = {
     'examples/grpo_lora_gsm8k/gsm8k.yaml':
         LOADS,
     'examples/grpo_math/math.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'math_rm_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'math_rm_workflow' (Trinity-RFT's) is not available here: calls its reward as RM-Gallery's (response, messages, ground_truth): only rm_gallery_reward, which needs the RM-Gallery package and its reward models",
     'examples/grpo_rubric_as_reward/rubric.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'rubric_judge_workflow'",
     'examples/grpo_sciworld/sciworld.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'sciworld_workflow'",
+        LOADS,
     'examples/grpo_toolcall/toolace.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'toolcall_workflow'",
     'examples/grpo_vlm/vlm.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'simple_mm_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'simple_mm_workflow' (Trinity-RFT's) is not available here: multi-modal data is not implemented",
     'examples/grpo_webshop/webshop.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'webshop_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'webshop_workflow' (Trinity-RFT's) is not available here: needs the WebShop environment (a Java search server and its setup.sh)",
     'examples/learn_to_ask/train.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.learn_to_ask.workflow.workflow_learn2ask.Learn2AskWorkflow': cannot import Learn2AskWorkflow from examples.learn_to_ask.workflow.workflow_learn2ask: No module named 'examples.learn_to_ask'",
     'examples/mix_chord/mix_chord.yaml':
@@ -164,7 +155,7 @@ EXAMPLES: dict[str, str] = {
     'examples/mix_math/mix_math.yaml':
         LOADS,
     'examples/mix_vlm/mix_vlm.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'simple_mm_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'simple_mm_workflow' (Trinity-RFT's) is not available here: multi-modal data is not implemented",
     'examples/opd_gsm8k/opd_gsm8k.yaml':
         LOADS,
     'examples/opd_gsm8k/opd_gsm8k_jsd.yaml':
@@ -214,6 +205,8 @@ def ours() -> dict[str, dict[str, str]]:
 
 def render() -> str:
     """``docs/upstream.md``."""
+    from roles.explorer.workflows.registry import REFUSED
+
     have = ours()
     lines = ["# Trinity-RFT's names and examples here", "",
              "Generated by `python -m roles.upstream` (`roles/upstream.py`); `tests/upstream/` checks it.",
@@ -231,7 +224,8 @@ def render() -> str:
                 lines.append(f"| `{shown}` | works (`{have[kind][name]}`) |")
             else:
                 refused += 1
-                lines.append(f"| `{shown}` | refused: {WHY_NOT.get((kind, name), 'not built yet')} |")
+                why = WHY_NOT.get((kind, name)) or (REFUSED.get(name) if kind == "workflow" else None)
+                lines.append(f"| `{shown}` | refused: {why or 'not built yet'} |")
         lines.append("")
     loads = sum(v == LOADS for v in EXAMPLES.values())
     lines += ["## Example configs", "",

@@ -37,6 +37,13 @@ if [ -z "${TRINITY_NO_BROWSER:-}" ] && ! command -v chromium >/dev/null && comma
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         chromium fonts-liberation >/dev/null) || echo "install.sh: could not install chromium (the studio browser test will skip)"
 fi
+# sciworld_workflow's simulator is a Java program (the scienceworld package ships its jar):
+# Debian's Java runtime, under the same conditions as the browser above.
+if [ -z "${TRINITY_NO_JAVA:-}" ] && ! command -v java >/dev/null && command -v apt-get >/dev/null \
+        && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        default-jre-headless >/dev/null) || echo "install.sh: could not install java (the sciworld tests will skip)"
+fi
 # Byte-compile once, in parallel: where PYTHONDONTWRITEBYTECODE is set (as on these
 # machines) Python never writes .pyc files itself, and every process would compile torch,
 # transformers and vLLM from source again (a vLLM engine spawns three such processes).

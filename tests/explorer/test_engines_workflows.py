@@ -139,6 +139,9 @@ def test_registry_module_path_and_plugin_dir(tmp_path: Path, monkeypatch) -> Non
     assert get_workflow("plugged").__name__ == "P"
     with pytest.raises(KeyError, match="unknown workflow 'nope'"):
         get_workflow("nope")
+    with pytest.raises(KeyError, match="workflow 'alfworld_workflow' .Trinity-RFT's. is not available here: needs "
+                                       "ALFWorld's game files: pip install alfworld && alfworld-download"):
+        get_workflow("alfworld_workflow")
 
 
 class _TwoTurns(MultiTurnWorkflow):

@@ -21,9 +21,10 @@ from roles.explorer.workflows.math import (
     OnPolicyDistillWorkflow,
     SimpleWorkflow,
 )
+from roles.explorer.workflows.sciworld import SciWorldWorkflow
 from roles.plugins import load_plugin_dirs
 
-__all__ = ["WORKFLOWS", "get_workflow", "load_plugin_dirs", "reads_prompt", "register_workflow"]
+__all__ = ["REFUSED", "WORKFLOWS", "get_workflow", "load_plugin_dirs", "reads_prompt", "register_workflow"]
 
 #: Upstream's ``async_*`` twins are the same classes: every workflow here runs on the event loop.
 WORKFLOWS: dict[str, type[Workflow]] = {
@@ -38,6 +39,27 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "on_policy_distill_workflow": OnPolicyDistillWorkflow,
     "on_policy_distill_math_workflow": OnPolicyDistillMathWorkflow,
     "frozen_lake_workflow": FrozenLakeWorkflow,
+    "sciworld_workflow": SciWorldWorkflow,
+}
+
+
+#: Trinity-RFT's workflows that are not here, and why: naming one is refused with this reason.
+ALFWORLD = ("needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them "
+            "from GitHub; ALFWorld cannot generate them without the ALFRED dataset)")
+REFUSED: dict[str, str] = {
+    "alfworld_workflow": ALFWORLD,
+    "step_wise_alfworld_workflow": ALFWORLD,
+    "RAFT_alfworld_workflow": ALFWORLD,
+    "RAFT_reflect_alfworld_workflow": ALFWORLD,
+    "rubric_judge_openai_workflow": "calls a remote OpenAI-compatible API as its judge",
+    "agentscope_workflow_adapter": "needs the agentscope package (deprecated upstream too)",
+    "agentscopev0_react_math_workflow": "needs agentscope 0.x (deprecated upstream too)",
+    "simple_mm_workflow": "multi-modal data is not implemented",
+    "async_simple_mm_workflow": "multi-modal data is not implemented",
+    "math_rm_workflow": "calls its reward as RM-Gallery's (response, messages, ground_truth): only "
+                        "rm_gallery_reward, which needs the RM-Gallery package and its reward models",
+    "async_math_rm_workflow": "the async math_rm_workflow (RM-Gallery's rewards)",
+    "webshop_workflow": "needs the WebShop environment (a Java search server and its setup.sh)",
 }
 
 
@@ -65,6 +87,8 @@ def get_workflow(name: str) -> type[Workflow]:
             raise KeyError(f"workflow {name!r}: {cls!r} is not a Workflow subclass")
         WORKFLOWS[name] = cls
         return cls
+    if name in REFUSED:
+        raise KeyError(f"workflow {name!r} (Trinity-RFT's) is not available here: {REFUSED[name]}")
     raise KeyError(f"unknown workflow {name!r}; known: {sorted(WORKFLOWS)} (or module.path:Class)")
 
 
