@@ -56,23 +56,29 @@ TOOL_CHAT_TEMPLATE = (
 )
 
 
-#: Space and newline as byte-level BPE spells them (GPT-2's byte alphabet; every other
-#: character of :data:`CHARS` is its own byte-level symbol).
-BYTE_LEVEL = {" ": "\u0120", "\n": "\u010a"}
+def byte_level(char: str) -> str:
+    """How byte-level BPE spells one ASCII character (GPT-2's byte alphabet: printable ones as
+    themselves, the others as ``chr(256 + i)``, e.g. space ``Ġ``, newline ``Ċ``, tab ``ĉ``)."""
+    b = ord(char)
+    if b > 127:
+        raise ValueError(f"byte_level: {char!r} is not ASCII")
+    return char if 33 <= b < 127 else chr(256 + (b if b < 33 else b - 127 + 33))
 
 
-def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+def build_tokenizer(extra_chars: str = ""):  # -> transformers.PreTrainedTokenizerFast
     """The character-level tokenizer (deterministic: the same vocab on every machine).
 
     Why a byte-level BPE with no merges rather than a word-level split: transformers 5 loads a
     saved tokenizer of a ``qwen2`` model as ``Qwen2Tokenizer``, which keeps the vocabulary but
     puts its own byte-level pre-tokenizer and decoder in front of it. A vocabulary holding
     ``" "`` and ``"\n"`` then loses every space and newline on load (the model trained and
-    sampled on text without them); spelled ``Ġ`` and ``Ċ``, both pipelines give the same ids."""
+    sampled on text without them); spelled ``Ġ`` and ``Ċ``, both pipelines give the same ids.
+    ``extra_chars`` (ASCII) get tokens after :data:`CHARS`, so the others keep their ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {BYTE_LEVEL.get(t, t): i for i, t in enumerate(SPECIALS + CHARS)}
+    chars = CHARS + [c for c in dict.fromkeys(extra_chars) if c not in CHARS]
+    vocab = {t if t in SPECIALS else byte_level(t): i for i, t in enumerate(SPECIALS + chars)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -98,6 +104,7 @@ def build_tiny_model(
     intermediate_size: int = 256,
     max_position_embeddings: int = 512,
     chat_template: str | None = None,
+    extra_chars: str = "",
 ) -> Path:
     """Write a random-weight Qwen2 model with the char tokenizer to ``out_dir``; return it.
 
@@ -114,7 +121,7 @@ def build_tiny_model(
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
+    tok = build_tokenizer(extra_chars)
     if chat_template is not None:  # e.g. TOOL_CHAT_TEMPLATE for agents
         tok.chat_template = chat_template
     cfg = Qwen2Config(

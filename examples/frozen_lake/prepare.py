@@ -9,7 +9,9 @@ answers), on small lakes: 3x3 and 4x4, mostly frozen (``p`` 0.75-0.9), not slipp
 What it writes under ``--out``:
 
 * ``model/``: the tiny random-weight Qwen2 of ``storage/tiny.py``, 4,096 positions (an
-  episode is ~700 characters, one token each; 8 turns with "invalid move" hints ~3,000).
+  episode is ~700 characters, one token each; 8 turns with "invalid move" hints ~3,000), its
+  characters and the two upstream's game writes: the backtick of ```` ```Up``` ```` and the
+  tab between the lake's cells.
 * ``data/train.jsonl`` (2,000 rows) and ``data/test.jsonl`` (64 other seeds), the columns of
   upstream's ``get_frozen_lake_data.py`` (``seed``, ``size``, ``p``).
 * ``sft/train.jsonl``: episodes of a weak teacher as conversations, rendered by the workflow's
@@ -93,7 +95,7 @@ def prepare(out: Path, force: bool = False, seed: int = SEED) -> Path:
     if done.exists() and not force:
         print(f"FrozenLake assets already in {out}")
         return out
-    build_tiny_model(out / "model", seed=seed, max_position_embeddings=4096)
+    build_tiny_model(out / "model", seed=seed, max_position_embeddings=4096, extra_chars="`\t")
     rng = random.Random(SEED)
     train, test = rows(N_TRAIN, rng), rows(N_TEST, rng)
     demos = [teacher_episode(r, rng) for r in rows(DEMOS, rng)]
