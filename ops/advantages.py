@@ -14,6 +14,8 @@ for another by name without changing the caller:
   whole batch is one group.
 - ``values`` (critic, ``B x T``), ``old_logprob`` (the sampler's log-probs, ``B x T``),
   ``teacher_logprob`` (``B x T``), ``reward_baselines`` (``(B,)``, ReMax's greedy reward).
+- ``entropy`` (``B x T``): the current policy's entropy at each response token (CLIP-B; the
+  trainer computes it, and ``old_logprob`` as the current policy's, for those that ask).
 - ``episode_ids``: which episode (rollout) of its group each sequence is a turn of, for
   step-wise agents that give one sequence per turn (``step_wise_grpo``); ``None``: every
   sequence is its own episode.
@@ -23,7 +25,8 @@ missing. Everything after the data keywords is a hyperparameter (``advantage_fn_
 
 Each returns an :class:`AdvantageResult`: ``advantages`` and ``returns`` (``B x T``, zero on
 masked tokens), ``keep`` (``(B,)`` bool; ``False`` for sequences a filter such as GRPO's
-``std_threshold`` drops) and ``metrics``.
+``std_threshold`` drops), ``metrics``, and ``action_mask`` when the function also drops
+*tokens* from the loss (CLIP-B: the trainer trains on that mask instead).
 
 Undefined cases give zeros, never NaN: a group of one sequence has no peer to compare with, so
 group-baseline methods give it advantage 0 (Trinity-RFT instead uses baseline 0, i.e. the raw
@@ -67,7 +70,11 @@ ADVANTAGE_DATA: tuple[str, ...] = (
     "teacher_logprob",
     "reward_baselines",
     "episode_ids",
+    "entropy",
 )
+
+# Which need the current policy's per-token entropy (the trainer computes it for them).
+ENTROPY_ADVANTAGE_FNS: frozenset[str] = frozenset({"clipb"})
 
 GroupIds = Tensor | Sequence[Hashable] | None
 
@@ -80,6 +87,7 @@ class AdvantageResult:
     returns: Tensor
     keep: Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    action_mask: Tensor | None = None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -209,6 +217,7 @@ def gae_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten: bool = True,
@@ -258,6 +267,7 @@ def grpo_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
     epsilon: float = 1e-6,
     std_normalize: bool = True,
     std_cal_level: str = "group",
@@ -306,6 +316,7 @@ def step_wise_grpo_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
     epsilon: float = 1e-6,
     std_normalize: bool = True,
     std_cal_level: str = "group",
@@ -368,6 +379,7 @@ def rloo_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
 ) -> AdvantageResult:
     """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
 
@@ -394,6 +406,7 @@ def opmd_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
     opmd_baseline: str = "mean",
     tau: float = 1.0,
 ) -> AdvantageResult:
@@ -438,6 +451,7 @@ def asymre_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
     baseline_shift: float = -0.1,
 ) -> AdvantageResult:
     """Asymmetric REINFORCE (Arnal et al. 2025, arXiv:2506.20520).
@@ -465,6 +479,7 @@ def rec_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
     epsilon: float = 1e-6,
     std_normalize: bool = False,
 ) -> AdvantageResult:
@@ -497,6 +512,7 @@ def reinforce_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
 ) -> AdvantageResult:
     """Plain REINFORCE (Williams 1992): the advantage is the sequence reward itself.
 
@@ -531,6 +547,7 @@ def reinforceplusplus_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
     gamma: float = 1.0,
 ) -> AdvantageResult:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262).
@@ -560,6 +577,7 @@ def remax_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
 ) -> AdvantageResult:
     """ReMax (Li et al. 2023, arXiv:2310.10505): the baseline is the greedy response's reward.
 
@@ -592,6 +610,7 @@ def on_policy_distill_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
     kl_coef: float = 1.0,
 ) -> AdvantageResult:
     """On-policy distillation (Agarwal et al. 2023, arXiv:2306.13649; Thinking Machines 2025).
@@ -623,6 +642,7 @@ def jsd_advantage(
     teacher_logprob: Tensor | None = None,
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
     kl_coef: float = 1.0,
     lambda_coef: float = 0.5,
 ) -> AdvantageResult:
@@ -658,3 +678,63 @@ def jsd_advantage(
 # here a group at a time in the buffer, as the names without the suffix.
 for _alias, _fn in (("grpo_verl", grpo_advantage), ("opmd_verl", opmd_advantage), ("asymre_verl", asymre_advantage)):
     register("advantage_fn", _alias)(_fn)
+
+
+# ------------------------------------------------------------------ entropy-clipped (CLIP-B)
+
+
+@register("advantage_fn", "clipb")
+@torch.no_grad()
+def clipb_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
+    epsilon: float = 1e-6,
+    mu: float = 2.5,
+) -> AdvantageResult:
+    """CLIP-B (arXiv:2602.03392, Trinity-RFT's ``clipb``): GRPO's advantage, then a token filter
+    against entropy collapse.
+
+    The advantage is GRPO's ``(r - mean) / (std + epsilon)`` (unbiased std; a group of one keeps
+    its raw reward, as upstream's). Each counted token gets ``S = p (H + log p)`` from the
+    current policy's log-prob ``log p`` of it and entropy ``H`` at it: how far sampling that
+    token moves the entropy down. With ``E[S]`` and ``std[S]`` over every counted token of the
+    batch, a token with a *negative* advantage whose ``S - E[S] < -mu std[S]`` leaves the loss
+    (``action_mask``): pushing down a confident token the policy would otherwise sharpen away
+    from raises entropy. Positive and zero advantages keep every token; ``std[S] < 1e-12``
+    keeps all.
+    """
+    mask = _mask(action_mask)
+    lp = _require("old_logprob", old_logprob, "clipb").to(torch.float64)
+    h = _require("entropy", entropy, "clipb").to(torch.float64)
+    r = _scalar_rewards(_require("rewards", rewards, "clipb"), mask.shape[0])
+    stats = _group_stats(r, group_ids)
+    single = stats.count <= 1
+    scores = torch.where(single, r, (r - stats.mean) / (stats.std + epsilon))
+    adv = scores.unsqueeze(-1) * mask
+    m = mask.to(torch.float64)
+    n = m.sum().clamp(min=1.0)
+    s_tok = lp.exp() * (h + lp)
+    mean_s = (s_tok * m).sum() / n
+    std_s = (((s_tok - mean_s) ** 2 * m).sum() / n).sqrt()
+    if float(std_s) < 1e-12:
+        kept = mask.bool()
+    else:
+        kept = mask.bool() & ~((adv < 0) & (s_tok - mean_s < -mu * std_s))
+    counted = m.sum().clamp(min=1.0)
+    metrics = _group_metrics(r, stats)
+    metrics.update({
+        "frac_clipped": float(1.0 - kept.sum() / counted),
+        "frac_clipped_neg": float(((adv < 0) & mask.bool() & ~kept).sum() / ((adv < 0) & mask.bool()).sum().clamp(min=1)),
+        "ES": float(mean_s), "varS": float(std_s**2),
+    })
+    dtype = _float_dtype(rewards)
+    out = (adv * kept).to(dtype)
+    return AdvantageResult(out, out.clone(), _all_kept(mask), metrics, kept.to(action_mask.dtype))

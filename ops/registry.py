@@ -64,12 +64,22 @@ def unregister(kind: str, name: str) -> None:
     _kind_map(kind).pop(name, None)
 
 
+#: Trinity-RFT's parts that are not here for a reason, per (kind, name): naming one is refused
+#: with it (``roles/upstream.py``'s table shows them).
+REFUSED: dict[tuple[str, str], str] = {
+    ("advantage_fn", "clipv"): "reads a per-token signal ('necs') that only upstream's example veRL actor "
+                               "computes (examples/entropy/clipv_dp_actor.py), not its trainer",
+}
+
+
 def get(kind: str, name: str) -> Callable[..., Any]:
     """Return the function registered as ``name``, or importable as ``module:function`` (then
     registered under that name); ``ValueError`` lists the valid names."""
     parts = _kind_map(kind)
     if name not in parts and ":" in name:
         parts[name] = _import(kind, name)
+    if name not in parts and (kind, name) in REFUSED:
+        raise ValueError(f"{kind} {name!r} (Trinity-RFT's) is not available here: {REFUSED[kind, name]}")
     if name not in parts:
         raise ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(sorted(parts))} "
                          "(or module.path:function)")

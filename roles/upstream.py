@@ -111,9 +111,9 @@ EXAMPLES: dict[str, str] = {
     'examples/dpo_humanlike/dpo.yaml':
         LOADS,
     'examples/entropy/clipb.yaml':
-        "config: algorithm.advantage_fn: unknown advantage_fn 'clipb'",
+        LOADS,
     'examples/entropy/clipv.yaml':
-        "config: algorithm.advantage_fn: unknown advantage_fn 'clipv'",
+        "config: algorithm.advantage_fn: advantage_fn 'clipv' (Trinity-RFT's) is not available here: reads a per-token signal ('necs') that only upstream's example veRL actor computes (examples/entropy/clipv_dp_actor.py), not its trainer",
     'examples/grpo_alfworld/alfworld.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'alfworld_workflow' (Trinity-RFT's) is not available here: needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them from GitHub; ALFWorld cannot generate them without the ALFRED dataset)",
     'examples/grpo_alfworld_general_multi_step/alfworld.yaml':
@@ -205,6 +205,7 @@ def ours() -> dict[str, dict[str, str]]:
 
 def render() -> str:
     """``docs/upstream.md``."""
+    from ops.registry import REFUSED as PARTS_REFUSED
     from roles.explorer.workflows.registry import REFUSED
 
     have = ours()
@@ -224,7 +225,8 @@ def render() -> str:
                 lines.append(f"| `{shown}` | works (`{have[kind][name]}`) |")
             else:
                 refused += 1
-                why = WHY_NOT.get((kind, name)) or (REFUSED.get(name) if kind == "workflow" else None)
+                why = (WHY_NOT.get((kind, name)) or PARTS_REFUSED.get((kind, name))
+                       or (REFUSED.get(name) if kind == "workflow" else None))
                 lines.append(f"| `{shown}` | refused: {why or 'not built yet'} |")
         lines.append("")
     loads = sum(v == LOADS for v in EXAMPLES.values())

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import ops
+from ops.advantages import ENTROPY_ADVANTAGE_FNS
 from ops.algorithms import AlgorithmSpec, hyperparameters
 from ops.entropy import ENTROPY_DATA
 from ops.kl import kl_loss, kl_penalty
@@ -131,6 +132,20 @@ class StepRunner:
             fn(batch.select(self._filler(batch, mbs)))
         return out if dp is None else dp.sum_tensor(out)
 
+    def _batch_scores(self, batch: Batch, mbs: list[list[int]], dp: Any = None,
+                      fillers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's log-probs and entropies (B x T) of the rows in ``mbs``, one forward per
+        micro-batch, without gradients (as :meth:`_batch_logprobs`)."""
+        lp_all, ent_all = torch.zeros_like(batch.old_logprob), torch.zeros_like(batch.old_logprob)
+        with torch.no_grad():
+            for rows in mbs:
+                lp, ent = token_logprobs(self.engine, batch.select(rows), self.temperature, True, False)
+                idx = torch.as_tensor(list(rows))
+                lp_all[idx], ent_all[idx] = lp.float(), ent.float()
+            for _ in range(fillers):
+                token_logprobs(self.engine, batch.select(self._filler(batch, mbs)), self.temperature, True, False)
+        return (lp_all, ent_all) if dp is None else (dp.sum_tensor(lp_all), dp.sum_tensor(ent_all))
+
     def _filler(self, batch: Batch, mbs: list[list[int]]) -> list[int]:
         """Rows to run a weightless micro-batch on (any will do: its loss is multiplied by 0)."""
         return mbs[0] if mbs else ([0, 1] if self.spec.policy_loss_fn == "dpo" else [0])
@@ -157,11 +172,16 @@ class StepRunner:
             rewards, km = kl_penalty(rewards, old, ref_all, batch.action_mask, kl_fn=spec.kl_penalty_fn, **args)
             self.kl_coef = km.get("next_kl_coef", self.kl_coef)
             metrics.update({f"kl_penalty/{k}": v for k, v in km.items()})
+        data: dict[str, torch.Tensor] = {"old_logprob": batch.old_logprob}
+        if spec.advantage_fn in ENTROPY_ADVANTAGE_FNS:  # the current policy's, one more forward
+            data["old_logprob"], data["entropy"] = self._batch_scores(batch, mbs, dp, fillers)
         res = ops.get("advantage_fn", spec.advantage_fn)(
             action_mask=batch.action_mask, rewards=rewards, group_ids=batch.group_ids, values=values,
-            old_logprob=batch.old_logprob, **spec.advantage_fn_args)
+            **data, **spec.advantage_fn_args)
         batch.advantages = res.advantages.float()
         batch.returns = res.returns.float()
+        if res.action_mask is not None:  # the function dropped tokens from the loss (CLIP-B)
+            batch.action_mask = res.action_mask.to(batch.action_mask.dtype)
         metrics.update({f"advantage/{k}": v for k, v in res.metrics.items()})
         return values, metrics
 

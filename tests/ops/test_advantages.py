@@ -8,6 +8,7 @@ import torch
 
 from ops.advantages import (
     AdvantageResult,
+    clipb_advantage,
     asymre_advantage,
     gae_advantage,
     group_index,
@@ -323,6 +324,7 @@ def test_every_advantage_fn_is_finite_on_degenerate_batches(name):
         "old_logprob": torch.full((3, 3), -1.0),
         "teacher_logprob": torch.full((3, 3), -2.0),
         "reward_baselines": torch.zeros(3),
+        "entropy": torch.full((3, 3), 0.5),
     }
     result = fn(**batch)
     for t in (result.advantages, result.returns):
@@ -339,3 +341,35 @@ def test_empty_batch(name):
     fn = get("advantage_fn", name)
     result = fn(rewards=torch.zeros(0), group_ids=[], action_mask=torch.zeros(0, 4))
     assert result.advantages.shape == (0, 4)
+
+
+def test_clipb_drops_negative_advantage_tokens_whose_entropy_signal_is_far_below_the_mean():
+    """By hand (arXiv:2602.03392's S = p (H + log p), upstream's thresholds): two rollouts of
+    one task, rewards 1 and 0, so advantages +-0.5 / (0.7071 + eps) (unbiased std 0.7071); two
+    tokens each. With mu between the losing rollout's two tokens' distances below the mean of
+    S (in population stds), its farther token leaves the loss; the winner's never do."""
+    lp = torch.tensor([[-0.1, -2.0], [-0.05, -1.5]])
+    h = torch.tensor([[0.2, 1.5], [3.0, 0.1]])
+    mask = torch.ones(2, 2)
+    s = [[math.exp(a) * (b + a) for a, b in zip(ra, rh)] for ra, rh in zip(lp.tolist(), h.tolist())]
+    flat = [x for row in s for x in row]
+    mean = sum(flat) / 4
+    std = math.sqrt(sum((x - mean) ** 2 for x in flat) / 4)
+    z = [(mean - x) / std for x in s[1]]  # how far below the mean, in stds
+    assert z[1] > z[0]
+    mu = (z[0] + z[1]) / 2
+    res = clipb_advantage(action_mask=mask, rewards=torch.tensor([1.0, 0.0]), group_ids=["t", "t"],
+                          old_logprob=lp, entropy=h, mu=mu)
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    assert res.action_mask.bool().tolist() == [[True, True], [True, False]]
+    assert res.advantages.tolist() == [pytest.approx([a, a]), pytest.approx([-a, 0.0])]
+    assert res.metrics["frac_clipped"] == pytest.approx(0.25)
+    assert res.metrics["ES"] == pytest.approx(mean) and res.metrics["varS"] == pytest.approx(std**2)
+    # a wide mu keeps every token; a group of one keeps its raw reward (upstream: mean 0, std 1)
+    assert clipb_advantage(action_mask=mask, rewards=torch.tensor([1.0, 0.0]), group_ids=["t", "t"],
+                           old_logprob=lp, entropy=h, mu=100.0).action_mask.all()
+    one = clipb_advantage(action_mask=mask[:1], rewards=torch.tensor([0.5]), group_ids=["t"],
+                          old_logprob=lp[:1], entropy=h[:1])
+    assert one.advantages[0].tolist() == pytest.approx([0.5, 0.5])
+    with pytest.raises(ValueError, match="needs `entropy`"):
+        clipb_advantage(action_mask=mask, rewards=torch.tensor([1.0, 0.0]), old_logprob=lp)
