@@ -520,6 +520,7 @@ OVERRIDES: dict[str, Any] = {
     "default_reward_fn_type": "format_reward",
     "workflow_args": {"temperature_bonus": 1},
     "top_k": 5,  # -1 and 0 both turn top-k off
+    "rollout_args.stop": ["\n"],  # a reply ends at its first newline
     "reward_fn_args": {"pattern": "^#.*"},
     "replay_buffer.priority_fn_args": {"decay": 3.0},
     "experience_buffer.name": "renamed",
