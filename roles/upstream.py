@@ -69,6 +69,12 @@ WHY_NOT: dict[tuple[str, str], str] = {
 #: What each upstream example config (``tests/upstream/<path>``) gets here: ``loads`` (both
 #: ``trinity config`` and ``trinity run --plan`` succeed) or the start of its refusal.
 LOADS = "loads"
+#: What a config that loads needs at run time besides its model and data (a service of the user's).
+AT_RUN_TIME: dict[str, str] = {
+    "examples/dpo_human_in_the_loop/dpo.yaml": "a Label Studio server at the annotation mapper's api_url "
+                                               "(Data-Juicer's human_preference_annotation_mapper)",
+    "examples/bench/external_model.yaml": "an OpenAI-compatible endpoint (OPENAI_BASE_URL, OPENAI_API_KEY)",
+}
 EXAMPLES: dict[str, str] = {
     'examples/RAFT_alfworld/RAFT_alfworld_7B.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'RAFT_alfworld_workflow' (Trinity-RFT's) is not available here: needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them from GitHub; ALFWorld cannot generate them without the ALFRED dataset)",
@@ -203,6 +209,13 @@ def ours() -> dict[str, dict[str, str]]:
     return found
 
 
+def example_cell(config: str, outcome: str) -> str:
+    """An example's cell in the table: loads (and what it needs to run), or why it is refused."""
+    if outcome != LOADS:
+        return "refused: " + outcome.split(": ", 1)[1]
+    return f"loads; to run it needs {AT_RUN_TIME[config]}" if config in AT_RUN_TIME else "loads"
+
+
 def render() -> str:
     """``docs/upstream.md``."""
     from ops.registry import REFUSED as PARTS_REFUSED
@@ -235,7 +248,7 @@ def render() -> str:
               f"copies (`tests/upstream/test_upstream_configs.py`): **{loads} of {len(EXAMPLES)} load** "
               "with `trinity config` and plan with `trinity run --plan`.", "",
               "| config | here |", "|---|---|"]
-    lines += [f"| `{k}` | {'loads' if v == LOADS else 'refused: ' + v.split(': ', 1)[1]} |" for k, v in EXAMPLES.items()]
+    lines += [f"| `{k}` | {example_cell(k, v)} |" for k, v in EXAMPLES.items()]
     lines.insert(7, f"**{works} of {works + refused} upstream names work here; {refused} are refused.**\n")
     return "\n".join(lines) + "\n"
 
