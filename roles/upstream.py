@@ -147,7 +147,7 @@ EXAMPLES: dict[str, str] = {
     'examples/grpo_sciworld/sciworld.yaml':
         LOADS,
     'examples/grpo_toolcall/toolace.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'toolcall_workflow'",
+        LOADS,
     'examples/grpo_vlm/vlm.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'simple_mm_workflow' (Trinity-RFT's) is not available here: multi-modal data is not implemented",
     'examples/grpo_webshop/webshop.yaml':
@@ -157,7 +157,7 @@ EXAMPLES: dict[str, str] = {
     'examples/mix_chord/mix_chord.yaml':
         LOADS,
     'examples/mix_chord/mix_chord_toolace.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'toolcall_workflow'",
+        LOADS,
     'examples/mix_math/mix_math.yaml':
         LOADS,
     'examples/mix_vlm/mix_vlm.yaml':

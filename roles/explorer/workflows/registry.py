@@ -22,6 +22,7 @@ from roles.explorer.workflows.math import (
     SimpleWorkflow,
 )
 from roles.explorer.workflows.sciworld import SciWorldWorkflow
+from roles.explorer.workflows.tool_call import ToolCallWorkflow
 from roles.plugins import load_plugin_dirs
 
 __all__ = ["REFUSED", "WORKFLOWS", "get_workflow", "load_plugin_dirs", "reads_prompt", "register_workflow"]
@@ -40,6 +41,8 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "on_policy_distill_math_workflow": OnPolicyDistillMathWorkflow,
     "frozen_lake_workflow": FrozenLakeWorkflow,
     "sciworld_workflow": SciWorldWorkflow,
+    "tool_call_workflow": ToolCallWorkflow,
+    "toolcall_workflow": ToolCallWorkflow,  # what upstream's ToolACE examples write (its registry lacks it)
 }
 
 
