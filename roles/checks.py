@@ -311,6 +311,11 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
                 except KeyError as e:
                     out.append(f"{where}buffer.explorer_input.{key}.default_workflow_type: {e.args[0]}")
                 else:
+                    judges = cls.auxiliary_required
+                    if judges > len(cfg.explorer.auxiliary_models):
+                        out.append(f"{where}explorer.auxiliary_models: workflow {ts.default_workflow_type!r} "
+                                   f"({key}) asks auxiliary model 0 to judge its rollouts: list {judges} "
+                                   f"(model_path, engine_type), {len(cfg.explorer.auxiliary_models)} listed")
                     if (getattr(cls, "reward_required", False) and not ts.default_reward_fn_type
                             and not ts.format.reward_fn_key):
                         out.append(f"{where}buffer.explorer_input.{key}.default_reward_fn_type: not set; workflow "

@@ -133,7 +133,7 @@ EXAMPLES: dict[str, str] = {
     'examples/grpo_gsm8k_experience_pipeline/gsm8k.yaml':
         LOADS,
     'examples/grpo_gsm8k_ruler/gsm8k_ruler.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'math_ruler_workflow'",
+        LOADS,
     'examples/grpo_gsm8k_task_pipeline/gsm8k.yaml':
         LOADS,
     'examples/grpo_gsm8k_trainable_ruler/gsm8k_ruler.yaml':

@@ -188,6 +188,8 @@ class Workflow:
     #: Whether a task row must carry the prompt column (``format.prompt_key``): False for an
     #: environment workflow that writes its own prompt from the row's other columns.
     reads_prompt: bool = True
+    #: How many ``explorer.auxiliary_models`` it talks to (a judge: 1); checked before start.
+    auxiliary_required: int = 0
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ from roles.explorer.workflows.math import (
     OnPolicyDistillWorkflow,
     SimpleWorkflow,
 )
+from roles.explorer.workflows.ruler import MathRULERWorkflow
 from roles.explorer.workflows.sciworld import SciWorldWorkflow
 from roles.explorer.workflows.tool_call import ToolCallWorkflow
 from roles.plugins import load_plugin_dirs
@@ -41,6 +42,8 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "on_policy_distill_math_workflow": OnPolicyDistillMathWorkflow,
     "frozen_lake_workflow": FrozenLakeWorkflow,
     "sciworld_workflow": SciWorldWorkflow,
+    "math_ruler_workflow": MathRULERWorkflow,
+    "async_math_ruler_workflow": MathRULERWorkflow,
     "tool_call_workflow": ToolCallWorkflow,
     "toolcall_workflow": ToolCallWorkflow,  # what upstream's ToolACE examples write (its registry lacks it)
 }

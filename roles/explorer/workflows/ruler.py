@@ -1,0 +1,83 @@
+"""Trinity-RFT's ``math_ruler_workflow``: the rollouts of a math question are scored against each
+other by a judge model (RULER, after OpenPipe's ART), not by a rule.
+
+Faithful to upstream's (``math_ruler_workflow.py``): the policy answers as in ``math_workflow``
+(its system prompt; ``math_reward`` still scores each answer, kept as ``info`` with
+``gold_reward``, what evaluation reports); auxiliary model 0 gets upstream's judge prompt (the
+question, the answer format, every candidate) and must end its reply with a list of scores; each
+is clipped to [0, 1] and is that rollout's reward. A reply without a list of the right length
+gives every rollout 0 and ``judge_success`` 0.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from roles.explorer.workflows.math import MathWorkflow
+from schemas.data import Experience
+
+ANSWER_FORMAT = (
+    "Solution format requirement: first think about the reasoning process in the mind and then provides the "
+    "final answer. The reasoning process and answer are enclosed within <think> </think> and <answer> "
+    "</answer> tags, respectively, i.e.,\n<think> reasoning process here </think>\n<answer> answer here </answer>."
+)
+
+
+def judge_messages(question: str, answers: list[str]) -> list[dict[str, Any]]:
+    """Upstream's RULER prompt for ``answers`` to ``question``."""
+    n = len(answers)
+    system = (f"You are a fair judge. The user will provide a question and {n} candidate solutions to it. Your "
+              "task is to compare the solutions, see how well they resolve the question, and assign a score "
+              "within the range [0, 1] for each solution.")
+    solutions = "\n\n".join(f"Candidate solution {i + 1}: {a}" for i, a in enumerate(answers))
+    user = f"""
+Below is a question and several candidate solutions.
+
+Question: {question}
+
+{ANSWER_FORMAT}
+
+{solutions}
+
+Please assign a score within the range [0, 1] for each of them, reflecting how well they solve the question.
+You may compare them against each other and think step by step before returning your final scores, but keep your reasoning process brief and concise when possible.
+
+Conclude your response with a list of scores, in the following format: [score for solution 1, score for solution 2, ..., score for solution {n}]
+"""
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def judge_scores(reply: str, n: int) -> list[float] | None:
+    """The last ``[...]`` of the judge's reply as ``n`` scores clipped to [0, 1]; None when it
+    holds no such list."""
+    start, end = reply.rfind("["), reply.rfind("]")
+    if start == -1 or end == -1 or start > end:
+        return None
+    try:
+        scores = [max(0.0, min(1.0, float(s))) for s in ast.literal_eval(reply[start:end + 1])]
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return scores if len(scores) == n else None
+
+
+class MathRULERWorkflow(MathWorkflow):
+    """The rollouts of one question, rewarded by the judge (see the module's docstring)."""
+
+    auxiliary_required = 1  # auxiliary model 0 is the judge
+
+    async def run_async(self) -> list[Experience]:
+        exps = await self.model.achat(self.messages(), n=self.repeat_times, **self.rollout_args)
+        for e in self.score(exps):
+            e.info["gold_reward"] = e.reward
+        question = self.messages()[-1]["content"]
+        answers = [e.response_text or "" for e in exps]
+        [reply] = await self.auxiliary_models[0].achat(judge_messages(question, answers), n=1)
+        scores = judge_scores(reply.response_text or "", len(exps))
+        if scores is None:
+            self.logger.warning("task %s: no list of %d scores in the judge's reply: rewards 0",
+                                self.task.task_id, len(exps))
+        for e, s in zip(exps, scores or [0.0] * len(exps), strict=True):
+            e.reward = s
+            e.info["judge_success"] = float(scores is not None)
+        return exps

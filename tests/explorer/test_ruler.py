@@ -1,0 +1,59 @@
+"""math_ruler_workflow: upstream's judge prompt, score parsing and rewards, on the real
+transformers engine (the tiny random model as policy and judge)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from roles.explorer.workflows.base import ModelHandle
+from roles.explorer.workflows.registry import get_workflow
+from roles.explorer.workflows.ruler import judge_messages, judge_scores
+from schemas.config import InferenceModelConfig
+from schemas.data import Task
+
+
+def test_the_judge_ends_with_a_list_of_scores_each_clipped() -> None:
+    assert judge_scores("think... [0.5, 1.2, -1]", 3) == [0.5, 1.0, 0.0]
+    assert judge_scores("first [1, 0] then [0.25, 0.75]", 2) == [0.25, 0.75]  # the last list
+    assert judge_scores("[0.5, 1]", 3) is None  # wrong length
+    assert judge_scores("no list", 2) is None and judge_scores("[a, b]", 2) is None and judge_scores("] [", 1) is None
+
+
+def test_the_judge_prompt_is_upstreams() -> None:
+    system, user = judge_messages("1+1?", ["2", "3"])
+    assert system["content"].startswith("You are a fair judge. The user will provide a question and 2 candidate")
+    assert "\nQuestion: 1+1?\n\nSolution format requirement:" in user["content"]
+    assert "Candidate solution 1: 2\n\nCandidate solution 2: 3\n" in user["content"]
+    assert user["content"].endswith("..., score for solution 2]\n")
+
+
+async def test_rollouts_are_rewarded_by_the_judge_and_keep_their_gold_reward(tiny_model: Path) -> None:
+    from roles.explorer.engines.hf import HFEngine
+
+    engine = HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers",
+                                           dtype="float32", max_model_len=2048, seed=0))
+    loop = asyncio.get_running_loop()
+    task = Task(task_id="r/0", raw={"prompt": "1+1?", "response": "2"}, workflow="math_ruler_workflow",
+                repeat_times=2, rollout_args={"max_tokens": 4})
+    judge = ModelHandle(engine, loop, {"max_tokens": 8})
+    wf = get_workflow("async_math_ruler_workflow")(task=task, model=ModelHandle(engine, loop), auxiliary_models=[judge])
+    exps = await wf.run_async()
+    assert len(exps) == 2
+    for e in exps:  # the random judge writes no list: rewards 0, and says so
+        assert e.reward == 0.0 and e.info["judge_success"] == 0.0 and "gold_reward" in e.info
+
+
+def test_a_judged_workflow_without_a_judge_is_refused(tmp_path) -> None:
+    from roles.checks import check_names
+    from schemas.loader import load_config
+
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"prompt": "1+1?", "response": "2"}\n')
+    cfg = load_config(None, [f"buffer.explorer_input.taskset.path={data}", "buffer.explorer_input.taskset.name=t",
+                             "buffer.explorer_input.default_workflow_type=math_ruler_workflow",
+                             "model.model_path=/m"]).config
+    problems = check_names(cfg, "", frozenset({"explorer"}))
+    assert any("explorer.auxiliary_models: workflow 'math_ruler_workflow' (taskset) asks auxiliary model 0 to judge"
+               in p for p in problems), problems
