@@ -143,7 +143,7 @@ EXAMPLES: dict[str, str] = {
     'examples/grpo_math/math.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'math_rm_workflow' (Trinity-RFT's) is not available here: calls its reward as RM-Gallery's (response, messages, ground_truth): only rm_gallery_reward, which needs the RM-Gallery package and its reward models",
     'examples/grpo_rubric_as_reward/rubric.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'rubric_judge_workflow'",
+        LOADS,
     'examples/grpo_sciworld/sciworld.yaml':
         LOADS,
     'examples/grpo_toolcall/toolace.yaml':

@@ -57,3 +57,32 @@ def test_a_judged_workflow_without_a_judge_is_refused(tmp_path) -> None:
     problems = check_names(cfg, "", frozenset({"explorer"}))
     assert any("explorer.auxiliary_models: workflow 'math_ruler_workflow' (taskset) asks auxiliary model 0 to judge"
                in p for p in problems), problems
+
+
+def test_the_rubric_judges_rating_is_read_as_upstream_reads_it() -> None:
+    from roles.explorer.workflows.rubric import rubric_judge_messages, rubric_rating
+
+    assert rubric_rating('```json\n{"rating": 7}\n```') == 0.7000000000000001  # rating * 0.1, as upstream
+    assert rubric_rating('thoughts ```{"rating": 10}``` more') == 1.0
+    for bad in ('```json {"rating": 11} ```', '```json {"rating": "7"} ```', '{"rating": 7}', '```json [7] ```',
+                '```json {"rating": 7}', '```json {"rating": true} ```'):
+        assert rubric_rating(bad) is None, bad
+    _, user = rubric_judge_messages("Q?", "A.", [{"weight": 2, "description": "is short"}])
+    assert "<prompt>\nQ?\n</prompt>\n<response>\nA.\n</response>\n<rubrics>\nRubric 0 (weight: 2): is short\n" \
+           "</rubrics>\nYour JSON Evaluation:" in user["content"]
+    assert "Rubrics are not provided." in rubric_judge_messages("Q?", "A.", [])[1]["content"]
+
+
+async def test_rubric_rollouts_are_rewarded_by_the_judge(tiny_model: Path) -> None:
+    from roles.explorer.engines.hf import HFEngine
+
+    engine = HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers",
+                                           dtype="float32", max_model_len=2048, seed=0))
+    loop = asyncio.get_running_loop()
+    task = Task(task_id="r/1", raw={"prompt": "Say hi", "rubric": [{"weight": 1, "description": "greets"}]},
+                workflow="rubric_judge_workflow", repeat_times=2, rollout_args={"max_tokens": 4})
+    wf = get_workflow("rubric_judge_workflow")(task=task, model=ModelHandle(engine, loop),
+                                               auxiliary_models=[ModelHandle(engine, loop, {"max_tokens": 8})])
+    assert wf.messages()[0]["content"].startswith("A conversation between User and Assistant.")
+    exps = await wf.run_async()
+    assert [e.reward for e in exps] == [0.0, 0.0] and all(e.info["judge_success"] == 0.0 for e in exps)

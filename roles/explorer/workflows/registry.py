@@ -21,6 +21,7 @@ from roles.explorer.workflows.math import (
     OnPolicyDistillWorkflow,
     SimpleWorkflow,
 )
+from roles.explorer.workflows.rubric import RubricJudgeWorkflow
 from roles.explorer.workflows.ruler import MathRULERWorkflow
 from roles.explorer.workflows.sciworld import SciWorldWorkflow
 from roles.explorer.workflows.tool_call import ToolCallWorkflow
@@ -44,6 +45,7 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "sciworld_workflow": SciWorldWorkflow,
     "math_ruler_workflow": MathRULERWorkflow,
     "async_math_ruler_workflow": MathRULERWorkflow,
+    "rubric_judge_workflow": RubricJudgeWorkflow,
     "tool_call_workflow": ToolCallWorkflow,
     "toolcall_workflow": ToolCallWorkflow,  # what upstream's ToolACE examples write (its registry lacks it)
 }
