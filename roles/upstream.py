@@ -181,7 +181,7 @@ EXAMPLES: dict[str, str] = {
     'examples/sppo_gsm8k/gsm8k.yaml':
         LOADS,
     'examples/tinker/tinker.yaml':
-        "config: synchronizer.sync_method: got 'memory'",
+        "config: model.tinker.enable: true: Tinker trains on Thinking Machines' remote service, which trinity does not call; trinity trains in its own trainer process (leave model.tinker out, or enable: false)",
     'examples/topr_gsm8k/gsm8k.yaml':
         LOADS,
     'test_template_dir/template/config.yaml':

@@ -606,6 +606,11 @@ def _validate(
     resolver: Resolver | None = None,
 ) -> TrinityConfig:
     _read_verl(raw, sources, warnings, prefix)
+    tinker = (raw.get("model") or {}).get("tinker") if isinstance(raw.get("model"), dict) else None
+    if isinstance(tinker, dict) and tinker.get("enable"):
+        raise ConfigError([f"{prefix}model.tinker.enable: true: Tinker trains on Thinking Machines' remote "
+                           "service, which trinity does not call; trinity trains in its own trainer process "
+                           "(leave model.tinker out, or enable: false)"])
     _drop_ignored(raw, sources, warnings, prefix)
     _rename_values(raw, warnings, prefix)
     _drop_mix_layout(raw, warnings, prefix)

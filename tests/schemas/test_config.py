@@ -449,3 +449,9 @@ def test_upstreams_mix_batch_layout_args_are_warned_and_dropped():
     assert any("ngpus_trainer, train_batch_size_usual ignored" in w for w in loaded.warnings)
     other = load(None, ["algorithm.algorithm_type=ppo", "algorithm.policy_loss_fn_args={ngpus_trainer: 4}"])
     assert other.config.algorithm.policy_loss_fn_args == {"ngpus_trainer": 4}  # only mix's: ppo refuses it
+
+
+def test_tinker_is_refused_as_a_remote_service_and_its_off_switch_ignored():
+    with pytest.raises(ConfigError, match=r"model.tinker.enable: true: Tinker trains on Thinking Machines' remote service"):
+        load(None, ["model.tinker={enable: true}"])
+    assert any("model.tinker" in w for w in load(None, ["model.tinker={enable: false}"]).warnings)
