@@ -83,15 +83,15 @@ EXAMPLES: dict[str, str] = {
     'examples/agentscope_frozenlake/frozenlake_agent.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow': cannot import FrozenLakeWorkflow from examples.agentscope_frozenlake.workflow: No module named 'examples.agentscope_frozenlake'",
     'examples/agentscope_react/gsm8k.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscope_react_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'agentscope_react_workflow' (Trinity-RFT's) is not available here: runs an AgentScope agent (the agentscope 1.x package, not a dependency here); an agent on the OpenAI API trains through explorer.rollout_model.enable_openai_api (docs/agents.md)",
     'examples/agentscope_tool_react/agentscopev0_tool_react_dapo.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'agentscopev0_react_math_workflow' (Trinity-RFT's) is not available here: needs agentscope 0.x (deprecated upstream too)",
     'examples/agentscope_tool_react/agentscopev0_tool_react_gsm8k.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'agentscopev0_react_math_workflow' (Trinity-RFT's) is not available here: needs agentscope 0.x (deprecated upstream too)",
     'examples/agentscope_tool_react/agentscopev1_tool_react_dapo.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscope_react_math_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'agentscope_react_math_workflow' (Trinity-RFT's) is not available here: runs an AgentScope agent (the agentscope 1.x package, not a dependency here); an agent on the OpenAI API trains through explorer.rollout_model.enable_openai_api (docs/agents.md)",
     'examples/agentscope_websearch/agentscopev1_websearch_agent.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'agentscope_v1_react_search_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'agentscope_v1_react_search_workflow' (Trinity-RFT's) is not available here: runs an AgentScope agent (the agentscope 1.x package, not a dependency here); an agent on the OpenAI API trains through explorer.rollout_model.enable_openai_api (docs/agents.md); and a web search API",
     'examples/asymre_gsm8k/gsm8k.yaml':
         LOADS,
     'examples/asymre_math/math.yaml':
@@ -125,7 +125,7 @@ EXAMPLES: dict[str, str] = {
     'examples/grpo_alfworld_general_multi_step/alfworld.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'step_wise_alfworld_workflow' (Trinity-RFT's) is not available here: needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them from GitHub; ALFWorld cannot generate them without the ALFRED dataset)",
     'examples/grpo_email_search/email_search.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'email_search_workflow'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'email_search_workflow' (Trinity-RFT's) is not available here: searches the Enron mailbox its prepare_data.py builds from the Hugging Face hub, with an LLM judge: not built here",
     'examples/grpo_frozen_lake/frozen_lake.yaml':
         LOADS,
     'examples/grpo_gsm8k/gsm8k.yaml':

@@ -54,12 +54,21 @@ WORKFLOWS: dict[str, type[Workflow]] = {
 #: Trinity-RFT's workflows that are not here, and why: naming one is refused with this reason.
 ALFWORLD = ("needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them "
             "from GitHub; ALFWorld cannot generate them without the ALFRED dataset)")
+AGENTSCOPE = ("runs an AgentScope agent (the agentscope 1.x package, not a dependency here); an agent on "
+              "the OpenAI API trains through explorer.rollout_model.enable_openai_api (docs/agents.md)")
 REFUSED: dict[str, str] = {
     "alfworld_workflow": ALFWORLD,
     "step_wise_alfworld_workflow": ALFWORLD,
     "RAFT_alfworld_workflow": ALFWORLD,
     "RAFT_reflect_alfworld_workflow": ALFWORLD,
     "rubric_judge_openai_workflow": "calls a remote OpenAI-compatible API as its judge",
+    "agentscope_workflow_adapter_v1": AGENTSCOPE,
+    "agentscope_react_workflow": AGENTSCOPE,
+    "as_react_workflow": AGENTSCOPE,
+    "agentscope_react_math_workflow": AGENTSCOPE,
+    "agentscope_v1_react_search_workflow": AGENTSCOPE + "; and a web search API",
+    "email_search_workflow": "searches the Enron mailbox its prepare_data.py builds from the Hugging Face hub, "
+                             "with an LLM judge: not built here",
     "agentscope_workflow_adapter": "needs the agentscope package (deprecated upstream too)",
     "agentscopev0_react_math_workflow": "needs agentscope 0.x (deprecated upstream too)",
     "simple_mm_workflow": "multi-modal data is not implemented",
