@@ -49,6 +49,7 @@ def test_advantages_are_finite_and_masked(batch):
             old_logprob=batch["old"],
             teacher_logprob=batch["logprob"],
             reward_baselines=torch.zeros(b),
+            entropy=batch["logprob"].abs(),
         )
         assert torch.isfinite(result.advantages).all(), name
         assert torch.isfinite(result.returns).all(), name
