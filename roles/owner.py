@@ -46,6 +46,8 @@ log = structlog.get_logger(__name__)
 LEASE_S = 30.0
 #: Seconds between renewals.
 RENEW_S = 5.0
+#: Seconds :meth:`RunLease.release` tries before it leaves the lease to expire.
+RELEASE_S = 5.0
 
 
 def _me() -> dict[str, Any]:
@@ -198,9 +200,21 @@ class RunLease:
             self.revisions[n] = rev or self.revisions[n]
 
     async def release(self) -> None:
-        """Leave the lease expired (the record stays: it names the job the run id belongs to)."""
-        for n, (i, state, key) in enumerate(self.slots):
-            if self.revisions[n]:
-                with contextlib.suppress(Exception):
-                    await state.swap(key, self._value(i, until=0.0), self.revisions[n])
-                self.revisions[n] = 0
+        """Leave the lease expired (the record stays: it names the job the run id belongs to).
+
+        Best effort for :data:`RELEASE_S`: with the server gone (killed with the run) each
+        write would wait it out for minutes, and a lease left behind expires by itself
+        (:data:`LEASE_S`, at once here when this process is gone)."""
+
+        async def expire() -> None:
+            for n, (i, state, key) in enumerate(self.slots):
+                if self.revisions[n]:
+                    with contextlib.suppress(Exception):
+                        await state.swap(key, self._value(i, until=0.0), self.revisions[n])
+                    self.revisions[n] = 0
+
+        try:
+            await asyncio.wait_for(expire(), RELEASE_S)
+        except asyncio.TimeoutError:
+            log.warning("run_lease_left_to_expire", seconds=RELEASE_S)
+            self.revisions = [0] * len(self.slots)

@@ -66,7 +66,13 @@ def teacher_episode(row: dict, rng: random.Random) -> dict:
     """One episode of the weak teacher, as the workflow would record it."""
     from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
-    from roles.explorer.workflows.frozen_lake import ACTIONS, TO_GYM, random_lake, render_lake, user_turn
+    from roles.explorer.workflows.frozen_lake import (
+        ACTIONS,
+        TO_GYM,
+        random_lake,
+        render_lake,
+        user_turn,
+    )
 
     desc = random_lake(row["size"], row["p"], row["seed"], ENV_MAX_STEPS)
     env = FrozenLakeEnv(desc=desc, is_slippery=False)

@@ -8,8 +8,8 @@ import torch
 
 from ops.advantages import (
     AdvantageResult,
-    clipb_advantage,
     asymre_advantage,
+    clipb_advantage,
     gae_advantage,
     group_index,
     grpo_advantage,
@@ -351,7 +351,7 @@ def test_clipb_drops_negative_advantage_tokens_whose_entropy_signal_is_far_below
     lp = torch.tensor([[-0.1, -2.0], [-0.05, -1.5]])
     h = torch.tensor([[0.2, 1.5], [3.0, 0.1]])
     mask = torch.ones(2, 2)
-    s = [[math.exp(a) * (b + a) for a, b in zip(ra, rh)] for ra, rh in zip(lp.tolist(), h.tolist())]
+    s = [[math.exp(a) * (b + a) for a, b in zip(ra, rh, strict=True)] for ra, rh in zip(lp.tolist(), h.tolist(), strict=True)]
     flat = [x for row in s for x in row]
     mean = sum(flat) / 4
     std = math.sqrt(sum((x - mean) ** 2 for x in flat) / 4)

@@ -5,6 +5,7 @@ that give one bus run id are refused too."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -141,6 +142,26 @@ async def test_a_lease_is_renewed_and_outlives_no_dead_holder(tmp_path, nats_ser
         await lease.release()
     finally:
         await nc.close()
+
+
+async def test_releasing_a_lease_does_not_wait_for_a_server_that_is_gone(tmp_path, nats_server_factory):
+    """Stopping ``trinity run`` after its nats-server was killed hung for minutes: each of the
+    lease's keys waited the server out (seen 2026-11-28). Release is best effort, bounded."""
+    from roles.owner import RELEASE_S
+
+    server = nats_server_factory()
+    cfg = _cfg(tmp_path, server.url, f"z{os.urandom(3).hex()}", "r")
+    nc = await bus.connect(nats_settings(server.url), name="owner-test")
+    try:
+        lease = await _lease(bus.jetstream(nc, cfg.nats), cfg)
+        server.stop()
+        t0 = time.monotonic()
+        await lease.release()
+        assert time.monotonic() - t0 < RELEASE_S + 2.0
+        assert lease.revisions == [0, 0]
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), 5.0)
 
 
 @pytest.mark.slow
