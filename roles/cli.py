@@ -257,7 +257,6 @@ def launch_trainer_ranks(stages: list[Any], plan: Any) -> None:
 def _run_role(role: str, args: argparse.Namespace) -> int:
     """Run one role process through every stage of the experiment (``roles/stages.py``)
     until it is done or signalled; logs go to the terminal and ``<job_dir>/log/<role>.log``."""
-    import asyncio
     import logging
 
     from roles.checks import preflight
@@ -285,12 +284,12 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
 
     tune_process(cfg.cluster.cpu_tuning, cfg.cluster.gpu_per_node)
     from bus.errors import BusConnectError
-    from roles.signals import exit_now
+    from roles.signals import exit_now, run_role
     from roles.verdicts import RUN_FAILED_EXIT, RunFailed
 
     log = logging.getLogger(f"trinity.{role}")
     try:
-        code = asyncio.run(run_stages(role, stages, runner_for(role)))
+        code = run_role(run_stages(role, stages, runner_for(role)))
     # 2: a wrong token or TLS file, or a pre-start check that needs the run (an explorer
     # joining it: ConfigError); 1: no server (yet)
     except (BusConnectError, ConfigError) as e:

@@ -133,6 +133,32 @@ def ignore_signals_from_now() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
+def run_role(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` for a role process, except that worker threads still running at
+    the end are not waited for.
+
+    Why: a role stopped mid-step (SIGTERM) leaves its step's thread running (a train step in
+    ``asyncio.to_thread``: cancelling the await does not stop the thread), and
+    ``asyncio.run`` joins every such thread before it returns: under load the role outlived
+    its stop by 10 s and more (tests/run/test_orphans.py). Nothing of an abandoned step is
+    durable (saves run to their end through :func:`to_thread_to_end`), and the caller ends
+    the process with :func:`exit_now` right after."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()  # its default executor shut down without waiting for its threads
+
+
 def exit_now(code: int) -> NoReturn:
     """End this process with ``code`` at once: logs flushed, children killed, the
     interpreter's own teardown skipped.
