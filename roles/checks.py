@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.config import TasksetConfig, TrinityConfig
+from schemas.config import TrinityConfig
 from schemas.loader import ConfigError
 from schemas.modes import MODES
 from storage.hub import RepoType
@@ -198,6 +198,7 @@ def resolve_hub_paths(
 
 def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
     """Every input stage ``cfg`` names (``first``: the stage whose model is the user's)."""
+    from roles.explorer.workflows.registry import reads_prompt
     from storage.tasksets import check_dataset, check_taskset
 
     ei, ti = cfg.buffer.explorer_input, cfg.buffer.trainer_input
@@ -235,20 +236,16 @@ def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
         # absolute: a relative checkpoint folder is no hub id
         out.append(Input(f"{where}trainer.resume_from_path", str(Path(resume).expanduser().absolute()),
                          frozenset({"trainer"})))
-
-    def prompt(ts: TasksetConfig, default: str | None) -> bool:  # its workflow reads the prompt column
-        from roles.explorer.workflows.registry import reads_prompt
-
-        return reads_prompt(ts.default_workflow_type or default or "")
-
+    # each taskset's workflow (derive filled it from the explorer_input defaults) says whether
+    # its rows need a prompt column
     for path, ts in ei.training() if MODES[cfg.mode].reads_taskset else []:
         out.append(Input(f"{where}{path}.path", ts.path, explorer,
-                         lambda ts=ts: check_taskset(ts, prompt(ts, ei.default_workflow_type)),
+                         lambda ts=ts: check_taskset(ts, reads_prompt(ts.default_workflow_type)),
                          ident(ts, "task"), "dataset"))
-    eval_default = ei.default_eval_workflow_type or ei.default_workflow_type
     for j, ts in enumerate(ei.eval_tasksets):
         out.append(Input(f"{where}buffer.explorer_input.eval_tasksets[{j}].path", ts.path, explorer,
-                         lambda ts=ts: check_taskset(ts, prompt(ts, eval_default)), ident(ts, "task"), "dataset"))
+                         lambda ts=ts: check_taskset(ts, reads_prompt(ts.default_workflow_type)),
+                         ident(ts, "task"), "dataset"))
     eb = ti.experience_buffer
     if eb is not None and eb.storage_type == "file":
         kind = _dataset_kind(cfg)

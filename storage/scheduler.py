@@ -188,7 +188,7 @@ class TaskScheduler:
         return sum(r.offset for r in self.readers)
 
 
-def scheduler_from_config(cfg: Any, reads_prompt: Callable[[str], bool] | None = None) -> TaskScheduler:
+def scheduler_from_config(cfg: Any, reads_prompt: Callable[[str | None], bool] | None = None) -> TaskScheduler:
     """The scheduler of a (derived) :class:`schemas.config.TrinityConfig`'s training tasksets.
     ``reads_prompt(workflow name)``: whether that workflow needs the rows' prompt column (the
     explorer asks its workflow registry; None: every one does)."""
@@ -206,7 +206,7 @@ def scheduler_from_config(cfg: Any, reads_prompt: Callable[[str], bool] | None =
             total_steps=None if buf.total_steps is None else buf.total_steps * per_step,
             default_workflow_type=ei.default_workflow_type, default_reward_fn_type=ei.default_reward_fn_type,
             repeat_times=cfg.algorithm.repeat_times,
-            prompt=reads_prompt is None or reads_prompt(ts.default_workflow_type or ei.default_workflow_type or ""))
+            prompt=reads_prompt is None or reads_prompt(ts.default_workflow_type))
         if len(training) > 1:
             reader.drop_last = False  # the scheduler cuts whole steps from all of them
         readers.append(reader)

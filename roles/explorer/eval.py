@@ -106,8 +106,7 @@ def eval_readers(cfg: TrinityConfig) -> list[TaskReader]:
             default_workflow_type=ei.default_eval_workflow_type or ei.default_workflow_type,
             default_reward_fn_type=ei.default_reward_fn_type,
             repeat_times=1,
-            prompt=reads_prompt(ts.default_workflow_type or ei.default_eval_workflow_type
-                                or ei.default_workflow_type or ""),
+            prompt=reads_prompt(ts.default_workflow_type),  # derive filled it from the defaults
         )
         for ts in ei.eval_tasksets
     ]

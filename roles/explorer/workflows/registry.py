@@ -109,9 +109,11 @@ def get_workflow(name: str) -> type[Workflow]:
     raise KeyError(f"unknown workflow {name!r}; known: {sorted(WORKFLOWS)} (or module.path:Class)")
 
 
-def reads_prompt(name: str) -> bool:
+def reads_prompt(name: str | None) -> bool:
     """Whether workflow ``name`` needs its task rows' prompt column (``Workflow.reads_prompt``);
-    an unknown name says True (the config check names it)."""
+    an unknown name or none says True (the config check names it)."""
+    if not name:
+        return True
     try:
         return get_workflow(name).reads_prompt
     except KeyError:

@@ -67,10 +67,11 @@ class MathRULERWorkflow(MathWorkflow):
     auxiliary_required = 1  # auxiliary model 0 is the judge
 
     async def run_async(self) -> list[Experience]:
-        exps = await self.model.achat(self.messages(), n=self.repeat_times, **self.rollout_args)
+        messages = self.messages()
+        exps = await self.model.achat(messages, n=self.repeat_times, **self.rollout_args)
         for e in self.score(exps):
             e.info["gold_reward"] = e.reward
-        question = self.messages()[-1]["content"]
+        question = messages[-1]["content"]
         answers = [e.response_text or "" for e in exps]
         [reply] = await self.auxiliary_models[0].achat(judge_messages(question, answers), n=1)
         scores = judge_scores(reply.response_text or "", len(exps))
