@@ -2,7 +2,7 @@
 
 Shared by ``bench/example_figures.py`` (every example over seeds and kernel levels, its figures into
 ``docs/examples.md``) and ``tests/examples/learning.py`` (CI runs each example's short
-version on two kernel levels and asserts it learned). Why kernel levels: which SIMD kernels
+version, the calculator's on two kernel levels, and asserts it learned). Why kernel levels: which SIMD kernels
 torch runs changes float rounding, and a recipe that learns on one trajectory only may learn
 on one CPU only; holding the kernels to AVX2 on an AVX-512 machine is a cheap stand-in for
 another CPU.

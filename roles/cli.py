@@ -403,6 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler = COMMANDS[args.command]
     from bus.errors import BusConnectError
+    from roles.signals import stacks_on_sigusr1
+
+    stacks_on_sigusr1()
 
     try:
         return handler(args)

@@ -159,6 +159,19 @@ def run_role(main: Coroutine[Any, Any, T]) -> T:
             loop.close()  # its default executor shut down without waiting for its threads
 
 
+def stacks_on_sigusr1() -> None:
+    """SIGUSR1 prints every thread's Python stack to stderr (a role's lines in the run's log)
+    and the process goes on.
+
+    Why: a run that seems stuck can be asked where each process is (``kill -USR1 <pid>``),
+    and the tests ask every process of a run that outlived its timeout before they kill it, so
+    a hang seen once in CI says where it was."""
+    import faulthandler
+
+    with contextlib.suppress(AttributeError, ValueError, RuntimeError):  # no SIGUSR1 (Windows)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def exit_now(code: int) -> NoReturn:
     """End this process with ``code`` at once: logs flushed, children killed, the
     interpreter's own teardown skipped.

@@ -1,5 +1,6 @@
 """CI proves the README's examples learn (the checks: ``tests/examples/learning.py``): each
-example's short version on two kernel levels.
+example's short version on the CPU's own kernel level, the calculator's also on AVX2
+(``learning.LEVELS`` says why not every one).
 
 One file, so one pytest worker runs them one after the other (``--dist loadfile``) while the
 others run the rest of the suite. Tried 2026-11-27: one file per example, started first on both
@@ -18,7 +19,7 @@ from .learning import LEVELS, assert_learns
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("name", list(EXAMPLES))
+@pytest.mark.parametrize(("name", "level"), [(name, level) for name in EXAMPLES for level in LEVELS[name]],
+                         ids=lambda v: v)
 def test_the_short_version_learns(tmp_path, name, level, nats_binary):
     assert_learns(name, level, tmp_path)

@@ -79,3 +79,21 @@ def test_orphaned_when_the_supervisor_or_the_parent_is_gone():
     assert not signals.orphaned(os.getppid(), os.getpid())
     assert signals.orphaned(os.getppid() + 1 if os.getppid() > 1 else 2, os.getpid())  # another parent now
     assert signals.orphaned(os.getppid(), 2**30)  # past any pid_max: no such process
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on():
+    """What the run tests send a run that outlived its timeout (``tests/run/helpers.py``)."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, threading, time\n"
+            "from roles.signals import stacks_on_sigusr1\n"
+            "stacks_on_sigusr1()\n"
+            "threading.Thread(target=time.sleep, args=(5,), daemon=True, name='sleeper').start()\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "print('still here', flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "still here\n"
+    assert "Current thread 0x" in out.stderr and "\nThread 0x" in "\n" + out.stderr, out.stderr  # both

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,7 +83,7 @@ def running(*args: str, log: Path, env_extra: dict[str, str] | None = None,
     p = trinity(*args, log=log, env_extra=env_extra)
     try:
         yield p
-        p.wait(timeout=timeout)
+        wait_or_dump(p, log, timeout)
     finally:
         if p.poll() is None:
             p.kill()
@@ -93,11 +95,47 @@ def run_to_end(cfg: Path, log: Path, timeout: float = 900) -> tuple[int, str]:
     and output."""
     p = trinity("run", "--config", str(cfg), log=log)
     try:
-        p.wait(timeout=timeout)
+        wait_or_dump(p, log, timeout)
     finally:
         if p.poll() is None:
             p.kill()
     return p.returncode, log.read_text(errors="replace")
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc), parents first."""
+    children: dict[int, list[int]] = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        out.append(todo.pop(0))
+        todo += children.get(out[-1], [])
+    return out
+
+
+def wait_or_dump(p: subprocess.Popen, log: Path, timeout: float) -> None:
+    """Wait for ``p`` (a ``trinity`` command logging to ``log``); past ``timeout`` s, ask it and
+    every Python process below it for their stacks (SIGUSR1: ``roles.signals.stacks_on_sigusr1``),
+    kill it and fail with the log's end, so a hang seen once says where each process was."""
+    try:
+        p.wait(timeout=timeout)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in descendants(p.pid):
+        with contextlib.suppress(OSError):
+            if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]:
+                os.kill(pid, signal.SIGUSR1)
+    time.sleep(5)
+    p.kill()
+    p.wait()
+    raise AssertionError(f"{' '.join(map(str, p.args[2:]))} still running after {timeout:.0f} s, "
+                         f"killed; its log ends (stacks after SIGUSR1):\n{log.read_text(errors='replace')[-20000:]}")
 
 
 def steps_log(job: Path) -> list[dict[str, Any]]:
