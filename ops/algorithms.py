@@ -131,6 +131,12 @@ ALGORITHM_DEFAULTS: dict[str, _Defaults] = {
     "sppo": _Defaults("opmd", policy_loss_fn="sppo", **_NO_KL),
     "asymre": _Defaults("asymre", policy_loss_fn="opmd", **_NO_KL),
     "cispo": _Defaults("grpo", policy_loss_fn="cispo"),
+    # DAPO (arXiv:2503.14476): GRPO's advantage and PPO's loss without a KL term; its
+    # clip-higher, token-level loss, overlong shaping and dynamic sampling are set in the config
+    # (policy_loss_fn_args, math_dapo_reward, the dapo_dynamic_sampling operator)
+    "dapo": _Defaults("grpo", kl_loss_fn="none", repeat_times=16),
+    # M2PO: GRPO's advantage, its own loss (no clip; a second-moment token mask), no KL
+    "m2po": _Defaults("grpo", policy_loss_fn="m2po", repeat_times=8, **_NO_KL),
     "sapo": _Defaults("grpo", policy_loss_fn="sapo"),
     "opmd": _Defaults("opmd", policy_loss_fn="opmd"),
     "on_policy_distill": _Defaults(

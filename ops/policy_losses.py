@@ -48,11 +48,18 @@ POLICY_LOSS_DATA: tuple[str, ...] = (
     "expert_mask",
     "global_step",
     "part_weights",
+    "m2po_mask",
 )
 
 #: Policy losses whose parts (RL rows, expert rows) are each averaged over the whole
 #: mini-batch's rows of that part: the trainer passes them ``part_weights`` per micro-batch.
 PART_WEIGHTED: frozenset[str] = frozenset({"mix", "mix_chord"})
+#: Policy losses that train on a token mask chosen once over the whole mini-batch, from the
+#: current policy's log-probs before its update: the trainer passes it as ``m2po_mask``
+#: (:func:`m2po_token_mask`; chosen per micro-batch it would depend on how rows were split).
+MINI_BATCH_MASKED: frozenset[str] = frozenset({"m2po"})
+#: M2PO's bound on the mean squared log-ratio (the paper's default).
+M2_THRESHOLD = 0.04
 
 
 def _f(x: Tensor) -> float:
@@ -255,6 +262,86 @@ def sapo_policy_loss(
         "pos_adv_frac": _f(masked_mean((advantages > 0).float(), action_mask)),
     }
     return loss, metrics
+
+
+def m2po_token_mask(log_ratio: Tensor, action_mask: Tensor, advantages: Tensor,
+                    m2_threshold: float = M2_THRESHOLD) -> tuple[Tensor, Metrics]:
+    """M2PO's token mask (Algorithm 1 of "M2PO", ICLR 2026, openreview IIgl5MWelz).
+
+    Only tokens in PPO's active quadrants are constrained (``A > 0`` and ``r > 1``, or
+    ``A < 0`` and ``r < 1``: where a clip would bite); among them the ones with the largest
+    second moment ``log(r)^2`` leave the loss until the mean second moment of those left is at
+    most ``m2_threshold``. Every other token stays. Sorting once is the paper's loop of
+    "drop the largest until the mean fits": the kept set is the longest prefix of the
+    ascending order whose running mean fits. Metrics: ``m2po/m2_before`` and ``m2_after``
+    (the constrained tokens' mean second moment), ``masked_fraction`` and
+    ``trust_region_fraction`` (of the counted tokens)."""
+    if not math.isfinite(m2_threshold) or m2_threshold < 0:
+        raise ValueError(f"m2_threshold must be finite and non-negative, got {m2_threshold}")
+    valid = action_mask.bool()
+    lr, adv = log_ratio.detach().float(), advantages.detach()
+    if bool((~torch.isfinite(lr[valid])).any()):
+        raise ValueError("m2po: a non-finite log-ratio among the counted tokens")
+    active = valid & (((adv > 0) & (lr > 0)) | ((adv < 0) & (lr < 0)))
+    index = torch.nonzero(active.reshape(-1)).squeeze(-1)
+    m2 = lr.square().reshape(-1)[index]
+    before = float(m2.mean()) if m2.numel() else 0.0
+    keep = torch.ones_like(m2, dtype=torch.bool)
+    if m2.numel() and before > m2_threshold:
+        ordered, order = torch.sort(m2, stable=True)
+        running = torch.cumsum(ordered, 0) / torch.arange(1, m2.numel() + 1, dtype=ordered.dtype)
+        keep[order[int((running <= m2_threshold).sum()):]] = False
+    mask = valid.clone().reshape(-1)
+    mask[index[~keep]] = False
+    n = max(int(valid.sum()), 1)
+    return mask.view_as(valid), {
+        "m2po/m2_before": before,
+        "m2po/m2_after": float(m2[keep].mean()) if bool(keep.any()) else 0.0,
+        "m2po/masked_fraction": int((~keep).sum()) / n,
+        "m2po/trust_region_fraction": m2.numel() / n,
+    }
+
+
+@register("policy_loss_fn", "m2po")
+def m2po_policy_loss(
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor,
+    *,
+    ref_logprob: Tensor | None = None,
+    expert_mask: Tensor | None = None,
+    global_step: int = 0,
+    m2po_mask: Tensor | None = None,
+    m2_threshold: float = M2_THRESHOLD,
+    log_ratio_clip: float = 20.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, Metrics]:
+    """M2PO (second-moment trust policy optimisation, ICLR 2026): ``l_t = -A r`` unclipped, on
+    the tokens ``m2po_mask`` keeps (:func:`m2po_token_mask`), averaged over *every* counted token
+    (the paper's footnote 2: a masked token still counts in the denominator).
+
+    Why no clip: stale rollouts (an explorer steps ahead) make many ratios leave PPO's band, and
+    clipping drops all of them; M2PO drops only the few outliers that carry the second moment.
+    ``m2po_mask``: the trainer passes the mask chosen over the whole mini-batch; None chooses it
+    over the rows given here. The log-ratio is clamped to ``log_ratio_clip`` in value only
+    (the gradient stays that of the unclamped ratio), as upstream's. Upstream requires the
+    rollout engine's log-probs as the old ones (``algorithm.bypass_old_logprobs: true``; the
+    config check refuses ``false``) and ``loss_agg_mode: token-mean``."""
+    if loss_agg_mode != "token-mean":
+        raise ValueError(f"m2po needs loss_agg_mode token-mean (the paper's denominator), got {loss_agg_mode!r}")
+    if not math.isfinite(log_ratio_clip) or log_ratio_clip <= 0:
+        raise ValueError(f"log_ratio_clip must be finite and positive, got {log_ratio_clip}")
+    log_ratio = logprob - old_logprob.detach()
+    metrics: Metrics = {}
+    if m2po_mask is None:
+        m2po_mask, metrics = m2po_token_mask(log_ratio, action_mask, advantages, m2_threshold)
+    stable = log_ratio + (log_ratio.clamp(-log_ratio_clip, log_ratio_clip) - log_ratio).detach()
+    ratio = stable.exp()
+    tokens = torch.where(m2po_mask.bool(), -advantages * ratio, torch.zeros_like(ratio))
+    loss = aggregate_loss(tokens, action_mask, loss_agg_mode)
+    return loss, {"pg_loss": _f(loss), "ppo_kl": _f(masked_mean(-stable, action_mask)),
+                  "ratio_mean": _f(masked_mean(ratio, action_mask)), **metrics}
 
 
 @register("policy_loss_fn", "importance_sampling")

@@ -45,6 +45,10 @@ def resolve_algorithm(cfg: TrinityConfig, sources: dict[str, str]) -> list[str]:
         if getattr(alg, f) is None or (f == "repeat_times" and value != alg.repeat_times):
             setattr(alg, f, value)
             sources[f"algorithm.{f}"] = DERIVED
+    if spec.policy_loss_fn == "m2po" and not alg.bypass_old_logprobs:
+        return ["algorithm.bypass_old_logprobs: false; policy_loss_fn 'm2po' takes the rollout engine's "
+                "log-probs as the old ones (its second moment is of the behaviour policy's ratio), as "
+                "Trinity-RFT's does: set it true or leave it unset"]
     if spec.use_teacher and not cfg.explorer.auxiliary_models and MODES[cfg.mode].makes_experience:
         return [f"explorer.auxiliary_models: algorithm {alg.algorithm_type!r} (advantage_fn {spec.advantage_fn!r}) "
                 "learns from a teacher's log-probs of the student's samples: list the teacher as "

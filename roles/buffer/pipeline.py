@@ -161,6 +161,35 @@ def invalid_reward_filter(group: ExperienceGroup) -> ExperienceGroup | None:
     return group if group.experiences else None
 
 
+def dapo_dynamic_sampling(group: ExperienceGroup, *, metric_key: str = "accuracy",
+                          correct_threshold: float = 0.0) -> ExperienceGroup | None:
+    """Trinity-RFT's ``dapo_dynamic_sampling`` (DAPO, arXiv:2503.14476 sec. 3.2): keep a group
+    only when some but not all of its rollouts are correct, correct meaning the rollout's
+    ``info[metric_key]`` (else its reward) is above ``correct_threshold``. Why the outcome and
+    not the reward: DAPO's reward adds a length penalty, which would make an all-correct group
+    look mixed. A group of one goes too. As upstream's, it only drops: the batch is then
+    smaller (``drop_equal_reward_groups`` with ``fill`` runs more tasks instead, as the paper's
+    sampler does)."""
+    def correct(e: Any) -> bool:
+        score = e.info.get(metric_key, e.reward)
+        if score is None:
+            raise ValueError(f"dapo_dynamic_sampling: experience {e.id} has no {metric_key!r} in its info and no reward")
+        return float(score) > correct_threshold
+
+    n = sum(correct(e) for e in group.experiences)
+    return group if len(group.experiences) >= 2 and 0 < n < len(group.experiences) else None
+
+
+def mask_response_truncated(group: ExperienceGroup) -> ExperienceGroup:
+    """Trinity-RFT's ``mask_response_truncated`` (DAPO's overlong filtering, sec. 3.4): a
+    response cut at ``max_tokens`` stays in its group (its reward still counts in the group's
+    baseline) but none of its tokens is trained on. ``drop_truncated`` removes it instead."""
+    for e in group.experiences:
+        if e.response_truncated:
+            e.action_mask = np.zeros(e.response_length, dtype=bool)
+    return group
+
+
 def drop_truncated(group: ExperienceGroup) -> ExperienceGroup | None:
     """Drop experiences whose response was cut at max_tokens (their reward is unreliable)."""
     group.experiences = [e for e in group.experiences if not e.response_truncated]
@@ -219,6 +248,8 @@ OPERATORS: dict[str, Callable[..., ExperienceGroup | None]] = {
     "invalid_reward_filter": invalid_reward_filter,
     "drop_equal_reward_groups": drop_equal_reward_groups,
     "drop_truncated": drop_truncated,
+    "dapo_dynamic_sampling": dapo_dynamic_sampling,
+    "mask_response_truncated": mask_response_truncated,
 }
 
 

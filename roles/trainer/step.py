@@ -20,7 +20,7 @@ from ops.algorithms import AlgorithmSpec, hyperparameters
 from ops.entropy import ENTROPY_DATA
 from ops.kl import kl_loss, kl_penalty
 from ops.logits import entropy_from_logits, logprobs_from_logits
-from ops.policy_losses import PART_WEIGHTED
+from ops.policy_losses import M2_THRESHOLD, MINI_BATCH_MASKED, PART_WEIGHTED, m2po_token_mask
 from schemas.data import Experience
 
 from .batch import Batch, collate, micro_batches, padding_fraction, per_micro_batch
@@ -145,6 +145,19 @@ class StepRunner:
             for _ in range(fillers):
                 token_logprobs(self.engine, batch.select(self._filler(batch, mbs)), self.temperature, True, False)
         return (lp_all, ent_all) if dp is None else (dp.sum_tensor(lp_all), dp.sum_tensor(ent_all))
+
+    def _m2po_mask(self, batch: Batch, rows: list[int], mbs: list[list[int]], dp: Any,
+                   fillers: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """M2PO's token mask over the whole mini-batch ``rows`` (B x T, every rank the same),
+        from the policy's log-probs now, before this update: one more forward of its rows."""
+        now = self._batch_logprobs(self.engine, batch, mbs, dp, fillers)
+        old = torch.where(batch.has_old.unsqueeze(-1), batch.old_logprob, now)
+        idx = torch.as_tensor(rows)
+        threshold = float(self.spec.policy_loss_fn_args.get("m2_threshold", M2_THRESHOLD))
+        part, metrics = m2po_token_mask((now - old)[idx], batch.action_mask[idx], batch.advantages[idx], threshold)
+        mask = torch.zeros_like(batch.action_mask, dtype=torch.bool)
+        mask[idx] = part
+        return mask, metrics
 
     def _filler(self, batch: Batch, mbs: list[list[int]]) -> list[int]:
         """Rows to run a weightless micro-batch on (any will do: its loss is multiplied by 0)."""
@@ -283,6 +296,11 @@ class StepRunner:
         sums: dict[str, float] = defaultdict(float)
         filler = self._filler(batch, mbs)
         experts = int(batch.expert_mask[torch.as_tensor(rows)].sum())
+        chosen = None
+        if self.spec.policy_loss_fn in MINI_BATCH_MASKED:
+            chosen, mm = self._m2po_mask(batch, rows, mbs, dp, fillers)
+            for k, v in mm.items():  # the mini-batch's own figures: each rank's part of their sum
+                sums[k] += v / world
         for i in range(n_mb):
             mb_rows = mbs[i] if i < len(mbs) else filler
             mb = batch.select(mb_rows)
@@ -296,6 +314,8 @@ class StepRunner:
                 e = int(mb.expert_mask.sum())
                 parts["part_weights"] = ((len(mb_rows) - e) / max(len(rows) - experts, 1) / share,
                                          e / max(experts, 1) / share)
+            if chosen is not None:
+                parts["m2po_mask"] = chosen[torch.as_tensor(mb_rows)]
             loss, m = self.policy_fn(lp, old, mb.advantages, mask, ref_logprob=ref_lp, expert_mask=mb.expert_mask,
                                      global_step=step, **parts, **self.spec.policy_loss_fn_args)
             if ref_lp is not None and self.spec.kl_loss_fn != "none" and self.spec.policy_loss_fn != "dpo":

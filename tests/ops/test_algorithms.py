@@ -46,6 +46,9 @@ def test_every_seed_algorithm_type_resolves():
         ("opmd", "opmd", "opmd", "k2", "default", False, True, 2),
         ("on_policy_distill", "on_policy_distill", "ppo", "none", "none", False, False, 1),
         ("jsd", "jsd", "ppo", "none", "none", False, False, 1),
+        # newer upstream (agentscope-ai/Trinity-RFT main): DAPOAlgorithm, M2POAlgorithm
+        ("dapo", "grpo", "ppo", "none", "default", False, False, 2),
+        ("m2po", "grpo", "m2po", "none", "none", False, False, 2),
     ],
 )
 def test_defaults_follow_trinity(name, adv, loss, kl_loss, entropy, critic, ref, min_rep):
@@ -56,6 +59,7 @@ def test_defaults_follow_trinity(name, adv, loss, kl_loss, entropy, critic, ref,
 
 
 def test_specific_defaults():
+    assert (resolve("dapo").repeat_times, resolve("m2po").repeat_times) == (16, 8)
     assert resolve("gspo").loss_agg_mode == "seq-mean-token-mean"
     assert resolve("gspo").policy_loss_fn_args == {"loss_agg_mode": "seq-mean-token-mean"}
     assert resolve("mix_chord").sample_strategy == "mix"

@@ -479,3 +479,66 @@ def test_dpo_moves_probability_from_rejected_to_chosen():
         new = torch.log_softmax(logits - 1.0 * logits.grad, dim=-1)
     assert new[chosen] > logp[chosen]
     assert new[rejected] < logp[rejected]
+
+
+# ------------------------------------------------------------------ M2PO, checked by hand
+
+
+def test_m2po_mask_drops_the_largest_second_moments_until_the_mean_fits():
+    """Algorithm 1 of M2PO: log-ratios 0.1, 0.2, 0.3 with A > 0 are all in PPO's active
+    quadrant; their mean square (0.01 + 0.04 + 0.09) / 3 = 0.0467 > 0.04, so 0.3 goes and
+    (0.01 + 0.04) / 2 = 0.025 fits."""
+    from ops.policy_losses import m2po_token_mask
+
+    mask, m = m2po_token_mask(torch.tensor([[0.1, 0.2, 0.3]]), torch.ones(1, 3, dtype=torch.bool), torch.ones(1, 3))
+    assert mask.tolist() == [[True, True, False]]
+    assert m["m2po/m2_before"] == pytest.approx(0.14 / 3) and m["m2po/m2_after"] == pytest.approx(0.025)
+    assert m["m2po/masked_fraction"] == pytest.approx(1 / 3) and m["m2po/trust_region_fraction"] == 1.0
+    # only the quadrants where a clip would bite are constrained: r > 1 with A < 0 and r < 1
+    # with A > 0 stay however far the ratio is
+    mask, _ = m2po_token_mask(torch.tensor([[1.0, -1.0, 1.0, -1.0]]), torch.ones(1, 4, dtype=torch.bool),
+                              torch.tensor([[-1.0, 1.0, 1.0, -1.0]]), 0.1)
+    assert mask.tolist() == [[True, True, False, False]]
+    # a masked-out position (padding) is never kept, and never counted
+    mask, m = m2po_token_mask(torch.tensor([[0.1, 5.0]]), torch.tensor([[True, False]]), torch.ones(1, 2))
+    assert mask.tolist() == [[True, False]] and m["m2po/masked_fraction"] == 0.0
+    with pytest.raises(ValueError, match="m2_threshold"):
+        m2po_token_mask(torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), -0.1)
+
+
+def test_m2po_mask_is_the_papers_drop_the_largest_loop():
+    from ops.policy_losses import m2po_token_mask
+
+    for seed in range(10):
+        g = torch.Generator().manual_seed(seed)
+        lr, adv = 0.8 * torch.randn(4, 7, generator=g), torch.randn(4, 7, generator=g)
+        valid = torch.rand(4, 7, generator=g) > 0.2
+        expected = valid.clone().reshape(-1)
+        active = torch.nonzero((valid & (((adv > 0) & (lr > 0)) | ((adv < 0) & (lr < 0)))).reshape(-1)).squeeze(-1).tolist()
+        m2 = lr.square().reshape(-1)
+        while active and m2[active].mean() > 0.04:
+            largest = max(active, key=lambda i: m2[i])
+            expected[largest] = False
+            active.remove(largest)
+        assert m2po_token_mask(lr, valid, adv)[0].reshape(-1).tolist() == expected.tolist()
+
+
+def test_m2po_loss_counts_masked_tokens_in_the_denominator_and_gives_them_no_gradient():
+    """l = -A r on kept tokens, over every counted token: ratios 1 and e, the second masked:
+    loss = -(1 * 1 + 0) / 2 = -0.5, gradient -A r / 2 = -0.5 on the first token, 0 on the second."""
+    from ops.policy_losses import m2po_policy_loss
+
+    lp = torch.tensor([[0.0, 1.0]], requires_grad=True)
+    loss, m = m2po_policy_loss(lp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool),
+                               m2po_mask=torch.tensor([[True, False]]))
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.5) and m["pg_loss"] == pytest.approx(-0.5)
+    assert lp.grad.tolist() == [[-0.5, 0.0]]
+    # the log-ratio is clamped in value only: a ratio past e^20 keeps its gradient
+    big = torch.tensor([[25.0]], requires_grad=True)
+    loss, _ = m2po_policy_loss(big, torch.zeros(1, 1), -torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool),
+                               m2po_mask=torch.ones(1, 1, dtype=torch.bool))
+    loss.backward()
+    assert loss.item() == pytest.approx(math.exp(20.0), rel=1e-5) and big.grad.item() == pytest.approx(math.exp(20.0), rel=1e-5)
+    with pytest.raises(ValueError, match="token-mean"):
+        m2po_policy_loss(lp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), loss_agg_mode="seq-mean-token-mean")

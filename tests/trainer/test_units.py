@@ -114,6 +114,35 @@ def test_trinity_rft_reward_filters_keep_what_upstreams_keep():
     assert rewards(pipe(_group([0.0, 1.0, 1.0]))) == [1.0, 1.0]
 
 
+def test_dapo_dynamic_sampling_keeps_mixed_outcomes_and_mask_response_truncated_keeps_the_reward():
+    """Upstream's DAPO operators: a group stays when 0 < #correct < G, correct by the
+    outcome (``info["accuracy"]``, else the reward) above ``correct_threshold``, so a length
+    penalty on a correct answer does not make a group mixed; a truncated response stays in its
+    group with no token trained on."""
+    from roles.buffer.pipeline import dapo_dynamic_sampling, mask_response_truncated
+
+    g = _group([0.9, 0.7])  # both correct, one penalised for length: all correct, dropped
+    for e in g.experiences:
+        e.info["accuracy"] = 1.0
+    assert dapo_dynamic_sampling(g) is None
+    assert dapo_dynamic_sampling(_group([0.0, 0.0, 0.0])) is None  # all wrong
+    assert dapo_dynamic_sampling(_group([1.0])) is None  # a group of one
+    assert dapo_dynamic_sampling(_group([1.0, 0.0, -1.0])) is not None
+    assert dapo_dynamic_sampling(_group([1.0, 0.5]), correct_threshold=0.5) is not None  # 0.5 is not above
+    with pytest.raises(ValueError, match="no 'accuracy' in its info and no reward"):
+        dapo_dynamic_sampling(_group([1.0, None]))
+    g = _group([1.0, 0.0])
+    g.experiences[1].response_truncated = True
+    g = mask_response_truncated(g)
+    assert [e.action_mask.tolist() for e in g.experiences] == [[True] * 3, [False] * 4]
+    assert [e.reward for e in g.experiences] == [1.0, 0.0]
+    pipe = Pipeline.from_config([OperatorConfig(name="mask_response_truncated"),
+                                 OperatorConfig(name="dapo_dynamic_sampling")], resolve("dapo"))
+    out = pipe(g)
+    assert out is not None and float(abs(out.experiences[1].advantages).sum()) == 0.0
+    assert float(abs(out.experiences[0].advantages).sum()) > 0
+
+
 def test_pipeline_rejects_unknown_operator_and_args():
     with pytest.raises(ValueError, match=r"operators\[0\].name: unknown 'nope'"):
         Pipeline.from_config([OperatorConfig(name="nope")], None)

@@ -116,3 +116,35 @@ def test_rope_overrides_reach_the_trained_model_and_its_checkpoint(tmp_path, tin
 
     saved = AutoConfig.from_pretrained(ckpt.hf_dir(tr.job, tr.step))
     assert saved.rope_parameters["rope_theta"] == 5000.0
+
+
+@pytest.mark.slow
+def test_m2po_chooses_its_mask_over_the_whole_mini_batch_however_micro_batches_split_it(tmp_path, tiny_model):
+    """M2PO's mask is chosen once per update over all its rows (the paper sorts every token of
+    the mini-batch): one row per micro-batch and every row in one give the same mask, the same
+    loss and the same update; and rollouts a stale policy sampled get some tokens masked."""
+    from roles.trainer.main import Trainer
+
+    batch = _batch()
+    g = torch.Generator().manual_seed(0)
+    for e in batch:  # a behaviour policy off from the trainer's by up to +-0.6 nats a token
+        e.logprobs = e.logprobs + (torch.rand(len(e.logprobs), generator=g).numpy() - 0.5) * 1.2
+    runs = []
+    for name, mb in (("one", 1), ("all", 8)):
+        tr = Trainer(_cfg(tmp_path / name, tiny_model, algorithm={"algorithm_type": "m2po"},
+                          trainer={"use_dynamic_bsz": False, "micro_batch_size_per_gpu": mb}))
+        m = tr.train(batch, 1)
+        runs.append((m, {k: v.detach().clone() for k, v in tr.engine.model.state_dict().items()}))
+    (m1, w1), (m8, w8) = runs
+    assert m1["micro_batches"] == 8.0 and m8["micro_batches"] == 1.0
+    assert 0.0 < m1["m2po/masked_fraction"] < m1["m2po/trust_region_fraction"]
+    for k in ("m2po/masked_fraction", "m2po/m2_before", "m2po/m2_after", "loss"):
+        assert m1[k] == pytest.approx(m8[k], rel=1e-4, abs=1e-6), k
+    assert all(torch.allclose(w1[k], w8[k], atol=1e-5) for k in w1)
+
+
+def test_m2po_refuses_recomputed_old_logprobs(tmp_path, tiny_model):
+    from schemas.loader import ConfigError
+
+    with pytest.raises(ConfigError, match="algorithm.bypass_old_logprobs: false; policy_loss_fn 'm2po'"):
+        _cfg(tmp_path, tiny_model, algorithm={"algorithm_type": "m2po", "bypass_old_logprobs": False})
