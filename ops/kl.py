@@ -9,6 +9,7 @@ Per-token estimators (Schulman, "Approximating KL divergence", 2020), with
 - ``low_var_kl``: ``k3`` with ``log r`` clamped to [-20, 20] and the result to [-10, 10]
   (verl's guard against a single runaway token),
 - ``abs``: ``|log r|``,
+- ``corrected_k3``: ``k3`` times ``pi / pi_old`` clamped to [0, 2] (the loss term only),
 - ``none``: 0.
 
 Tensors are ``B x T`` log-probs of the sampled tokens; ``action_mask`` marks counted tokens.
@@ -69,6 +70,22 @@ def kl_low_var(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
 def kl_abs(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
     """``|log pi - log ref|``."""
     return (logprob - ref_logprob).abs()
+
+
+@register("kl_fn", "corrected_k3")
+def kl_corrected_k3(logprob: Tensor, ref_logprob: Tensor, old_logprob: Tensor | None = None) -> Tensor:
+    """``k3`` times the importance ratio ``pi / pi_old`` clamped to [0, 2] (Trinity-RFT's
+    ``corrected_k3``): ``k3`` estimates KL(pi || ref) only on tokens sampled from ``pi``, and a
+    stale rollout's tokens were sampled from ``pi_old``. The ratio keeps its gradient, as
+    upstream's. Without ``old_logprob`` (the reward penalty, where ``pi`` is ``pi_old``): ``k3``."""
+    k3 = kl_k3(logprob, ref_logprob)
+    if old_logprob is None:
+        return k3
+    return (logprob - old_logprob).exp().clamp(0.0, 2.0) * k3
+
+
+#: KL functions that also take the rollout policy's log-probs (``old_logprob``).
+NEEDS_OLD: frozenset[str] = frozenset({"corrected_k3"})
 
 
 def _kl_fn(kl_fn: str | KLFn) -> KLFn:
@@ -162,8 +179,10 @@ def kl_loss(
     adaptive: bool = False,
     target_kl: float | None = None,
     horizon: float | None = None,
+    old_logprob: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """KL as a loss term (GRPO): ``kl_coef * aggregate(KL_t)``, to add to the policy loss.
+    ``old_logprob`` (the rollout policy's) goes to the functions of :data:`NEEDS_OLD`.
 
     Metrics: ``kl_loss`` (the aggregated KL before the coefficient), ``kl_coef``,
     ``next_kl_coef``.
@@ -171,7 +190,8 @@ def kl_loss(
     _check_adaptive(adaptive, target_kl, horizon)
     if _is_none(kl_fn):
         return logprob.new_zeros(()), {}
-    kl = _kl_fn(kl_fn)(logprob, ref_logprob)
+    extra = {"old_logprob": old_logprob} if kl_fn in NEEDS_OLD else {}
+    kl = _kl_fn(kl_fn)(logprob, ref_logprob, **extra)
     value = aggregate_loss(kl, action_mask, loss_agg_mode)
     current = float(value.detach())
     metrics = _coef_metrics(kl_coef, current, logprob.shape[0], adaptive, target_kl, horizon)

@@ -576,6 +576,50 @@ def sft_loss(
     return loss, {"sft_loss": _f(loss)}
 
 
+@register("policy_loss_fn", "sft_is")
+def sft_is_loss(
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor,
+    *,
+    ref_logprob: Tensor | None = None,
+    expert_mask: Tensor | None = None,
+    global_step: int = 0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, Metrics]:
+    """SFT with each token weighted by the policy's own ``sg(p)`` (Trinity-RFT's ``sft_is``,
+    from CHORD): ``l_t = -sg(p_t) log p_t``, the importance weight of a demonstration token
+    under the policy, so tokens the policy finds unlikely pull less."""
+    loss = aggregate_loss(-logprob * logprob.detach().exp(), action_mask, loss_agg_mode)
+    return loss, {"sft_is_loss": _f(loss)}
+
+
+@register("policy_loss_fn", "sft_phi")
+def sft_phi_loss(
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor,
+    *,
+    ref_logprob: Tensor | None = None,
+    expert_mask: Tensor | None = None,
+    global_step: int = 0,
+    loss_agg_mode: str = "token-mean",
+    cutoff_prob: float = 1.0,
+) -> tuple[Tensor, Metrics]:
+    """SFT weighted by CHORD's ``phi = sg(p (1 - p))`` (Trinity-RFT's ``sft_phi``): tokens the
+    policy is already sure of, or finds hopeless, pull least. With ``cutoff_prob`` < 1 a token
+    whose probability is above it gets no gradient (``log p`` clamped at ``log cutoff_prob``;
+    ``phi`` is the unclamped one's), as upstream's."""
+    if not 0.0 < cutoff_prob <= 1.0:
+        raise ValueError(f"cutoff_prob must be in (0, 1], got {cutoff_prob}")
+    p = logprob.detach().exp()
+    clamped = logprob.clamp(max=math.log(cutoff_prob)) if cutoff_prob < 1.0 else logprob
+    loss = aggregate_loss(-clamped * p * (1.0 - p), action_mask, loss_agg_mode)
+    return loss, {"sft_phi_loss": _f(loss)}
+
+
 @register("policy_loss_fn", "dpo")
 def dpo_loss(
     logprob: Tensor,

@@ -311,6 +311,101 @@ def overlong_penalty(length: int | None, penalty_factor: float | None, max_respo
     return (expected - length) / cache_length * penalty_factor
 
 
+# ------------------------------------------------------------------- RLCR
+
+#: RLCR's reward parts and the weights Trinity-RFT's ``rlcr_reward`` defaults to (its example's).
+RLCR_WEIGHTS: dict[str, float] = {"format": 0.5, "accuracy": 0.5, "brier": 0.5, "mean_confidence": 1e-5,
+                                  "confidence_one_or_zero": 1e-5}
+_RLCR_TAG = re.compile(r"</?(think|answer|analysis|confidence)>")
+_RLCR_ORDER = [f"<{t}>" if i % 2 == 0 else f"</{t}>"
+               for t in ("think", "answer", "analysis", "confidence") for i in range(2)]
+
+
+def _unit_number(text: str) -> float | None:
+    """``text`` as a finite number in [0, 1]; None when it is not one."""
+    try:
+        value = float(text.strip())
+    except (ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
+
+
+def rlcr_ending(response: str) -> tuple[str, float] | None:
+    """The answer and confidence of a response in RLCR's format, None when it is not: the reply
+    ends with ``<think>..</think><answer>..</answer><analysis>..</analysis><confidence>q</confidence>``
+    (only whitespace between those four and after the last), every one of the four tags in the
+    whole reply is closed before the next opens, and ``q`` is a number in [0, 1]."""
+    tags = list(_RLCR_TAG.finditer(response))
+    inside = None
+    for tag in tags:
+        if tag.group(0).startswith("</"):
+            if inside != tag.group(1):
+                return None
+            inside = None
+        elif inside is not None:
+            return None
+        else:
+            inside = tag.group(1)
+    last = tags[-8:]
+    if inside is not None or [t.group(0) for t in last] != _RLCR_ORDER:
+        return None
+    gaps = [response[last[i].end():last[i + 1].start()] for i in (1, 3, 5)] + [response[last[7].end():]]
+    confidence = _unit_number(response[last[6].end():last[7].start()])
+    if any(g.strip() for g in gaps) or confidence is None:
+        return None
+    return response[last[2].end():last[3].start()], confidence
+
+
+def last_confidence(response: str) -> float | None:
+    """The number in the reply's last ``<confidence>..</confidence>``, whatever the rest of its
+    format: what RLCR's confidence statistics read."""
+    start, end = response.rfind("<confidence>"), response.rfind("</confidence>")
+    if start < 0 or end < start:
+        return None
+    payload = response[start + len("<confidence>"):end]
+    return None if _RLCR_TAG.search(payload) else _unit_number(payload)
+
+
+@register("reward_fn", "rlcr_reward")
+def rlcr_reward(
+    response: str,
+    truth: Any = None,
+    *,
+    prompt: str | None = None,
+    weights: dict[str, float] | None = None,
+) -> dict[str, float]:
+    """RLCR (Damani et al. 2025, "Beyond Binary Rewards", arXiv:2507.16806), as Trinity-RFT's
+    main branch scores it: the model answers, then states its confidence ``q`` that the answer
+    is right, and is paid for being right *and* for being calibrated.
+
+    Parts, each already multiplied by its weight (``weights``: all five names, or none for
+    :data:`RLCR_WEIGHTS`): ``format`` 1 when :func:`rlcr_ending` reads the reply; ``accuracy``
+    1 when its answer matches the truth (``answers_match``; a ``\\boxed{}`` in it is unwrapped);
+    ``brier`` ``1 - (accuracy - q)^2`` (the Brier score turned into a reward: a proper scoring
+    rule, so stating the true chance of being right pays most); both 0 when the format fails.
+    ``mean_confidence`` and ``confidence_one_or_zero`` (the last stated ``q``, and whether it is
+    within 0.01 of 0 or 1) are statistics to watch, weighted near 0 by default. The workflow
+    sums the parts into the reward; ``accuracy`` is the weighted one, as upstream logs it."""
+    w = dict(RLCR_WEIGHTS) if weights is None else weights
+    if set(w) != set(RLCR_WEIGHTS):
+        raise ValueError(f"rlcr_reward: weights must name exactly {', '.join(RLCR_WEIGHTS)}; missing "
+                         f"{sorted(set(RLCR_WEIGHTS) - set(w))}, unknown {sorted(set(w) - set(RLCR_WEIGHTS))}")
+    bad = [k for k, v in w.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"rlcr_reward: weights {bad} must be finite numbers")
+    stated = last_confidence(response)
+    ending = rlcr_ending(response)
+    right = brier = 0.0
+    if ending is not None and truth is not None:
+        answer, q = ending
+        right = float(answers_match(extract_boxed_answer(answer) or answer.strip(), extract_ground_truth(str(truth))))
+        brier = 1.0 - (right - q) ** 2
+    parts = {"format": float(ending is not None), "accuracy": right, "brier": brier,
+             "mean_confidence": stated if stated is not None else 0.0,
+             "confidence_one_or_zero": float(stated is not None and (stated < 0.01 or stated > 0.99))}
+    return {k: float(w[k]) * v for k, v in parts.items()}
+
+
 # ------------------------------------------------------------------- countdown
 
 _BINARY_OPS: dict[type[ast.operator], Callable[[float, float], float]] = {

@@ -186,6 +186,21 @@ EXAMPLES: dict[str, str] = {
         LOADS,
     'test_template_dir/template/config.yaml':
         LOADS,
+    # upstream's main branch after 0.5.2 (tests/upstream/main/README.md names each file's commit)
+    'main/examples/dapo_math/dapo.yaml':
+        LOADS,
+    'main/examples/gigpo_alfworld/gigpo.yaml':
+        "config: algorithm.algorithm_type: unknown 'gigpo'",
+    'main/examples/grpo_intercode_sql/intercode_sql.yaml':
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'intercode_sql_workflow' (Trinity-RFT's) is not available here: runs each episode's SQL in a Docker container (its image_name, docker-env-sql) against InterCode's Spider databases: needs Docker",
+    'main/examples/gspo_gsm8k/gsm8k.yaml':
+        LOADS,
+    'main/examples/m2po_gsm8k/explorer.yaml':
+        LOADS,
+    'main/examples/m2po_gsm8k/trainer.yaml':
+        LOADS,
+    'main/examples/rlcr_math/rlcr_math.yaml':
+        LOADS,
 }
 
 
@@ -244,8 +259,10 @@ def render() -> str:
         lines.append("")
     loads = sum(v == LOADS for v in EXAMPLES.values())
     lines += ["## Example configs", "",
-              f"Upstream's `examples/` and its test template, unchanged, with models and data pointed at local "
-              f"copies (`tests/upstream/test_upstream_configs.py`): **{loads} of {len(EXAMPLES)} load** "
+              f"Upstream's `examples/` and its test template at `{UPSTREAM_COMMIT[:7]}`, and seven newer configs "
+              "from its main branch (`main/`: DAPO, M2PO, RLCR, GiGPO, InterCode-SQL, GSPO; "
+              "`tests/upstream/main/README.md` names each file's commit), unchanged, with models and data pointed "
+              f"at local copies (`tests/upstream/test_upstream_configs.py`): **{loads} of {len(EXAMPLES)} load** "
               "with `trinity config` and plan with `trinity run --plan`.", "",
               "| config | here |", "|---|---|"]
     lines += [f"| `{k}` | {example_cell(k, v)} |" for k, v in EXAMPLES.items()]

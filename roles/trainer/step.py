@@ -319,7 +319,7 @@ class StepRunner:
             loss, m = self.policy_fn(lp, old, mb.advantages, mask, ref_logprob=ref_lp, expert_mask=mb.expert_mask,
                                      global_step=step, **parts, **self.spec.policy_loss_fn_args)
             if ref_lp is not None and self.spec.kl_loss_fn != "none" and self.spec.policy_loss_fn != "dpo":
-                kl, km = kl_loss(lp, ref_lp, mask, kl_fn=self.spec.kl_loss_fn, **self.spec.kl_loss_fn_args)
+                kl, km = kl_loss(lp, ref_lp, mask, kl_fn=self.spec.kl_loss_fn, old_logprob=old, **self.spec.kl_loss_fn_args)
                 loss = loss + kl
                 m.update(km)
             if ent is not None and self.spec.entropy_loss_fn != "none":

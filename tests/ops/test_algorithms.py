@@ -128,7 +128,7 @@ def test_derived_requirements_follow_the_parts():
         ({"algorithm_type": "grpoo"}, r"algorithm_type.*valid names: ppo, grpo"),
         ({"advantage_fn": "gpro"}, r"algorithm.advantage_fn: unknown advantage_fn 'gpro'.*grpo"),
         ({"policy_loss_fn": "ppo2"}, r"algorithm.policy_loss_fn.*valid names: .*gspo"),
-        ({"kl_loss_fn": "k4"}, r"algorithm.kl_loss_fn.*valid names: abs, k1, k2, k3"),
+        ({"kl_loss_fn": "k4"}, r"algorithm.kl_loss_fn.*valid names: abs, corrected_k3, k1, k2, k3"),
         ({"kl_penalty_fn": "kl"}, r"algorithm.kl_penalty_fn"),
         ({"entropy_loss_fn": "max"}, r"algorithm.entropy_loss_fn.*default, mix, none"),
         ({"loss_agg_mode": "mean"}, r"algorithm.loss_agg_mode.*token-mean"),

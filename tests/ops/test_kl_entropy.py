@@ -55,8 +55,8 @@ def test_low_var_kl_is_clamped_and_k3_is_not():
 
 
 def test_kl_registry_lists_names():
-    assert names("kl_fn") == ["abs", "k1", "k2", "k3", "low_var_kl", "none"]
-    with pytest.raises(ValueError, match="abs, k1, k2, k3, low_var_kl, none"):
+    assert names("kl_fn") == ["abs", "corrected_k3", "k1", "k2", "k3", "low_var_kl", "none"]
+    with pytest.raises(ValueError, match="abs, corrected_k3, k1, k2, k3, low_var_kl, none"):
         get("kl_fn", "k4")
 
 
@@ -158,3 +158,18 @@ def test_entropy_bonus_sign_and_modes():
             ent, torch.zeros(2, 3), expert_mask=torch.tensor([False, False]), entropy_coef=1.0
         )
         assert term.item() == 0.0
+
+
+def test_corrected_k3_is_k3_times_the_clamped_importance_ratio():
+    """Trinity-RFT's corrected_k3 by hand: log pi = -1, log ref = -1.5, so k3 = e^-0.5 - 1 + 0.5;
+    the rollout's log pi_old = -1.2 gives ratio e^0.2, and -2 would give e^1 = 2.72, clamped to 2.
+    In the loss it needs old_logprob (kl_loss passes it); without it, as in the reward
+    penalty, it is k3."""
+    lp, ref = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.5, -1.5]])
+    k3 = math.exp(-0.5) - 1 + 0.5
+    out = get("kl_fn", "corrected_k3")(lp, ref, old_logprob=torch.tensor([[-1.2, -2.0]]))
+    assert out[0].tolist() == pytest.approx([math.exp(0.2) * k3, 2.0 * k3])
+    assert get("kl_fn", "corrected_k3")(lp, ref)[0].tolist() == pytest.approx([k3, k3])
+    loss, m = kl_loss(lp, ref, torch.ones(1, 2), kl_fn="corrected_k3", kl_coef=1.0,
+                      old_logprob=torch.tensor([[-1.2, -2.0]]))
+    assert loss.item() == pytest.approx((math.exp(0.2) + 2.0) * k3 / 2) and m["kl_loss"] == pytest.approx(loss.item())

@@ -411,7 +411,7 @@ def test_padding_values_do_not_leak(name):
 
 # --------------------------------------------------------------------- gradient signs
 
-RL_LOSSES = [n for n in names("policy_loss_fn") if n not in ("sft", "dpo", "mix", "mix_chord")]
+RL_LOSSES = [n for n in names("policy_loss_fn") if n not in ("sft", "sft_is", "sft_phi", "dpo", "mix", "mix_chord")]
 
 
 def _step_logprob(name, advantage, token=2, lr=0.5, old_offset=0.0, **extra):
@@ -453,9 +453,9 @@ def test_ppo_clipped_token_gets_no_gradient():
     assert after == pytest.approx(before)
 
 
-@pytest.mark.parametrize("name", ["sft", "mix", "mix_chord"])
+@pytest.mark.parametrize("name", ["sft", "sft_is", "sft_phi", "mix", "mix_chord"])
 def test_supervised_parts_raise_the_demonstrated_token(name):
-    extra = {"expert_mask": torch.tensor([True])} if name != "sft" else {}
+    extra = {"expert_mask": torch.tensor([True])} if name.startswith("mix") else {}
     before, after = _step_logprob(name, 0.0, **extra)
     assert after > before
 
@@ -542,3 +542,27 @@ def test_m2po_loss_counts_masked_tokens_in_the_denominator_and_gives_them_no_gra
     assert loss.item() == pytest.approx(math.exp(20.0), rel=1e-5) and big.grad.item() == pytest.approx(math.exp(20.0), rel=1e-5)
     with pytest.raises(ValueError, match="token-mean"):
         m2po_policy_loss(lp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), loss_agg_mode="seq-mean-token-mean")
+
+
+def test_sft_is_and_sft_phi_weight_each_token_by_hand():
+    """Probabilities 0.5 and 0.9: sft_is = -(0.5 ln 0.5 + 0.9 ln 0.9) / 2; sft_phi weights by
+    p (1 - p) = 0.25 and 0.09; with cutoff_prob 0.8 the 0.9 token gets no gradient."""
+    from ops.policy_losses import sft_is_loss, sft_phi_loss
+
+    p = torch.tensor([[0.5, 0.9]])
+    mask = torch.ones(1, 2)
+    lp = p.log().requires_grad_(True)
+    loss, m = sft_is_loss(lp, lp.detach(), torch.zeros(1, 2), mask)
+    assert loss.item() == pytest.approx(-(0.5 * math.log(0.5) + 0.9 * math.log(0.9)) / 2)
+    loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([-0.25, -0.45]) and m["sft_is_loss"] == pytest.approx(loss.item())
+    lp = p.log().requires_grad_(True)
+    loss, _ = sft_phi_loss(lp, lp.detach(), torch.zeros(1, 2), mask)
+    assert loss.item() == pytest.approx(-(0.25 * math.log(0.5) + 0.09 * math.log(0.9)) / 2)
+    lp = p.log().requires_grad_(True)
+    loss, _ = sft_phi_loss(lp, lp.detach(), torch.zeros(1, 2), mask, cutoff_prob=0.8)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(0.25 * math.log(0.5) + 0.09 * math.log(0.8)) / 2)
+    assert lp.grad[0].tolist() == pytest.approx([-0.125, 0.0])
+    with pytest.raises(ValueError, match="cutoff_prob"):
+        sft_phi_loss(lp, lp.detach(), torch.zeros(1, 2), mask, cutoff_prob=0.0)

@@ -154,3 +154,33 @@ def test_math_dapo_reward_by_the_papers_overlong_shaping():
         math_dapo_reward("x", "5", response_length=3, **{**args, "cache_length": 20})
     with pytest.raises(ValueError, match="needs penalty_factor"):
         math_dapo_reward("x", "5", response_length=3, enable_overlong_penalty=True)
+
+
+def test_rlcr_reward_pays_for_being_right_and_for_being_calibrated():
+    """By hand, upstream's default weights (0.5 format, 0.5 accuracy, 0.5 Brier): right at
+    q = 0.8 earns 0.5 + 0.5 + 0.5 (1 - 0.2^2) = 1.48; wrong at 0.8 earns 0.5 + 0 + 0.5 (1 - 0.8^2)
+    = 0.68, wrong at 0.1 earns 0.5 + 0.5 (1 - 0.01) = 0.995: owning up to a doubt pays."""
+    from ops.rewards import rlcr_reward
+
+    def reply(answer: str, q: str, tail: str = "") -> str:
+        return f"<think>2 + 3</think>\n<answer>{answer}</answer> <analysis>checked</analysis><confidence>{q}</confidence>{tail}"
+
+    total = lambda r: sum(v for k, v in r.items() if k in ("format", "accuracy", "brier"))  # noqa: E731
+    assert total(rlcr_reward(reply("5", "0.8"), "#### 5")) == pytest.approx(1.48)
+    assert total(rlcr_reward(reply("\\boxed{5}", "0.8"), "5")) == pytest.approx(1.48)
+    assert total(rlcr_reward(reply("6", "0.8"), "5")) == pytest.approx(0.68)
+    assert total(rlcr_reward(reply("6", "0.1"), "5")) == pytest.approx(0.995)
+    r = rlcr_reward(reply("5", "1"), "5")
+    assert r["mean_confidence"] == pytest.approx(1e-5) and r["confidence_one_or_zero"] == pytest.approx(1e-5)
+    # the format: the four tags last, in order, only whitespace between and after, q in [0, 1]
+    for broken in (reply("5", "0.8", " thanks"), reply("5", "1.5"), reply("5", "nan"),
+                   "<answer>5</answer><confidence>0.8</confidence>",
+                   "<think><answer>5</answer></think><answer>5</answer><analysis>a</analysis><confidence>0.8</confidence>"):
+        r = rlcr_reward(broken, "5")
+        assert (r["format"], r["accuracy"], r["brier"]) == (0.0, 0.0, 0.0), broken
+    assert rlcr_reward("<answer>5</answer><confidence>0.3</confidence>", "5")["mean_confidence"] == pytest.approx(3e-6)
+    weights = {"format": 0.0, "accuracy": 1.0, "brier": 1.0, "mean_confidence": 0.0, "confidence_one_or_zero": 0.0}
+    assert rlcr_reward(reply("5", "0.5"), "5", weights=weights) == pytest.approx(
+        {"format": 0.0, "accuracy": 1.0, "brier": 0.75, "mean_confidence": 0.0, "confidence_one_or_zero": 0.0})
+    with pytest.raises(ValueError, match=r"missing \['confidence_one_or_zero'\], unknown \['calibration'\]"):
+        rlcr_reward("x", "5", weights={**{k: 1.0 for k in weights if k != "confidence_one_or_zero"}, "calibration": 1.0})

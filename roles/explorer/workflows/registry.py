@@ -67,6 +67,8 @@ REFUSED: dict[str, str] = {
     "as_react_workflow": AGENTSCOPE,
     "agentscope_react_math_workflow": AGENTSCOPE,
     "agentscope_v1_react_search_workflow": AGENTSCOPE + "; and a web search API",
+    "intercode_sql_workflow": "runs each episode's SQL in a Docker container (its image_name, "
+                              "docker-env-sql) against InterCode's Spider databases: needs Docker",
     "email_search_workflow": "searches the Enron mailbox its prepare_data.py builds from the Hugging Face hub, "
                              "with an LLM judge: not built here",
     "agentscope_workflow_adapter": "needs the agentscope package (deprecated upstream too)",
