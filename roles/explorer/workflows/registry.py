@@ -24,6 +24,7 @@ from roles.explorer.workflows.math import (
 from roles.explorer.workflows.rubric import RubricJudgeWorkflow
 from roles.explorer.workflows.ruler import MathRULERWorkflow
 from roles.explorer.workflows.sciworld import SciWorldWorkflow
+from roles.explorer.workflows.sudoku import SudokuWorkflow
 from roles.explorer.workflows.tool_call import ToolCallWorkflow
 from roles.plugins import load_plugin_dirs
 
@@ -43,6 +44,7 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "on_policy_distill_math_workflow": OnPolicyDistillMathWorkflow,
     "frozen_lake_workflow": FrozenLakeWorkflow,
     "sciworld_workflow": SciWorldWorkflow,
+    "sudoku_workflow": SudokuWorkflow,
     "math_ruler_workflow": MathRULERWorkflow,
     "async_math_ruler_workflow": MathRULERWorkflow,
     "rubric_judge_workflow": RubricJudgeWorkflow,
