@@ -137,7 +137,7 @@ EXAMPLES: dict[str, str] = {
     'examples/grpo_gsm8k_task_pipeline/gsm8k.yaml':
         LOADS,
     'examples/grpo_gsm8k_trainable_ruler/gsm8k_ruler.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: unknown workflow 'math_trainable_ruler_workflow'",
+        LOADS,
     'examples/grpo_lora_gsm8k/gsm8k.yaml':
         LOADS,
     'examples/grpo_math/math.yaml':

@@ -196,6 +196,14 @@ class Experience:
         return self.group_id, self.id if self.episode is None else self.episode
 
     @property
+    def advantage_group(self) -> str:
+        """The rollouts a group baseline compares this one with: its group's, or the part of
+        the group its workflow named (``info["subgroup"]``: trainable RULER returns its judge's
+        replies beside the answers they judge, each kind rewarded against its own kind)."""
+        sub = self.info.get("subgroup")
+        return self.group_id if sub is None else f"{self.group_id}/{sub}"
+
+    @property
     def response_length(self) -> int:
         """Number of response tokens: ``len(tokens) - prompt_length``."""
         return len(self.tokens) - self.prompt_length

@@ -104,7 +104,7 @@ def collate(exps: Sequence[Experience], pad_token_id: int = 0) -> Batch:
             ret[i, :r] = torch.from_numpy(np.array(e.returns, dtype=np.float32))
         rew[i] = 0.0 if e.reward is None else float(e.reward)
         expert[i] = bool(e.info.get("is_expert", False))
-    return Batch(ids, am, ri, act, old, adv, ret, rew, expert, [r[0].group_id for r in rows], [r[3] for r in rows], has_old)
+    return Batch(ids, am, ri, act, old, adv, ret, rew, expert, [r[0].advantage_group for r in rows], [r[3] for r in rows], has_old)
 
 
 def per_micro_batch(batch: Batch, mbs: Sequence[Sequence[int]], fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:

@@ -86,3 +86,50 @@ async def test_rubric_rollouts_are_rewarded_by_the_judge(tiny_model: Path) -> No
     assert wf.messages()[0]["content"].startswith("A conversation between User and Assistant.")
     exps = await wf.run_async()
     assert [e.reward for e in exps] == [0.0, 0.0] and all(e.info["judge_success"] == 0.0 for e in exps)
+
+
+def test_the_trainable_judge_is_rewarded_by_its_distance_to_the_gold_rewards() -> None:
+    """By hand: gold rewards 1.1 (right, formatted) and -0.1 map to 1 and 0; scores 0.8 and 0.4
+    are off by 0.2 and 0.4, so the reply earns 1 - 0.3 = 0.7; no list earns 0."""
+    from roles.explorer.workflows.ruler import judge_reward, trainable_judge_messages
+
+    assert abs(judge_reward([0.8, 0.4], [1.1, -0.1]) - 0.7) < 1e-9
+    assert judge_reward(None, [1.0]) == 0.0
+    system, user = trainable_judge_messages("1+1?", ["2", "3"])
+    assert system["content"] == judge_messages("1+1?", ["2", "3"])[0]["content"]
+    assert user["content"].startswith("\nBelow is a question and several candidate solutions.\nQuestion: 1+1?\n\n")
+    assert "</answer>.\nCandidate solution 1: 2\n\nCandidate solution 2: 3\nPlease assign" in user["content"]
+
+
+async def test_trainable_ruler_returns_its_judge_replies_as_their_own_subgroup(tiny_model: Path) -> None:
+    """With the ground truth (share 1): the answers keep their gold reward, the policy judges
+    them repeat_times times, and those replies come back as the group's "ruler" part, whose
+    GRPO baseline is each other's; without it (share 0): one judge reply, its scores are the
+    rewards (the random tiny model writes no list: 0)."""
+    from ops.algorithms import resolve
+    from roles.buffer.pipeline import group_advantages
+    from roles.explorer.engines.hf import HFEngine
+    from schemas.data import ExperienceGroup
+
+    engine = HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers",
+                                           dtype="float32", max_model_len=2048, seed=0))
+    loop = asyncio.get_running_loop()
+
+    def workflow(share: float):
+        task = Task(task_id="t/0", raw={"prompt": "1+1?", "response": "2"}, workflow="math_trainable_ruler_workflow",
+                    repeat_times=2, rollout_args={"max_tokens": 4}, workflow_args={"ground_truth_share": share})
+        return get_workflow("math_trainable_ruler_workflow")(task=task, model=ModelHandle(engine, loop))
+
+    exps = await workflow(1.0).run_async()
+    answers, judges = exps[:2], exps[2:]
+    assert len(judges) == 2 and all(j.info["subgroup"] == "ruler" and j.reward == 0.0 for j in judges)
+    assert all(e.reward == e.info["gold_reward"] and "subgroup" not in e.info for e in answers)
+    for i, e in enumerate(exps):
+        e.id, e.group_id = f"g/{i}", "g"
+    answers[0].reward, judges[0].reward = 1.0, 0.5  # one right answer; one judge reply closer than the other
+    g = group_advantages(ExperienceGroup(group_id="g", task_id="t/0", run_id="r", experiences=exps), resolve("grpo"))
+    adv = [float(e.advantages[0]) for e in g.experiences]
+    assert adv[0] > 0 > adv[1] and adv[2] > 0 > adv[3]  # each part against its own kind
+    assert abs(adv[0] + adv[1]) < 1e-6 and abs(adv[2] + adv[3]) < 1e-6
+    exps = await workflow(0.0).run_async()
+    assert len(exps) == 2 and all(e.reward == 0.0 and e.info["judge_success"] == 0.0 for e in exps)

@@ -22,7 +22,7 @@ from roles.explorer.workflows.math import (
     SimpleWorkflow,
 )
 from roles.explorer.workflows.rubric import RubricJudgeWorkflow
-from roles.explorer.workflows.ruler import MathRULERWorkflow
+from roles.explorer.workflows.ruler import MathRULERWorkflow, MathTrainableRULERWorkflow
 from roles.explorer.workflows.sciworld import SciWorldWorkflow
 from roles.explorer.workflows.sudoku import SudokuWorkflow
 from roles.explorer.workflows.tool_call import ToolCallWorkflow
@@ -47,6 +47,7 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "sudoku_workflow": SudokuWorkflow,
     "math_ruler_workflow": MathRULERWorkflow,
     "async_math_ruler_workflow": MathRULERWorkflow,
+    "math_trainable_ruler_workflow": MathTrainableRULERWorkflow,
     "rubric_judge_workflow": RubricJudgeWorkflow,
     "tool_call_workflow": ToolCallWorkflow,
     "toolcall_workflow": ToolCallWorkflow,  # what upstream's ToolACE examples write (its registry lacks it)

@@ -1,5 +1,6 @@
 """Trinity-RFT's ``math_ruler_workflow``: the rollouts of a math question are scored against each
-other by a judge model (RULER, after OpenPipe's ART), not by a rule.
+other by a judge model (RULER, after OpenPipe's ART), not by a rule; and
+``math_trainable_ruler_workflow``, where the judge is the policy itself, trained to judge.
 
 Faithful to upstream's (``math_ruler_workflow.py``): the policy answers as in ``math_workflow``
 (its system prompt; ``math_reward`` still scores each answer, kept as ``info`` with
@@ -12,6 +13,7 @@ gives every rollout 0 and ``judge_success`` 0.
 from __future__ import annotations
 
 import ast
+import random
 from typing import Any
 
 from roles.explorer.workflows.math import MathWorkflow
@@ -82,3 +84,75 @@ class MathRULERWorkflow(MathWorkflow):
             e.reward = s
             e.info["judge_success"] = float(scores is not None)
         return exps
+
+
+#: The share of questions whose ground truth trainable RULER uses (upstream's
+#: ``PROBABILITY_GROUND_TRUTH_AVAILABLE``).
+GROUND_TRUTH_SHARE = 0.2
+
+
+def trainable_judge_messages(question: str, answers: list[str]) -> list[dict[str, Any]]:
+    """Upstream's trainable-RULER judge prompt (its own line breaks, not ``math_ruler``'s)."""
+    n = len(answers)
+    system = (f"You are a fair judge. The user will provide a question and {n} candidate solutions to it. Your "
+              "task is to compare the solutions, see how well they resolve the question, and assign a score "
+              "within the range [0, 1] for each solution.")
+    solutions = "\n\n".join(f"Candidate solution {i + 1}: {a}" for i, a in enumerate(answers))
+    user = f"""
+Below is a question and several candidate solutions.
+Question: {question}
+
+{ANSWER_FORMAT}
+{solutions}
+Please assign a score within the range [0, 1] for each of them, reflecting how well they solve the question.
+You may compare them against each other and think step by step before returning your final scores, but keep your reasoning process brief and concise when possible.
+Conclude your response with a list of scores, in the following format: [score for solution 1, score for solution 2, ..., score for solution {n}]
+"""
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def judge_reward(scores: list[float] | None, gold: list[float]) -> float:
+    """A trainable judge's reward: ``1 - mean |score - (gold + 0.1) / 1.2|`` (the gold rewards,
+    in [-0.1, 1.1], put on the scores' [0, 1]); 0 for a reply without a list of scores."""
+    if scores is None:
+        return 0.0
+    return 1.0 - sum(abs(s - (g + 0.1) / 1.2) for s, g in zip(scores, gold, strict=True)) / len(scores)
+
+
+class MathTrainableRULERWorkflow(MathWorkflow):
+    """Trinity-RFT's ``math_trainable_ruler_workflow``: RULER with the policy as its own judge.
+
+    As upstream's: the policy answers (``math_reward`` scores each answer: ``gold_reward``),
+    then judges its answers with the prompt above. For a share of questions
+    (:data:`GROUND_TRUTH_SHARE`; ``workflow_args.ground_truth_share`` is ours) the ground
+    truth is "available": the answers are rewarded by it, the judge replies ``repeat_times``
+    times and each reply is rewarded by how close its scores are to the gold rewards
+    (:func:`judge_reward`), so the policy learns to judge; those replies are returned too,
+    as their own sub-group (``info["subgroup"]``: their baseline is each other, not the
+    answers). Otherwise the judge replies once and its scores (the mean over the replies that
+    parsed; 0 when none did) are the answers' rewards. ``judge_success``: the share of replies
+    that parsed. The draw is random per question, as upstream's."""
+
+    async def run_async(self) -> list[Experience]:
+        messages = self.messages()
+        exps = self.score(await self.model.achat(messages, n=self.repeat_times, **self.rollout_args))
+        gold = [float(e.reward or 0.0) for e in exps]
+        for e, g in zip(exps, gold, strict=True):
+            e.info["gold_reward"] = g
+        with_truth = random.random() < float(self.args.get("ground_truth_share", GROUND_TRUTH_SHARE))
+        asked = trainable_judge_messages(messages[-1]["content"], [e.response_text or "" for e in exps])
+        judges = await self.model.achat(asked, n=self.repeat_times if with_truth else 1, **self.rollout_args)
+        parsed = [judge_scores(j.response_text or "", len(exps)) for j in judges]
+        good = [p for p in parsed if p is not None]
+        success = len(good) / len(judges) if judges else 0.0
+        for e in exps:
+            e.info["judge_success"] = success
+        if not with_truth:
+            means = [sum(col) / len(good) for col in zip(*good, strict=True)] if good else [0.0] * len(exps)
+            for e, m in zip(exps, means, strict=True):
+                e.reward = m
+            return exps
+        for j, p in zip(judges, parsed, strict=True):
+            j.reward = judge_reward(p, gold)
+            j.info.update(subgroup="ruler", judge_success=success, reward_for_judge=j.reward)
+        return exps + judges
