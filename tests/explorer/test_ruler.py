@@ -133,3 +133,42 @@ async def test_trainable_ruler_returns_its_judge_replies_as_their_own_subgroup(t
     assert abs(adv[0] + adv[1]) < 1e-6 and abs(adv[2] + adv[3]) < 1e-6
     exps = await workflow(0.0).run_async()
     assert len(exps) == 2 and all(e.reward == 0.0 and e.info["judge_success"] == 0.0 for e in exps)
+
+
+async def test_the_rubric_judge_can_be_an_openai_compatible_api(tiny_model: Path, monkeypatch) -> None:
+    """rubric_judge_openai_workflow asks the API its workflow_args name (here trinity's own
+    server over the tiny model, through the real openai client) and reads the rating as the
+    auxiliary-model judge does; a missing model name or base URL is refused naming it."""
+    import pytest
+
+    from roles.explorer.api import ApiServer
+    from roles.explorer.engines.hf import HFEngine
+    from schemas.config import OpenAIApiConfig
+
+    engine = HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers",
+                                           dtype="float32", max_model_len=2048, seed=0), "hf-0")
+    # the judge replies until max_model_len (the random model writes no EOS): a short one
+    judge_engine = HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers",
+                                                 dtype="float32", max_model_len=1100, seed=0), "hf-1")
+    server = ApiServer(OpenAIApiConfig(port=0), [judge_engine], "tiny", "run", None)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    try:
+        monkeypatch.setenv("JUDGE_URL", f"{server.url}/v1")
+
+        def workflow(**args):
+            task = Task(task_id="r/2", raw={"prompt": "Say hi", "rubric": [{"weight": 1, "description": "greets"}]},
+                        workflow="rubric_judge_openai_workflow", repeat_times=2, rollout_args={"max_tokens": 4},
+                        workflow_args=args)
+            return get_workflow("rubric_judge_openai_workflow")(task=task, model=ModelHandle(engine, loop))
+
+        wf = workflow(judge_model_name="tiny", judge_api_base_url_env="JUDGE_URL")
+        assert wf.auxiliary_required == 0
+        exps = await wf.run_async()
+        assert [e.reward for e in exps] == [0.0, 0.0] and all(e.info["judge_success"] == 0.0 for e in exps)
+        with pytest.raises(ValueError, match="workflow_args.judge_model_name is missing"):
+            workflow(judge_api_base_url_env="JUDGE_URL")
+        with pytest.raises(ValueError, match="environment variable NO_SUCH_URL .* is not set"):
+            workflow(judge_model_name="tiny", judge_api_base_url_env="NO_SUCH_URL")
+    finally:
+        await server.stop()

@@ -21,7 +21,7 @@ from roles.explorer.workflows.math import (
     OnPolicyDistillWorkflow,
     SimpleWorkflow,
 )
-from roles.explorer.workflows.rubric import RubricJudgeWorkflow
+from roles.explorer.workflows.rubric import RubricJudgeOpenAIWorkflow, RubricJudgeWorkflow
 from roles.explorer.workflows.ruler import MathRULERWorkflow, MathTrainableRULERWorkflow
 from roles.explorer.workflows.sciworld import SciWorldWorkflow
 from roles.explorer.workflows.sudoku import SudokuWorkflow
@@ -49,6 +49,7 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "async_math_ruler_workflow": MathRULERWorkflow,
     "math_trainable_ruler_workflow": MathTrainableRULERWorkflow,
     "rubric_judge_workflow": RubricJudgeWorkflow,
+    "rubric_judge_openai_workflow": RubricJudgeOpenAIWorkflow,
     "tool_call_workflow": ToolCallWorkflow,
     "toolcall_workflow": ToolCallWorkflow,  # what upstream's ToolACE examples write (its registry lacks it)
 }
@@ -64,7 +65,6 @@ REFUSED: dict[str, str] = {
     "step_wise_alfworld_workflow": ALFWORLD,
     "RAFT_alfworld_workflow": ALFWORLD,
     "RAFT_reflect_alfworld_workflow": ALFWORLD,
-    "rubric_judge_openai_workflow": "calls a remote OpenAI-compatible API as its judge",
     "agentscope_workflow_adapter_v1": AGENTSCOPE,
     "agentscope_react_workflow": AGENTSCOPE,
     "as_react_workflow": AGENTSCOPE,

@@ -6,11 +6,17 @@ Faithful to upstream's (``rubric_judge_workflow.py``): the row's prompt column i
 upstream's default; auxiliary model 0 judges each rollout at temperature 0 with upstream's
 prompts and must answer with a ```` ```json {"rating": n} ``` ```` block. A reply without a
 rating between 1 and 10 gives 0; ``judge_success`` is the share of rollouts the judge rated.
+
+``rubric_judge_openai_workflow`` is the same with an external OpenAI-compatible API as the judge
+(upstream's ``RubricJudgeWorkflowWithAPI``): ``workflow_args.judge_model_name``, the base URL in
+the environment variable ``judge_api_base_url_env`` names (default ``OPENAI_BASE_URL``), the key
+in ``judge_api_key_env``'s (``OPENAI_API_KEY``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from roles.explorer.workflows.math import SimpleWorkflow
@@ -85,10 +91,41 @@ class RubricJudgeWorkflow(SimpleWorkflow):
         rated = 0
         for e in exps:
             ask = rubric_judge_messages(messages[-1]["content"], e.response_text or "", rubric)
-            [reply] = await self.auxiliary_models[0].achat(ask, n=1, temperature=0.0)
-            score = rubric_rating(reply.response_text or "")
+            score = rubric_rating(await self.judge(ask))
             rated += score is not None
             e.reward = score or 0.0
         for e in exps:
             e.info["judge_success"] = rated / len(exps) if exps else 0.0
         return exps
+
+    async def judge(self, messages: list[dict[str, Any]]) -> str:
+        """The judge's reply to ``messages``, at temperature 0: auxiliary model 0's."""
+        [reply] = await self.auxiliary_models[0].achat(messages, n=1, temperature=0.0)
+        return reply.response_text or ""
+
+
+class RubricJudgeOpenAIWorkflow(RubricJudgeWorkflow):
+    """:class:`RubricJudgeWorkflow` judged by an external OpenAI-compatible API (see the
+    module's docstring); a missing model name or base URL is an error naming it."""
+
+    auxiliary_required = 0
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        import openai
+
+        self.judge_model = self.args.get("judge_model_name")
+        url_env = str(self.args.get("judge_api_base_url_env", "OPENAI_BASE_URL"))
+        key_env = str(self.args.get("judge_api_key_env", "OPENAI_API_KEY"))
+        if not self.judge_model:
+            raise ValueError(f"task {self.task.task_id}: workflow_args.judge_model_name is missing: the judge API's model")
+        url = os.environ.get(url_env, "")
+        if not url:
+            raise ValueError(f"task {self.task.task_id}: environment variable {url_env} (workflow_args."
+                             "judge_api_base_url_env) is not set: the judge API's base URL")
+        self.client = openai.AsyncOpenAI(base_url=url, api_key=os.environ.get(key_env) or "EMPTY")
+
+    async def judge(self, messages: list[dict[str, Any]]) -> str:
+        done = await self.client.chat.completions.create(model=str(self.judge_model), messages=messages,
+                                                         temperature=0.0, stream=False)
+        return done.choices[0].message.content or ""
