@@ -1097,10 +1097,10 @@ class ExperiencePipelineConfig(Section):
 
     def fill_rounds(self) -> int:
         """How many times a step draws more tasks for the groups ``drop_equal_reward_groups``
-        dropped (its ``fill: true``, DAPO's dynamic sampling; ``max_fill_rounds``, default 3);
-        0: a dropped group leaves the step short."""
+        or ``dapo_dynamic_sampling`` dropped (their ``fill: true``, DAPO's dynamic sampling;
+        ``max_fill_rounds``, default 3); 0: a dropped group leaves the step short."""
         for op in self.operators:
-            if op.name == "drop_equal_reward_groups" and op.args.get("fill"):
+            if op.name in ("drop_equal_reward_groups", "dapo_dynamic_sampling") and op.args.get("fill"):
                 return int(op.args.get("max_fill_rounds", 3))
         return 0
 

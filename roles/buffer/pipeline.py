@@ -162,14 +162,16 @@ def invalid_reward_filter(group: ExperienceGroup) -> ExperienceGroup | None:
 
 
 def dapo_dynamic_sampling(group: ExperienceGroup, *, metric_key: str = "accuracy",
-                          correct_threshold: float = 0.0) -> ExperienceGroup | None:
+                          correct_threshold: float = 0.0, fill: bool = False,
+                          max_fill_rounds: int = 3) -> ExperienceGroup | None:
     """Trinity-RFT's ``dapo_dynamic_sampling`` (DAPO, arXiv:2503.14476 sec. 3.2): keep a group
     only when some but not all of its rollouts are correct, correct meaning the rollout's
     ``info[metric_key]`` (else its reward) is above ``correct_threshold``. Why the outcome and
     not the reward: DAPO's reward adds a length penalty, which would make an all-correct group
-    look mixed. A group of one goes too. As upstream's, it only drops: the batch is then
-    smaller (``drop_equal_reward_groups`` with ``fill`` runs more tasks instead, as the paper's
-    sampler does)."""
+    look mixed. A group of one goes too. As upstream's, by default it only drops, and the
+    trainer's batches then take the next step's groups (a run may end steps short); with
+    ``fill`` the explorer runs as many more tasks in the step as groups were dropped, up to
+    ``max_fill_rounds`` times, as the paper's sampler does (as ``drop_equal_reward_groups``)."""
     def correct(e: Any) -> bool:
         score = e.info.get(metric_key, e.reward)
         if score is None:

@@ -141,6 +141,12 @@ def test_dapo_dynamic_sampling_keeps_mixed_outcomes_and_mask_response_truncated_
     out = pipe(g)
     assert out is not None and float(abs(out.experiences[1].advantages).sum()) == 0.0
     assert float(abs(out.experiences[0].advantages).sum()) > 0
+    # fill (ours): the explorer draws more tasks for the dropped groups, as for drop_equal_reward_groups
+    from schemas.config import ExperiencePipelineConfig
+
+    assert ExperiencePipelineConfig(operators=[OperatorConfig(name="dapo_dynamic_sampling")]).fill_rounds() == 0
+    assert ExperiencePipelineConfig(operators=[OperatorConfig(
+        name="dapo_dynamic_sampling", args={"fill": True, "max_fill_rounds": 2})]).fill_rounds() == 2
 
 
 def test_pipeline_rejects_unknown_operator_and_args():
