@@ -125,6 +125,12 @@ class RubricJudgeOpenAIWorkflow(RubricJudgeWorkflow):
                              "judge_api_base_url_env) is not set: the judge API's base URL")
         self.client = openai.AsyncOpenAI(base_url=url, api_key=os.environ.get(key_env) or "EMPTY")
 
+    async def run_async(self) -> list[Experience]:
+        try:
+            return await super().run_async()
+        finally:
+            await self.client.close()  # one client per task run: its connections go with it
+
     async def judge(self, messages: list[dict[str, Any]]) -> str:
         done = await self.client.chat.completions.create(model=str(self.judge_model), messages=messages,
                                                          temperature=0.0, stream=False)
