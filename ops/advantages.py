@@ -51,7 +51,7 @@ from ops.registry import register
 # in the trainer rather than in the buffer as each group arrives).
 # Functions not listed in either set are assumed to need the whole batch.
 GROUP_ADVANTAGE_FNS: frozenset[str] = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo",
-                                                  "grpo_verl", "opmd_verl", "asymre_verl"})
+                                                  "grpo_verl", "opmd_verl", "asymre_verl", "gigpo"})
 SEQUENCE_ADVANTAGE_FNS: frozenset[str] = frozenset(
     {"reinforce", "remax", "on_policy_distill", "jsd"}
 )
@@ -71,10 +71,14 @@ ADVANTAGE_DATA: tuple[str, ...] = (
     "reward_baselines",
     "episode_ids",
     "entropy",
+    "infos",
 )
 
 # Which need the current policy's per-token entropy (the trainer computes it for them).
 ENTROPY_ADVANTAGE_FNS: frozenset[str] = frozenset({"clipb"})
+# Which read each experience's ``info`` (GiGPO: its step, step reward and anchor state): the
+# caller passes ``infos`` to these only, so a user's function written before it need not take it.
+INFO_ADVANTAGE_FNS: frozenset[str] = frozenset({"gigpo"})
 
 GroupIds = Tensor | Sequence[Hashable] | None
 
@@ -365,6 +369,109 @@ def step_wise_grpo_advantage(
     metrics["episodes"] = float(uniq.numel())
     metrics["filtered_count"] = float((~keep[inverse]).sum())
     return _result(scores[inverse], mask, _float_dtype(rewards), metrics, keep[inverse])
+
+
+def _gigpo_scores(values: list[float], fnorm: str, epsilon: float) -> tuple[list[float], float, float]:
+    """GiGPO's normalisation, as upstream's: minus the mean (over one value: 0), divided by the
+    (sample) std plus ``epsilon`` with ``fnorm="std"``, else by 1 plus ``epsilon``; with the
+    mean and the divisor (the metrics)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if len(values) == 1:
+        mean, denom = t.new_zeros(()), t.new_ones(())
+    else:
+        mean, denom = t.mean(), (t.std() if fnorm == "std" else t.new_ones(()))
+    return ((t - mean) / (denom + epsilon)).tolist(), float(mean), float(denom)
+
+
+@register("advantage_fn", "gigpo")
+@torch.no_grad()
+def gigpo_advantage(
+    *,
+    action_mask: Tensor,
+    rewards: Tensor | None = None,
+    group_ids: GroupIds = None,
+    values: Tensor | None = None,
+    old_logprob: Tensor | None = None,
+    teacher_logprob: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    episode_ids: GroupIds = None,
+    entropy: Tensor | None = None,
+    infos: Sequence[dict] | None = None,
+    omega: float = 1.0,
+    gamma: float = 1.0,
+    fnorm: str = "none",
+    epsilon: float = 1e-6,
+    step_reward_key: str = "step_reward",
+    env_state_hash_key: str = "env_state_hash",
+) -> AdvantageResult:
+    """GiGPO (group-in-group policy optimisation, Feng et al. 2025, arXiv:2505.10978), as
+    Trinity-RFT's main branch computes it: ``A = A^E(episode) + omega * A^S(step)``, no critic.
+
+    A sequence is one step (turn) of an episode (``episode_ids``; none: each sequence is an
+    episode of one step), ordered by ``info["step"]`` (else its place in the batch). A step's
+    reward is ``info[step_reward_key]`` when any step of its episode has one (missing: 0), else
+    0 but the last step's, which is the sequence's reward. ``A^E``: each episode's return (the
+    sum of its step rewards) normalised over its group's episodes (:func:`_gigpo_scores`; one
+    episode keeps its return). ``A^S``: the steps taken from the same anchor state
+    (``info[env_state_hash_key]``) are compared by their discounted return-to-go (``gamma``),
+    normalised the same way, when there are two or more; 0 otherwise. Called per group (the
+    buffer's), so anchor states are compared within a task's rollouts, as the paper groups
+    them; upstream buckets the hash across its whole batch.
+    """
+    if fnorm not in ("std", "none"):
+        raise ValueError(f"fnorm must be 'std' or 'none', got {fnorm!r}")
+    mask = _mask(action_mask)
+    b = mask.shape[0]
+    r = _scalar_rewards(_require("rewards", rewards, "gigpo"), b).tolist()
+    info = list(infos) if infos is not None else [{} for _ in range(b)]
+    grp = group_index(group_ids, b).tolist()
+    ep = group_index(episode_ids, b).tolist() if episode_ids is not None else list(range(b))
+    episodes: dict[tuple[int, int], list[int]] = {}
+    for i in range(b):
+        episodes.setdefault((grp[i], ep[i]), []).append(i)
+    returns_to_go, a_e = [0.0] * b, [0.0] * b
+    by_group: dict[int, list[tuple[list[int], float]]] = {}
+    for (g, _), rows in episodes.items():
+        rows.sort(key=lambda i: (int(info[i].get("step", i)), i))
+        if any(step_reward_key in info[i] for i in rows):
+            step_r = [float(info[i].get(step_reward_key, 0.0)) for i in rows]
+        else:
+            step_r = [0.0] * (len(rows) - 1) + [float(r[rows[-1]])]
+        running = 0.0
+        for i, x in zip(reversed(rows), reversed(step_r), strict=True):
+            running = x + gamma * running
+            returns_to_go[i] = running
+        by_group.setdefault(g, []).append((rows, sum(step_r)))
+    means, denoms = [], []
+    for eps in by_group.values():
+        scores_e, mean, denom = _gigpo_scores([ret for _, ret in eps], fnorm, epsilon)
+        means.append(mean)
+        denoms.append(denom)
+        for (rows, _), score in zip(eps, scores_e, strict=True):
+            for i in rows:
+                a_e[i] = score
+    anchors: dict[Hashable, list[int]] = {}
+    for i in range(b):
+        state = info[i].get(env_state_hash_key)
+        if state is not None:
+            anchors.setdefault(str(state), []).append(i)
+    a_s = [0.0] * b
+    for rows in anchors.values():
+        if len(rows) > 1:
+            for i, score in zip(rows, _gigpo_scores([returns_to_go[i] for i in rows], fnorm, epsilon)[0], strict=True):
+                a_s[i] = score
+    scores = torch.tensor([e + omega * s for e, s in zip(a_e, a_s, strict=True)], dtype=torch.float64)
+    hits = sum(len(rows) > 1 for rows in anchors.values())
+    metrics = {
+        "gigpo/episode_reward_mean": sum(means) / max(len(means), 1),
+        "gigpo/episode_reward_std": sum(denoms) / max(len(denoms), 1),
+        "gigpo/anchor_groups_total": float(len(anchors)),
+        "gigpo/anchor_groups_size_gt1": float(hits),
+        "gigpo/anchor_group_hit_ratio": hits / len(anchors) if anchors else 0.0,
+        "gigpo/mean_abs_A_E": sum(abs(x) for x in a_e) / max(b, 1),
+        "gigpo/mean_abs_A_S": sum(abs(x) for x in a_s) / max(b, 1),
+    }
+    return _result(scores, mask, _float_dtype(rewards), metrics)
 
 
 @register("advantage_fn", "rloo")

@@ -125,6 +125,14 @@ ALGORITHM_DEFAULTS: dict[str, _Defaults] = {
     "rec": _Defaults("rec", policy_loss_fn="rec"),
     "rloo": _Defaults("rloo"),
     "multi_step_grpo": _Defaults("step_wise_grpo", repeat_times=8),
+    # GiGPO (newer upstream's GiGPOAlgorithm): episode- and anchor-state-level advantages, PPO's
+    # symmetric clip at 0.2
+    "gigpo": _Defaults(
+        "gigpo",
+        repeat_times=8,
+        advantage_fn_args={"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-6},
+        policy_loss_fn_args={"clip_range_low": 0.2, "clip_range_high": 0.2, "loss_agg_mode": "token-mean"},
+    ),
     "reinforceplusplus": _Defaults("reinforceplusplus"),
     "gspo": _Defaults("grpo", policy_loss_fn="gspo", loss_agg_mode="seq-mean-token-mean"),
     "topr": _Defaults("reinforce", policy_loss_fn="topr"),

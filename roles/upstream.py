@@ -190,7 +190,7 @@ EXAMPLES: dict[str, str] = {
     'main/examples/dapo_math/dapo.yaml':
         LOADS,
     'main/examples/gigpo_alfworld/gigpo.yaml':
-        "config: algorithm.algorithm_type: unknown 'gigpo'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'step_wise_alfworld_workflow' (Trinity-RFT's) is not available here: needs ALFWorld's game files",
     'main/examples/grpo_intercode_sql/intercode_sql.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'intercode_sql_workflow' (Trinity-RFT's) is not available here: runs each episode's SQL in a Docker container (its image_name, docker-env-sql) against InterCode's Spider databases: needs Docker",
     'main/examples/gspo_gsm8k/gsm8k.yaml':

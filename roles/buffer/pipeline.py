@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 import ops
+from ops.advantages import INFO_ADVANTAGE_FNS
 from ops.algorithms import AlgorithmSpec
 from schemas.data import ExperienceGroup
 
@@ -288,9 +289,10 @@ def group_advantages(group: ExperienceGroup, spec: AlgorithmSpec) -> ExperienceG
             teacher[i, :n] = teacher_row(e)
     rewards = torch.tensor([0.0 if e.reward is None else float(e.reward) for e in exps], dtype=torch.float32)
     fn = ops.get("advantage_fn", spec.advantage_fn)
+    infos = {"infos": [e.info for e in exps]} if spec.advantage_fn in INFO_ADVANTAGE_FNS else {}
     res = fn(action_mask=mask, rewards=rewards, group_ids=[e.advantage_group for e in exps],
              old_logprob=old, teacher_logprob=teacher, episode_ids=[e.episode_key for e in exps],
-             **spec.advantage_fn_args)
+             **infos, **spec.advantage_fn_args)
     keep = res.keep.reshape(-1).bool() if res.keep.numel() == len(exps) else torch.ones(len(exps), dtype=torch.bool)
     kept = []
     for i, e in enumerate(exps):

@@ -49,6 +49,7 @@ def test_every_seed_algorithm_type_resolves():
         # newer upstream (agentscope-ai/Trinity-RFT main): DAPOAlgorithm, M2POAlgorithm
         ("dapo", "grpo", "ppo", "none", "default", False, False, 2),
         ("m2po", "grpo", "m2po", "none", "none", False, False, 2),
+        ("gigpo", "gigpo", "ppo", "k2", "default", False, True, 2),
     ],
 )
 def test_defaults_follow_trinity(name, adv, loss, kl_loss, entropy, critic, ref, min_rep):

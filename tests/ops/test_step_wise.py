@@ -71,3 +71,35 @@ def test_step_wise_grpo_upstreams_std_level_threshold_and_step_norm_by_hand():
     assert a == pytest.approx([0.5, 0.5, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0], abs=1e-6)
     with pytest.raises(ValueError, match="std_cal_level"):
         adv(std_cal_level="task")
+
+
+def test_gigpo_by_hand():
+    """Two episodes of one task, two steps each, from the same start state x. A: x -> y, reward 1
+    at its end; B: x -> z, reward 0. A^E: returns 1 and 0, minus their mean: +-0.5. A^S: the
+    two steps from x are compared by their return-to-go (1 and 0): +-0.5; y and z are met once:
+    0. So A's steps get 1.0 and 0.5, B's -1.0 and -0.5 (omega 1, fnorm none)."""
+    gigpo = get("advantage_fn", "gigpo")
+    mask = torch.ones(4, 2)
+    infos = [{"step": 0, "env_state_hash": "x"}, {"step": 1, "env_state_hash": "y"},
+             {"step": 1, "env_state_hash": "z"}, {"step": 0, "env_state_hash": "x"}]  # B's turns out of order
+    res = gigpo(action_mask=mask, rewards=torch.tensor([1.0, 1.0, 0.0, 0.0]), group_ids=["g"] * 4,
+                episode_ids=["a", "a", "b", "b"], infos=infos)
+    assert res.advantages[:, 0].tolist() == pytest.approx([1.0, 0.5, -0.5, -1.0], rel=1e-5)
+    assert res.metrics["gigpo/anchor_groups_total"] == 3 and res.metrics["gigpo/anchor_groups_size_gt1"] == 1
+    # fnorm std: the episodes' returns 1 and 0 have sample std 0.7071, so A^E is +-0.7071
+    res = gigpo(action_mask=mask, rewards=torch.tensor([1.0, 1.0, 0.0, 0.0]), group_ids=["g"] * 4,
+                episode_ids=["a", "a", "b", "b"], infos=infos, fnorm="std", omega=0.0)
+    assert res.advantages[:, 0].tolist() == pytest.approx([0.70710678, 0.70710678, -0.70710678, -0.70710678], rel=1e-5)
+    # step rewards and gamma: A's steps earn 0.2 and 1.0, so its return is 1.2 and its first
+    # step's return-to-go 0.2 + 0.5 * 1.0 = 0.7 against B's 0: A^S = +-0.35
+    infos[0]["step_reward"], infos[1]["step_reward"] = 0.2, 1.0
+    res = gigpo(action_mask=mask, rewards=torch.tensor([1.0, 1.0, 0.0, 0.0]), group_ids=["g"] * 4,
+                episode_ids=["a", "a", "b", "b"], infos=infos, gamma=0.5)
+    assert res.advantages[:, 0].tolist() == pytest.approx([0.6 + 0.35, 0.6, -0.6, -0.6 - 0.35], rel=1e-5)
+    # one episode alone keeps its return; without episodes or infos every sequence is one step
+    one = gigpo(action_mask=torch.ones(1, 1), rewards=torch.tensor([2.0]), group_ids=["g"])
+    assert one.advantages.item() == pytest.approx(2.0, rel=1e-5)
+    flat = gigpo(action_mask=torch.ones(2, 1), rewards=torch.tensor([1.0, 0.0]), group_ids=["g", "g"])
+    assert flat.advantages[:, 0].tolist() == pytest.approx([0.5, -0.5], rel=1e-5)
+    with pytest.raises(ValueError, match="fnorm"):
+        gigpo(action_mask=mask, rewards=torch.zeros(4), fnorm="max")

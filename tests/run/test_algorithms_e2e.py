@@ -2,7 +2,7 @@
 through real processes (embedded nats-server, explorer, buffer, trainer, synchronizer), on the
 assets ``examples/algorithms/prepare.py`` builds.
 
-Start-up is shared: one ``trinity run`` walks all 22 configs as the stages of one experiment
+Start-up is shared: one ``trinity run`` walks all 23 configs as the stages of one experiment
 (each stage takes its example's algorithm, buffer, explorer, trainer and mode; the role
 processes start once). A stage starts from the previous stage's final weights, so "the weights
 changed" compares each stage's last checkpoint with the one it started from. Per algorithm the
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = ROOT / "examples" / "algorithms"
 ALGORITHMS = ["ppo", "grpo", "sft", "dpo", "mix_chord", "rec", "rloo", "reinforceplusplus", "gspo",
-              "topr", "sppo", "asymre", "cispo", "sapo", "opmd", "on_policy_distill", "jsd", "raft", "grpo_verl", "clipb", "dapo", "m2po"]
+              "topr", "sppo", "asymre", "cispo", "sapo", "opmd", "on_policy_distill", "jsd", "raft", "grpo_verl", "clipb", "dapo", "m2po", "gigpo"]
 #: A metric each algorithm's own part logs (its loss, its critic, its teacher...).
 OWN_METRIC = {
     "ppo": "critic/vf_loss", "grpo": "pg_clipfrac", "sft": "sft_loss", "dpo": "chosen_reward",
@@ -41,7 +41,7 @@ OWN_METRIC = {
     "cispo": "cispo_loss", "sapo": "sapo_loss", "opmd": "opmd_loss",
     "on_policy_distill": "distill/teacher_kl", "jsd": "distill/teacher_kl", "raft": "sft_loss",
     "grpo_verl": "pg_clipfrac", "clipb": "advantage/frac_clipped", "dapo": "pg_clipfrac",
-    "m2po": "m2po/masked_fraction",
+    "m2po": "m2po/masked_fraction", "gigpo": "pg_clipfrac",
 }
 STAGE_SECTIONS = ("algorithm", "buffer", "explorer", "trainer", "synchronizer", "model", "data_processor")
 
