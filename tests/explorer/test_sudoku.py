@@ -66,6 +66,7 @@ async def test_an_episode_gives_one_experience_a_step_each_with_its_reward(engin
     assert wf.board == puzzle and not wf.repeatable and not wf.reads_prompt
     exps = await wf.run_async()
     assert len(exps) == 1 and exps[0].reward == -1.0 and exps[0].info["step"] == 0
+    assert exps[0].info["env_state_hash"] == "".join(str(v) for row in puzzle for v in row)
     assert exps[0].response_length > 0 and "Current board:" in (exps[0].prompt_text or engine.tokenizer.decode(
         exps[0].tokens[:exps[0].prompt_length]))
     with pytest.raises(ValueError, match="9 rows of 9 numbers"):

@@ -13,7 +13,8 @@ Faithful to upstream's (``trinity/common/workflows/envs/sudoku``):
 * **the end and the rewards**: a reply that does not parse, fills a cell that is not empty,
   or breaks a row, column or 3x3 block ends the episode with reward -1 for that step; the
   solved board ends it with 1; any other step gets 0; at most 20 steps. Every step's reward is
-  its own (upstream's), so the algorithm decides how steps share credit (``multi_step_grpo``).
+  its own (upstream's), so the algorithm decides how steps share credit (``multi_step_grpo``;
+  ``gigpo`` also compares the steps taken from one board: ``info["env_state_hash"]``, ours).
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ class SudokuWorkflow(Workflow):
             [exp] = await self.model.achat(messages, n=1, **self.rollout_args)
             before = [row[:] for row in self.board]
             exp.reward, over = play(self.board, self.solution, parse_moves(exp.response_text or ""))
-            exp.info["step"] = step
+            # the board the step was taken from: GiGPO compares the steps taken from one state
+            exp.info.update(step=step, env_state_hash="".join(str(v) for row in before for v in row))
             exps.append(exp)
             stuck = self.board == before
             if over:
