@@ -89,7 +89,8 @@ def _pid_of(name: str) -> int:
 def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny_model, arith96, nats_server_factory):
     tasks = 2 * TASKS
     server = nats_server_factory()
-    cfg = _config(tmp_path, tiny_model, arith96, server.url)
+    # 1.5 s a task (sleep, no CPU): the run outlasts the late explorer's start under load
+    cfg = _config(tmp_path, tiny_model, arith96, server.url, **{"buffer.explorer_input.taskset.workflow_args.delay": 1.5})
     job = tmp_path / "ckpt/t/r"
     log = tmp_path / "run.log"
     run = trinity("run", "--config", str(cfg), log=log, env_extra=PLUGINS)
@@ -97,12 +98,15 @@ def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny
     try:
         wait_for("train step 1", lambda: any(e["step"] >= 1 for e in steps_log(job)), run, log=log)
         helpers.append(trinity("explorer", "--config", str(cfg), log=tmp_path / "a.log", env_extra=PLUGINS))
-        # each joins before the next step of the test (a start takes seconds, a step one)
+        # each joins before the next step of the test. The second starts once the first has run
+        # a task, not later: a start took 54 s under the suite's load (imports), longer than
+        # the 28 steps left after step 4, and the run ended before it joined (2026-11-28)
         wait_for("the first to join runs a task", lambda: _ran_a_task(server.url, "t.r", helpers[0].pid), run, log=log)
-        wait_for("train step 4", lambda: any(e["step"] >= 4 for e in steps_log(job)), run, log=log)
+        launched = max(e["step"] for e in steps_log(job))
         helpers.append(trinity("explorer", "--config", str(cfg), log=tmp_path / "b.log", env_extra=PLUGINS))
         wait_for("the second to join runs a task", lambda: _ran_a_task(server.url, "t.r", helpers[1].pid), run, log=log)
-        wait_for("train step 7", lambda: any(e["step"] >= 7 for e in steps_log(job)), run, log=log)
+        now = max(e["step"] for e in steps_log(job))
+        wait_for(f"train step {now + 1}", lambda: any(e["step"] >= now + 1 for e in steps_log(job)), run, log=log)
         assert helpers[0].poll() is None, (tmp_path / "a.log").read_text()[-3000:]
         helpers[0].send_signal(signal.SIGKILL)  # mid-step: tasks are always running
         run.wait(timeout=600)
@@ -121,7 +125,7 @@ def test_an_explorer_joins_mid_run_and_another_is_killed_mid_step(tmp_path, tiny
     pids = {_pid_of(n) for n in ran.values()}
     assert helpers[0].pid in pids and helpers[1].pid in pids and len(pids) == 3, pids
     late = [s for (s, _), n in ran.items() if _pid_of(n) == helpers[1].pid]
-    assert min(late) >= 4, "the explorer that joined after step 4 ran tasks of steps before it joined"
+    assert min(late) >= launched, f"the explorer started after train step {launched} ran tasks of steps before it"
 
 
 def test_honcho_start_with_two_explorers(tmp_path, tiny_model, arith48):
