@@ -91,11 +91,11 @@ async def test_rubric_rollouts_are_rewarded_by_the_judge(tiny_model: Path) -> No
 def test_the_trainable_judge_is_rewarded_by_its_distance_to_the_gold_rewards() -> None:
     """By hand: gold rewards 1.1 (right, formatted) and -0.1 map to 1 and 0; scores 0.8 and 0.4
     are off by 0.2 and 0.4, so the reply earns 1 - 0.3 = 0.7; no list earns 0."""
-    from roles.explorer.workflows.ruler import judge_reward, trainable_judge_messages
+    from roles.explorer.workflows.ruler import judge_reward
 
     assert abs(judge_reward([0.8, 0.4], [1.1, -0.1]) - 0.7) < 1e-9
     assert judge_reward(None, [1.0]) == 0.0
-    system, user = trainable_judge_messages("1+1?", ["2", "3"])
+    system, user = judge_messages("1+1?", ["2", "3"], sep="\n")
     assert system["content"] == judge_messages("1+1?", ["2", "3"])[0]["content"]
     assert user["content"].startswith("\nBelow is a question and several candidate solutions.\nQuestion: 1+1?\n\n")
     assert "</answer>.\nCandidate solution 1: 2\n\nCandidate solution 2: 3\nPlease assign" in user["content"]

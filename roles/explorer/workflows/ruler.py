@@ -26,28 +26,24 @@ ANSWER_FORMAT = (
 )
 
 
-def judge_messages(question: str, answers: list[str]) -> list[dict[str, Any]]:
-    """Upstream's RULER prompt for ``answers`` to ``question``."""
+def judge_messages(question: str, answers: list[str], sep: str = "\n\n") -> list[dict[str, Any]]:
+    """Upstream's RULER prompt for ``answers`` to ``question``. Its paragraphs are joined with
+    ``sep``: a blank line in ``math_ruler_workflow``'s, a line break in the trainable one's."""
     n = len(answers)
     system = (f"You are a fair judge. The user will provide a question and {n} candidate solutions to it. Your "
               "task is to compare the solutions, see how well they resolve the question, and assign a score "
               "within the range [0, 1] for each solution.")
-    solutions = "\n\n".join(f"Candidate solution {i + 1}: {a}" for i, a in enumerate(answers))
-    user = f"""
-Below is a question and several candidate solutions.
-
-Question: {question}
-
-{ANSWER_FORMAT}
-
-{solutions}
-
-Please assign a score within the range [0, 1] for each of them, reflecting how well they solve the question.
-You may compare them against each other and think step by step before returning your final scores, but keep your reasoning process brief and concise when possible.
-
-Conclude your response with a list of scores, in the following format: [score for solution 1, score for solution 2, ..., score for solution {n}]
-"""
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    parts = [
+        "Below is a question and several candidate solutions.",
+        f"Question: {question}\n\n{ANSWER_FORMAT}",
+        "\n\n".join(f"Candidate solution {i + 1}: {a}" for i, a in enumerate(answers)),
+        "Please assign a score within the range [0, 1] for each of them, reflecting how well they solve the "
+        "question.\nYou may compare them against each other and think step by step before returning your final "
+        "scores, but keep your reasoning process brief and concise when possible.",
+        "Conclude your response with a list of scores, in the following format: [score for solution 1, score for "
+        f"solution 2, ..., score for solution {n}]",
+    ]
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n" + sep.join(parts) + "\n"}]
 
 
 def judge_scores(reply: str, n: int) -> list[float] | None:
@@ -91,26 +87,6 @@ class MathRULERWorkflow(MathWorkflow):
 GROUND_TRUTH_SHARE = 0.2
 
 
-def trainable_judge_messages(question: str, answers: list[str]) -> list[dict[str, Any]]:
-    """Upstream's trainable-RULER judge prompt (its own line breaks, not ``math_ruler``'s)."""
-    n = len(answers)
-    system = (f"You are a fair judge. The user will provide a question and {n} candidate solutions to it. Your "
-              "task is to compare the solutions, see how well they resolve the question, and assign a score "
-              "within the range [0, 1] for each solution.")
-    solutions = "\n\n".join(f"Candidate solution {i + 1}: {a}" for i, a in enumerate(answers))
-    user = f"""
-Below is a question and several candidate solutions.
-Question: {question}
-
-{ANSWER_FORMAT}
-{solutions}
-Please assign a score within the range [0, 1] for each of them, reflecting how well they solve the question.
-You may compare them against each other and think step by step before returning your final scores, but keep your reasoning process brief and concise when possible.
-Conclude your response with a list of scores, in the following format: [score for solution 1, score for solution 2, ..., score for solution {n}]
-"""
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
 def judge_reward(scores: list[float] | None, gold: list[float]) -> float:
     """A trainable judge's reward: ``1 - mean |score - (gold + 0.1) / 1.2|`` (the gold rewards,
     in [-0.1, 1.1], put on the scores' [0, 1]); 0 for a reply without a list of scores."""
@@ -123,9 +99,9 @@ class MathTrainableRULERWorkflow(MathWorkflow):
     """Trinity-RFT's ``math_trainable_ruler_workflow``: RULER with the policy as its own judge.
 
     As upstream's: the policy answers (``math_reward`` scores each answer: ``gold_reward``),
-    then judges its answers with the prompt above. For a share of questions
-    (:data:`GROUND_TRUTH_SHARE`; ``workflow_args.ground_truth_share`` is ours) the ground
-    truth is "available": the answers are rewarded by it, the judge replies ``repeat_times``
+    then judges its answers with :func:`judge_messages` (its paragraphs a line apart, as
+    upstream's). For a share of questions (:data:`GROUND_TRUTH_SHARE`;
+    ``workflow_args.ground_truth_share`` is ours) the ground truth is "available": the answers are rewarded by it, the judge replies ``repeat_times``
     times and each reply is rewarded by how close its scores are to the gold rewards
     (:func:`judge_reward`), so the policy learns to judge; those replies are returned too,
     as their own sub-group (``info["subgroup"]``: their baseline is each other, not the
@@ -140,7 +116,7 @@ class MathTrainableRULERWorkflow(MathWorkflow):
         for e, g in zip(exps, gold, strict=True):
             e.info["gold_reward"] = g
         with_truth = random.random() < float(self.args.get("ground_truth_share", GROUND_TRUTH_SHARE))
-        asked = trainable_judge_messages(messages[-1]["content"], [e.response_text or "" for e in exps])
+        asked = judge_messages(messages[-1]["content"], [e.response_text or "" for e in exps], sep="\n")
         judges = await self.model.achat(asked, n=self.repeat_times if with_truth else 1, **self.rollout_args)
         parsed = [judge_scores(j.response_text or "", len(exps)) for j in judges]
         good = [p for p in parsed if p is not None]
