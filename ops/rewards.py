@@ -20,7 +20,7 @@ import math
 import operator
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from ops.registry import parts, register
 
@@ -40,6 +40,25 @@ def call_reward(fn: RewardFn, response: str, truth: Any, *, prompt: str | None =
     """``fn``'s scores for one response, with the data arguments it takes."""
     extra = {"response_length": response_length} if "response_length" in inspect.signature(fn).parameters else {}
     return fn(response, truth, prompt=prompt, **extra, **(options or {}))
+
+
+def check_reward_options(fn: RewardFn, options: dict[str, Any]) -> list[str]:
+    """What is wrong with ``options`` (a taskset's ``reward_fn_args``) for ``fn``, one line per
+    option: a name ``fn`` does not take, a setting it needs that is missing, a value outside a
+    ``Literal`` it declares. Checked before start, so a typo does not fail every task."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return []
+    options_of = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY and n not in REWARD_DATA]
+    out = [f"{k}: {fn.__name__} takes no such option (its options: {', '.join(options_of) or 'none'})"
+           for k in options if k not in options_of]
+    out += [f"{n}: {fn.__name__} needs it" for n in options_of
+            if params[n].default is inspect.Parameter.empty and n not in options]
+    hints = get_type_hints(fn)
+    for k, v in options.items():
+        if k in options_of and get_origin(hints.get(k)) is Literal and v not in get_args(hints[k]):
+            out.append(f"{k}: {v!r} is not one of {', '.join(map(repr, get_args(hints[k])))} ({fn.__name__})")
+    return out
 
 THINK_ANSWER_PATTERN = r".*?<think>.*?</think>\s*<answer>.*?</answer>\s*$"
 STRICT_FORMAT_PATTERN = r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$"
@@ -265,6 +284,30 @@ def math_boxed_reward(
     if with_think and not has_think_pattern(response):
         format_score = -format_score_coef
     return {"accuracy": 1.0 if ok else 0.0, "format_score": format_score}
+
+
+@register("reward_fn", "rm_gallery_reward")
+def rm_gallery_reward(
+    response: str,
+    truth: Any = None,
+    *,
+    prompt: str | None = None,
+    reward_name: Literal["math_verify_reward"],
+    timeout_score: float = 0.0,
+) -> dict[str, float]:
+    """Trinity-RFT's ``rm_gallery_reward`` (``reward_fn_args.reward_name`` picks a reward of
+    RM-Gallery's registry) for the one its examples name, RM-Gallery's rule-based
+    ``math_verify_reward``: ``math_verify`` 1.0 when the response's final answer equals the
+    reference (``format.response_key``), else 0.0. RM-Gallery parses both sides with the
+    math-verify package and compares them symbolically; here they compare as every math reward
+    here does (numbers, else normalised strings: the module's docstring), so ``x+1`` and
+    ``1+x`` differ. ``timeout_score`` is kept for its configs (nothing here times out).
+    RM-Gallery's reward models (LLM judges) are not here: use a judge workflow
+    (``math_ruler_workflow``, ``rubric_judge_workflow``)."""
+    if truth is None:
+        return {"math_verify": 0.0}
+    ok = answers_match(extract_math_answer(response), extract_ground_truth(str(truth)))
+    return {"math_verify": 1.0 if ok else 0.0}
 
 
 @register("reward_fn", "math_dapo_reward")

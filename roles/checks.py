@@ -283,6 +283,7 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
     out = []
     ei = cfg.buffer.explorer_input
     if "explorer" in needs:
+        from ops.rewards import check_reward_options
         from roles.explorer.workflows.registry import get_workflow
         from storage.datafiles import TasksetError
         from storage.selectors import check_selector_config
@@ -302,6 +303,7 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
                                       f"{where}buffer.explorer_input.{key}.{field}")
             except TasksetError as e:
                 out.append(str(e))
+            cls = None
             if ts.default_workflow_type:
                 try:
                     cls = get_workflow(ts.default_workflow_type)
@@ -323,6 +325,10 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
                     ops.get("reward_fn", ts.default_reward_fn_type)
                 except ValueError as e:
                     out.append(f"{where}buffer.explorer_input.{key}.default_reward_fn_type: {e}")
+            reward = ts.default_reward_fn_type or getattr(cls, "default_reward_fn", None)
+            if reward in ops.names("reward_fn"):  # the one the workflow will call, with these options
+                out += [f"{where}buffer.explorer_input.{key}.reward_fn_args.{line}"
+                        for line in check_reward_options(ops.get("reward_fn", reward), ts.reward_fn_args)]
     if "trainer" in needs and cfg.model.lora_configs and MODES[cfg.mode].trains:
         out += check_lora(cfg, where)
     if "buffer" in needs and MODES[cfg.mode].stores_experience:

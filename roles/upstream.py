@@ -62,9 +62,7 @@ UPSTREAM_NAMES: dict[str, list[str]] = {
 }
 
 #: Why a name is refused, where that is more than "not built yet" (the default).
-WHY_NOT: dict[tuple[str, str], str] = {
-    ("reward_fn", "rm_gallery_reward"): "needs the RM-Gallery package and a reward model service",
-}
+WHY_NOT: dict[tuple[str, str], str] = {}
 
 #: What each upstream example config (``tests/upstream/<path>``) gets here: ``loads`` (both
 #: ``trinity config`` and ``trinity run --plan`` succeed) or the start of its refusal.
@@ -141,7 +139,7 @@ EXAMPLES: dict[str, str] = {
     'examples/grpo_lora_gsm8k/gsm8k.yaml':
         LOADS,
     'examples/grpo_math/math.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'math_rm_workflow' (Trinity-RFT's) is not available here: calls its reward as RM-Gallery's (response, messages, ground_truth): only rm_gallery_reward, which needs the RM-Gallery package and its reward models",
+        LOADS,
     'examples/grpo_rubric_as_reward/rubric.yaml':
         LOADS,
     'examples/grpo_sciworld/sciworld.yaml':

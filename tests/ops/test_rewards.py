@@ -184,3 +184,32 @@ def test_rlcr_reward_pays_for_being_right_and_for_being_calibrated():
         {"format": 0.0, "accuracy": 1.0, "brier": 0.75, "mean_confidence": 0.0, "confidence_one_or_zero": 0.0})
     with pytest.raises(ValueError, match=r"missing \['confidence_one_or_zero'\], unknown \['calibration'\]"):
         rlcr_reward("x", "5", weights={**{k: 1.0 for k in weights if k != "confidence_one_or_zero"}, "calibration": 1.0})
+
+
+def test_rm_gallery_math_verify_reward_scores_the_final_answer_against_the_reference():
+    """Upstream's grpo_math example: rm_gallery_reward with RM-Gallery's math_verify_reward,
+    one score named math_verify (its reward's name), 1.0 right, 0.0 wrong or unparsed."""
+    from ops.rewards import rm_gallery_reward
+
+    name = "math_verify_reward"
+    assert rm_gallery_reward("so x = \\boxed{\\frac{1}{2}}", "0.5", reward_name=name) == {"math_verify": 1.0}
+    assert rm_gallery_reward("it is 12", "12", reward_name=name) == {"math_verify": 1.0}
+    assert rm_gallery_reward("it is 12", "13", reward_name=name) == {"math_verify": 0.0}
+    assert rm_gallery_reward("no idea", "13", reward_name=name) == {"math_verify": 0.0}
+    assert rm_gallery_reward("12", None, reward_name=name) == {"math_verify": 0.0}
+
+
+def test_reward_options_are_checked_by_name_need_and_declared_values():
+    """A taskset's reward_fn_args against the function: a typo, a missing required option and
+    a value outside its Literal each give one line naming the option."""
+    from ops.rewards import check_reward_options, math_dapo_reward, math_reward, rm_gallery_reward
+
+    assert check_reward_options(math_reward, {}) == []
+    assert check_reward_options(math_dapo_reward, {"enable_overlong_penalty": True, "penalty_factor": 1.0}) == []
+    assert check_reward_options(math_reward, {"patern": "x"}) == [
+        "patern: math_reward takes no such option (its options: pattern)"]
+    assert check_reward_options(rm_gallery_reward, {}) == ["reward_name: rm_gallery_reward needs it"]
+    assert check_reward_options(rm_gallery_reward, {"reward_name": "helpfulness"}) == [
+        "reward_name: 'helpfulness' is not one of 'math_verify_reward' (rm_gallery_reward)"]
+    assert check_reward_options(rm_gallery_reward, {"reward_name": "math_verify_reward"}) == []
+    assert check_reward_options(lambda response, truth, **kw: {}, {"anything": 1}) == []

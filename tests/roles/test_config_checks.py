@@ -310,6 +310,24 @@ def test_simple_workflow_needs_the_reward_function_named(tmp_path, config):
     assert rc == 0, err
 
 
+def test_reward_options_are_checked_before_start(tmp_path, config):
+    """Upstream's grpo_math: math_rm_workflow scores with rm_gallery_reward, whose reward_fn_args
+    name RM-Gallery's reward; a missing or unknown one, or a misspelt option of any reward, is
+    refused naming it, not found per task at run time."""
+    run_cfg = ("--config", str(_run_config(tmp_path, _data(tmp_path))))
+    rm = ("buffer.explorer_input.taskset.default_workflow_type=math_rm_workflow",
+          "buffer.explorer_input.taskset.default_reward_fn_type=rm_gallery_reward")
+    rc, _, err = config(*rm, extra=run_cfg)
+    assert rc == 2 and "taskset.reward_fn_args.reward_name: rm_gallery_reward needs it" in err, err
+    rc, _, err = config(*rm, "buffer.explorer_input.taskset.reward_fn_args={reward_name: helpfulness}", extra=run_cfg)
+    assert rc == 2 and "reward_name: 'helpfulness' is not one of 'math_verify_reward'" in err, err
+    rc, _, err = config(*rm, "buffer.explorer_input.taskset.reward_fn_args={reward_name: math_verify_reward}",
+                        extra=run_cfg)
+    assert rc == 0, err
+    rc, _, err = config("buffer.explorer_input.taskset.reward_fn_args={patern: x}", extra=run_cfg)
+    assert rc == 2 and "taskset.reward_fn_args.patern: math_reward takes no such option" in err, err
+
+
 def test_trinity_run_refuses_an_unknown_workflow_before_any_process(tmp_path):
     data = _data(tmp_path)
     r = trinity("run", "--config", str(_run_config(tmp_path, data)),

@@ -38,6 +38,10 @@ WORKFLOWS: dict[str, type[Workflow]] = {
     "async_math_workflow": MathWorkflow,
     "math_boxed_workflow": MathBoxedWorkflow,
     "async_math_boxed_workflow": MathBoxedWorkflow,
+    # upstream's math_rm_workflow differs from simple_workflow only in calling its reward as
+    # RM-Gallery's (response, messages, ground_truth); every reward here takes the same arguments
+    "math_rm_workflow": SimpleWorkflow,
+    "async_math_rm_workflow": SimpleWorkflow,
     "math_eval_workflow": MathEvalWorkflow,
     "async_math_eval_workflow": MathEvalWorkflow,
     "on_policy_distill_workflow": OnPolicyDistillWorkflow,
@@ -78,9 +82,6 @@ REFUSED: dict[str, str] = {
     "agentscopev0_react_math_workflow": "needs agentscope 0.x (deprecated upstream too)",
     "simple_mm_workflow": "multi-modal data is not implemented",
     "async_simple_mm_workflow": "multi-modal data is not implemented",
-    "math_rm_workflow": "calls its reward as RM-Gallery's (response, messages, ground_truth): only "
-                        "rm_gallery_reward, which needs the RM-Gallery package and its reward models",
-    "async_math_rm_workflow": "the async math_rm_workflow (RM-Gallery's rewards)",
     "webshop_workflow": "needs the WebShop environment (a Java search server and its setup.sh)",
 }
 
