@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -274,7 +275,7 @@ def grpo_advantage(
     entropy: Tensor | None = None,
     epsilon: float = 1e-6,
     std_normalize: bool = True,
-    std_cal_level: str = "group",
+    std_cal_level: Literal["group", "batch"] = "group",
     std_threshold: float | None = None,
 ) -> AdvantageResult:
     """GRPO's group-relative advantage (Shao et al. 2024, arXiv:2402.03300).
@@ -323,7 +324,7 @@ def step_wise_grpo_advantage(
     entropy: Tensor | None = None,
     epsilon: float = 1e-6,
     std_normalize: bool = True,
-    std_cal_level: str = "group",
+    std_cal_level: Literal["group", "batch"] = "group",
     std_threshold: float | None = None,
     enable_step_norm: bool = False,
 ) -> AdvantageResult:
@@ -399,7 +400,7 @@ def gigpo_advantage(
     infos: Sequence[dict] | None = None,
     omega: float = 1.0,
     gamma: float = 1.0,
-    fnorm: str = "none",
+    fnorm: Literal["std", "none"] = "none",
     epsilon: float = 1e-6,
     step_reward_key: str = "step_reward",
     env_state_hash_key: str = "env_state_hash",
@@ -514,7 +515,7 @@ def opmd_advantage(
     reward_baselines: Tensor | None = None,
     episode_ids: GroupIds = None,
     entropy: Tensor | None = None,
-    opmd_baseline: str = "mean",
+    opmd_baseline: Literal["mean", "logavgexp"] = "mean",
     tau: float = 1.0,
 ) -> AdvantageResult:
     """Online policy mirror descent baseline (Trinity-RFT's OPMD, arXiv:2509.24203).

@@ -30,7 +30,7 @@ from typing import Any
 
 from ops import advantages, entropy, kl, policy_losses, rewards, sampling
 from ops.aggregation import LOSS_AGG_MODES
-from ops.registry import get, names
+from ops.registry import bad_values, get, names
 
 # The ``algorithm.*`` config fields ``resolve`` accepts as overrides.
 CONFIG_FIELDS: tuple[str, ...] = (
@@ -175,13 +175,18 @@ _KL_WRAPPERS: dict[str, Callable[..., Any]] = {
 }
 
 
+#: The "default" :func:`hyperparameters` gives a keyword-only setting the config must give.
+REQUIRED = inspect.Parameter.empty
+
+
 def hyperparameters(fn: Callable[..., Any], data: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Keyword parameters of ``fn`` that are not data, with their defaults."""
+    """Keyword parameters of ``fn`` that are not data, with their defaults (``REQUIRED`` for a
+    keyword-only one without)."""
     out: dict[str, Any] = {}
     for p in inspect.signature(fn).parameters.values():
         if p.name in data or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        if p.kind == p.POSITIONAL_ONLY or p.default is p.empty:
+        if p.kind == p.POSITIONAL_ONLY or (p.default is p.empty and p.kind != p.KEYWORD_ONLY):
             continue
         out[p.name] = p.default
     return out
@@ -200,6 +205,9 @@ def _check_args(
             f"algorithm.{field_name}_args: {fn_name!r} has no argument(s) {', '.join(unknown)}; "
             f"valid names: {', '.join(valid) or '(none)'}"
         )
+    bad = bad_values(fn, args)
+    if bad:
+        raise ValueError("; ".join(f"algorithm.{field_name}_args.{line} ({fn_name!r})" for line in bad))
 
 
 def _lookup(field_name: str, kind: str, name: str) -> Callable[..., Any]:
@@ -337,7 +345,7 @@ def _summary(fn: Callable[..., Any]) -> str:
 
 
 def _fmt_args(args: dict[str, Any]) -> str:
-    return ", ".join(f"`{k}={v!r}`" for k, v in args.items()) or "-"
+    return ", ".join(f"`{k}` (required)" if v is REQUIRED else f"`{k}={v!r}`" for k, v in args.items()) or "-"
 
 
 def algorithms_markdown() -> str:

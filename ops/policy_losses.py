@@ -28,9 +28,11 @@ k1 estimate of KL(old || new)).
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal, get_args
 
 import torch
 import torch.nn.functional as F
+from annotated_types import Gt, Interval
 from torch import Tensor
 
 from ops.aggregation import aggregate_loss, masked_mean, masked_sum
@@ -101,7 +103,7 @@ def ppo_policy_loss(
     clip_range: float | None = 0.2,
     clip_range_low: float | None = None,
     clip_range_high: float | None = None,
-    clip_ratio_c: float | None = None,
+    clip_ratio_c: Annotated[float, Gt(1.0)] | None = None,
     loss_agg_mode: str = "token-mean",
 ) -> tuple[Tensor, Metrics]:
     """PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347).
@@ -313,8 +315,8 @@ def m2po_policy_loss(
     expert_mask: Tensor | None = None,
     global_step: int = 0,
     m2po_mask: Tensor | None = None,
-    m2_threshold: float = M2_THRESHOLD,
-    log_ratio_clip: float = 20.0,
+    m2_threshold: Annotated[float, Interval(ge=0.0, lt=math.inf)] = M2_THRESHOLD,
+    log_ratio_clip: Annotated[float, Interval(gt=0.0, lt=math.inf)] = 20.0,
     loss_agg_mode: str = "token-mean",
 ) -> tuple[Tensor, Metrics]:
     """M2PO (second-moment trust policy optimisation, ICLR 2026): ``l_t = -A r`` unclipped, on
@@ -429,15 +431,11 @@ def sppo_policy_loss(
     return loss, metrics
 
 
-REC_CLIP_MODES = ("none", "one-side", "two-side", "ring", "gspo-one-side")
-REC_WEIGHTS = (
-    "none",
-    "importance_sampling",
-    "truncated_importance_sampling",
-    "gspo_importance_sampling",
-    "advantage",
-)
-REC_REGULARIZERS = ("none", "k2", "forward-kl")
+RecClipMode = Literal["none", "one-side", "two-side", "ring", "gspo-one-side"]
+RecWeight = Literal["none", "importance_sampling", "truncated_importance_sampling", "gspo_importance_sampling",
+                    "advantage"]
+RecRegularizer = Literal["none", "k2", "forward-kl"]
+REC_CLIP_MODES, REC_WEIGHTS, REC_REGULARIZERS = get_args(RecClipMode), get_args(RecWeight), get_args(RecRegularizer)
 
 
 @register("policy_loss_fn", "rec")
@@ -454,9 +452,9 @@ def rec_policy_loss(
     epsilon_high: float = 0.2,
     epsilon_low_prime: float = 0.6,
     epsilon_high_prime: float = 2.0,
-    clip_mode: str = "none",
-    weight: str = "none",
-    regularizer: str = "none",
+    clip_mode: RecClipMode = "none",
+    weight: RecWeight = "none",
+    regularizer: RecRegularizer = "none",
     regularizer_coef: float = 0.0,
     temp: float = 1.0,
     loss_agg_mode: str = "token-mean",
@@ -606,7 +604,7 @@ def sft_phi_loss(
     expert_mask: Tensor | None = None,
     global_step: int = 0,
     loss_agg_mode: str = "token-mean",
-    cutoff_prob: float = 1.0,
+    cutoff_prob: Annotated[float, Interval(gt=0.0, le=1.0)] = 1.0,
 ) -> tuple[Tensor, Metrics]:
     """SFT weighted by CHORD's ``phi = sg(p (1 - p))`` (Trinity-RFT's ``sft_phi``): tokens the
     policy is already sure of, or finds hopeless, pull least. With ``cutoff_prob`` < 1 a token

@@ -19,8 +19,11 @@ Nothing else is discovered behind the user's back; the built-in parts are regist
 from __future__ import annotations
 
 import importlib
+import types
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import annotated_types
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,3 +108,40 @@ def parts(kind: str) -> dict[str, Callable[..., Any]]:
 def names(kind: str) -> list[str]:
     """Registered names for ``kind``, sorted."""
     return sorted(_kind_map(kind))
+
+
+def bad_values(fn: Callable[..., Any], args: dict[str, Any]) -> list[str]:
+    """One line per argument in ``args`` whose value breaks what ``fn``'s signature declares:
+    a ``Literal`` it is not one of, or an ``Annotated`` bound of annotated-types (``Gt``,
+    ``Ge``, ``Lt``, ``Le``, ``Interval``; NaN breaks every bound). A part states its valid values
+    once, in its signature, and a config is checked against them before anything starts."""
+    hints = get_type_hints(fn, include_extras=True)
+    out = []
+    for name, value in args.items():
+        hint = hints.get(name)
+        choices = get_origin(hint) in (Union, types.UnionType) and get_args(hint) or (hint,)
+        if value is None and type(None) in choices:
+            continue
+        for choice in choices:
+            if get_origin(choice) is Literal and value not in get_args(choice):
+                out.append(f"{name}: {value!r} is not one of {', '.join(map(repr, get_args(choice)))}")
+            if get_origin(choice) is Annotated:
+                out += [f"{name}: {value!r} {why}" for why in _broken_bounds(value, choice.__metadata__)]
+    return out
+
+
+def _broken_bounds(value: Any, metadata: tuple[Any, ...]) -> list[str]:
+    bounds = [b for m in metadata for b in (m if isinstance(m, annotated_types.GroupedMetadata) else [m])]
+    tests = {annotated_types.Gt: ("gt", ">", lambda v, b: v > b), annotated_types.Ge: ("ge", ">=", lambda v, b: v >= b),
+             annotated_types.Lt: ("lt", "<", lambda v, b: v < b), annotated_types.Le: ("le", "<=", lambda v, b: v <= b)}
+    out = []
+    for bound in bounds:
+        if type(bound) in tests:
+            attr, sign, ok = tests[type(bound)]
+            limit = getattr(bound, attr)
+            try:
+                if not ok(value, limit):
+                    out.append(f"must be {sign} {limit}")
+            except TypeError:
+                out.append(f"is not a number (must be {sign} {limit})")
+    return out

@@ -20,9 +20,9 @@ import math
 import operator
 import re
 from collections.abc import Callable
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal
 
-from ops.registry import parts, register
+from ops.registry import bad_values, parts, register
 
 RewardFn = Callable[..., dict[str, float]]
 
@@ -44,8 +44,8 @@ def call_reward(fn: RewardFn, response: str, truth: Any, *, prompt: str | None =
 
 def check_reward_options(fn: RewardFn, options: dict[str, Any]) -> list[str]:
     """What is wrong with ``options`` (a taskset's ``reward_fn_args``) for ``fn``, one line per
-    option: a name ``fn`` does not take, a setting it needs that is missing, a value outside a
-    ``Literal`` it declares. Checked before start, so a typo does not fail every task."""
+    option: a name ``fn`` does not take, a setting it needs that is missing, a value its
+    signature rules out (:func:`ops.registry.bad_values`). Checked before start, so a typo does not fail every task."""
     params = inspect.signature(fn).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return []
@@ -54,11 +54,7 @@ def check_reward_options(fn: RewardFn, options: dict[str, Any]) -> list[str]:
            for k in options if k not in options_of]
     out += [f"{n}: {fn.__name__} needs it" for n in options_of
             if params[n].default is inspect.Parameter.empty and n not in options]
-    hints = get_type_hints(fn)
-    for k, v in options.items():
-        if k in options_of and get_origin(hints.get(k)) is Literal and v not in get_args(hints[k]):
-            out.append(f"{k}: {v!r} is not one of {', '.join(map(repr, get_args(hints[k])))} ({fn.__name__})")
-    return out
+    return out + [f"{line} ({fn.__name__})" for line in bad_values(fn, {k: v for k, v in options.items() if k in options_of})]
 
 THINK_ANSWER_PATTERN = r".*?<think>.*?</think>\s*<answer>.*?</answer>\s*$"
 STRICT_FORMAT_PATTERN = r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$"

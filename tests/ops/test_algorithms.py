@@ -151,6 +151,29 @@ def test_wrong_names_fail_listing_valid_ones(kwargs, match):
         resolve(**kwargs)
 
 
+@pytest.mark.parametrize("algorithm_type,kwargs,match", [
+    ("m2po", {"policy_loss_fn_args": {"m2_threshold": -1}}, r"policy_loss_fn_args.m2_threshold: -1 must be >= 0"),
+    ("m2po", {"policy_loss_fn_args": {"log_ratio_clip": float("inf")}}, r"log_ratio_clip: inf must be < inf"),
+    ("ppo", {"policy_loss_fn_args": {"clip_ratio_c": 0.5}}, r"clip_ratio_c: 0.5 must be > 1.0 \('ppo'\)"),
+    ("ppo", {"policy_loss_fn_args": {"clip_ratio_c": float("nan")}}, r"clip_ratio_c: nan must be > 1.0"),
+    ("ppo", {"policy_loss_fn_args": {"clip_ratio_c": "big"}}, r"clip_ratio_c: 'big' is not a number"),
+    ("grpo", {"advantage_fn_args": {"std_cal_level": "foo"}}, r"std_cal_level: 'foo' is not one of 'group', 'batch'"),
+    ("gigpo", {"advantage_fn_args": {"fnorm": "max"}}, r"advantage_fn_args.fnorm: 'max' is not one of 'std'"),
+    ("opmd", {"advantage_fn_args": {"opmd_baseline": "max"}}, r"opmd_baseline: 'max' is not one of"),
+    ("rec", {"policy_loss_fn_args": {"weight": "x"}}, r"policy_loss_fn_args.weight: 'x' is not one of 'none'"),
+    ("mix_chord", {"policy_loss_fn": "sft_phi", "policy_loss_fn_args": {"cutoff_prob": 0}}, r"cutoff_prob: 0 must be > 0"),
+])
+def test_a_value_the_part_rules_out_fails_naming_the_argument(algorithm_type, kwargs, match):
+    """A part declares its valid values in its signature (Literal, annotated-types bounds), so
+    a config is refused before start, not at the trainer's first step."""
+    with pytest.raises(ValueError, match=match):
+        resolve(algorithm_type, **kwargs)
+    ok = {k: {a: None if a == "clip_ratio_c" else v for a, v in args.items()} for k, args in kwargs.items()
+          if k.endswith("_args") and "clip_ratio_c" in args}
+    if ok:  # None is the "off" a bound allows
+        resolve(algorithm_type, **ok)
+
+
 def test_user_registered_part_can_be_named():
     @register("advantage_fn", "test_median")
     def median_baseline(*, action_mask, rewards=None, shift: float = 0.0, **_unused):
