@@ -310,6 +310,8 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
                 except KeyError as e:
                     out.append(f"{where}buffer.explorer_input.{key}.default_workflow_type: {e.args[0]}")
                 else:
+                    out += [f"{where}buffer.explorer_input.{key}.workflow_args.{line}"
+                            for line in cls.check_args(ts.workflow_args)]
                     judges = cls.auxiliary_required
                     if judges > len(cfg.explorer.auxiliary_models):
                         out.append(f"{where}explorer.auxiliary_models: workflow {ts.default_workflow_type!r} "

@@ -79,6 +79,21 @@ class LoadedConfig:
 _INTERP = re.compile(r"\$\{([^${}]+)\}")
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but ``1e6`` and ``1.0e-5`` are floats: YAML 1.2 and OmegaConf
+    (which Trinity-RFT's configs are written for) read them so, PyYAML's YAML 1.1 a string, which
+    a free-form setting (``policy_loss_fn_args.clip_ratio_c: 1.0e6``) would keep."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` as YAML, with exponent floats as YAML 1.2 reads them (:class:`_YamlLoader`)."""
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 (a SafeLoader)
+
+
 def read_yaml(
     path: str | os.PathLike[str], environ: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -87,7 +102,7 @@ def read_yaml(
     if not p.is_file():
         raise ConfigError([f"config file {str(p)!r}: not found"])
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = load_yaml(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError([f"config file {str(p)!r}: not valid YAML: {e}"]) from None
     except UnicodeDecodeError as e:
@@ -255,7 +270,7 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
                 [f"--set {item!r}: expected KEY=VALUE, e.g. algorithm.repeat_times=4"]
             )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = out

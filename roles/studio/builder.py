@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel
 
 from schemas.config import TrinityConfig
-from schemas.loader import ConfigError, to_yaml
+from schemas.loader import ConfigError, load_yaml, to_yaml
 
 #: The fields of the beginner view: what a first run changes (Trinity-RFT's studio shows a
 #: similar set in its beginner mode). Everything is in the expert view.
@@ -112,7 +112,7 @@ def read_example(root: Path, rel: str) -> dict[str, Any]:
     """An example's YAML as the user wrote it (interpolations kept, comments dropped)."""
     if rel not in examples(root):
         raise FileNotFoundError(f"no example {rel!r}")
-    return yaml.safe_load((root / rel).read_text()) or {}
+    return load_yaml((root / rel).read_text()) or {}
 
 
 def field_of(problem: str) -> str:

@@ -244,7 +244,7 @@ async def test_on_policy_distill_workflows_are_upstreams(hf_engine) -> None:
                              {"role": "user", "content": "1+1?\nPlease reason step by step, and put your "
                                                          "final answer within \\boxed{}."}]
     assert wf.reward("so \\boxed{2}") == {"accuracy": 1.0} and wf.reward("3") == {"accuracy": 0.0}
-    with pytest.raises(ValueError, match="workflow_args.temperature 0.5: the teacher scores at temperature 1"):
+    with pytest.raises(ValueError, match="workflow_args.temperature: 0.5: the teacher scores at temperature 1"):
         make("on_policy_distill_workflow", workflow_args={"temperature": 0.5})
     ev = get_workflow("async_math_eval_workflow")(task=Task(
         task_id="e/0", raw={"question": "1+1?", "answer": "2"}, workflow="math_eval_workflow",

@@ -166,9 +166,9 @@ async def test_the_rubric_judge_can_be_an_openai_compatible_api(tiny_model: Path
         assert wf.auxiliary_required == 0
         exps = await wf.run_async()
         assert [e.reward for e in exps] == [0.0, 0.0] and all(e.info["judge_success"] == 0.0 for e in exps)
-        with pytest.raises(ValueError, match="workflow_args.judge_model_name is missing"):
+        with pytest.raises(ValueError, match="workflow_args.judge_model_name: missing"):
             workflow(judge_api_base_url_env="JUDGE_URL")
-        with pytest.raises(ValueError, match="environment variable NO_SUCH_URL .* is not set"):
+        with pytest.raises(ValueError, match="workflow_args.judge_api_base_url_env: environment variable NO_SUCH_URL is not set"):
             workflow(judge_model_name="tiny", judge_api_base_url_env="NO_SUCH_URL")
     finally:
         await server.stop()

@@ -328,6 +328,26 @@ def test_reward_options_are_checked_before_start(tmp_path, config):
     assert rc == 2 and "taskset.reward_fn_args.patern: math_reward takes no such option" in err, err
 
 
+def test_workflow_args_are_checked_before_start(tmp_path, config, monkeypatch):
+    """A workflow's own settings (its check_args) are refused by the config check naming the
+    taskset and the setting, not found by every task at run time."""
+    run_cfg = ("--config", str(_run_config(tmp_path, _data(tmp_path))))
+    judge = ("buffer.explorer_input.taskset.default_workflow_type=rubric_judge_openai_workflow",)
+    monkeypatch.delenv("NO_SUCH_URL", raising=False)
+    rc, _, err = config(*judge, "buffer.explorer_input.taskset.workflow_args={judge_api_base_url_env: NO_SUCH_URL}",
+                        extra=run_cfg)
+    assert rc == 2, err
+    assert "taskset.workflow_args.judge_model_name: missing" in err, err
+    assert "taskset.workflow_args.judge_api_base_url_env: environment variable NO_SUCH_URL is not set" in err, err
+    monkeypatch.setenv("NO_SUCH_URL", "http://127.0.0.1:1/v1")
+    rc, _, err = config(*judge, "buffer.explorer_input.taskset.workflow_args="
+                                "{judge_api_base_url_env: NO_SUCH_URL, judge_model_name: judge}", extra=run_cfg)
+    assert rc == 0, err
+    rc, _, err = config("buffer.explorer_input.taskset.default_workflow_type=on_policy_distill_workflow",
+                        "buffer.explorer_input.taskset.workflow_args={temperature: 0.7}", extra=run_cfg)
+    assert rc == 2 and "taskset.workflow_args.temperature: 0.7: the teacher scores at temperature 1" in err, err
+
+
 def test_trinity_run_refuses_an_unknown_workflow_before_any_process(tmp_path):
     data = _data(tmp_path)
     r = trinity("run", "--config", str(_run_config(tmp_path, data)),

@@ -203,6 +203,16 @@ class Workflow:
         self.repeat_times = task.repeat_times
         self.args = dict(task.workflow_args)
         self.logger = logging.getLogger(f"trinity.workflow.{type(self).__name__}")
+        problems = self.check_args(self.args)
+        if problems:  # a row's own workflow_args, or a workflow the config check did not see
+            raise ValueError(f"task {task.task_id}: workflow_args.{problems[0]}")
+
+    @classmethod
+    def check_args(cls, args: dict[str, Any]) -> list[str]:
+        """What is wrong with ``workflow_args`` for this workflow, one line per setting
+        (``name: why``). The config check calls it before start, so a wrong setting is refused
+        there rather than failing every task; none by default."""
+        return []
 
     @property
     def rollout_args(self) -> dict[str, Any]:

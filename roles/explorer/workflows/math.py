@@ -148,11 +148,11 @@ class OnPolicyDistillWorkflow(SimpleWorkflow):
 
     reward_required = False
 
-    def __init__(self, *a: Any, **kw: Any) -> None:
-        super().__init__(*a, **kw)
-        if float(self.args.get("temperature", 1.0)) != 1.0:
-            raise ValueError(f"task {self.task.task_id}: workflow_args.temperature "
-                             f"{self.args['temperature']}: the teacher scores at temperature 1 here")
+    @classmethod
+    def check_args(cls, args: dict[str, Any]) -> list[str]:
+        if float(args.get("temperature", 1.0)) != 1.0:
+            return [f"temperature: {args['temperature']}: the teacher scores at temperature 1 here"]
+        return []
 
     def reward(self, response: str, prompt: str | None = None,
                response_length: int | None = None) -> dict[str, float]:

@@ -110,19 +110,20 @@ class RubricJudgeOpenAIWorkflow(RubricJudgeWorkflow):
 
     auxiliary_required = 0
 
+    @classmethod
+    def check_args(cls, args: dict[str, Any]) -> list[str]:
+        url_env = str(args.get("judge_api_base_url_env", "OPENAI_BASE_URL"))
+        return ((["judge_model_name: missing: the judge API's model"] if not args.get("judge_model_name") else [])
+                + ([f"judge_api_base_url_env: environment variable {url_env} is not set: the judge API's base URL"]
+                   if not os.environ.get(url_env) else []))
+
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         import openai
 
-        self.judge_model = self.args.get("judge_model_name")
-        url_env = str(self.args.get("judge_api_base_url_env", "OPENAI_BASE_URL"))
+        self.judge_model = self.args["judge_model_name"]
+        url = os.environ[str(self.args.get("judge_api_base_url_env", "OPENAI_BASE_URL"))]
         key_env = str(self.args.get("judge_api_key_env", "OPENAI_API_KEY"))
-        if not self.judge_model:
-            raise ValueError(f"task {self.task.task_id}: workflow_args.judge_model_name is missing: the judge API's model")
-        url = os.environ.get(url_env, "")
-        if not url:
-            raise ValueError(f"task {self.task.task_id}: environment variable {url_env} (workflow_args."
-                             "judge_api_base_url_env) is not set: the judge API's base URL")
         self.client = openai.AsyncOpenAI(base_url=url, api_key=os.environ.get(key_env) or "EMPTY")
 
     async def run_async(self) -> list[Experience]:
