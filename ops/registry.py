@@ -72,6 +72,13 @@ def unregister(kind: str, name: str) -> None:
 REFUSED: dict[tuple[str, str], str] = {
     ("advantage_fn", "clipv"): "reads a per-token signal ('necs') that only upstream's example veRL actor "
                                "computes (examples/entropy/clipv_dp_actor.py), not its trainer",
+    ("advantage_fn", "cod"): "Connect-the-Dots (its main branch): reads fields only its own CoD workflows write "
+                             "(exp_type, task_rewards); not built yet",
+    **{("reward_fn", name): "calls the OpenJudge package's LLM graders (py-openjudge, not a dependency here) on a "
+                            "judge API; not wired yet: a judge on an auxiliary model trains through "
+                            "rubric_judge_workflow or math_ruler_workflow"
+       for name in ("openjudge_reward", "trajectory_accuracy_grader_reward", "openjudge_trajectory_accuracy_reward",
+                    "openjudge_multi_grader_reward")},
 }
 
 

@@ -62,7 +62,11 @@ UPSTREAM_NAMES: dict[str, list[str]] = {
 }
 
 #: Why a name is refused, where that is more than "not built yet" (the default).
-WHY_NOT: dict[tuple[str, str], str] = {}
+WHY_NOT: dict[tuple[str, str], str] = {
+    ("experience_operator", "cod_advantage_fn"): "Connect-the-Dots' advantage as an operator (see advantage_fn cod)",
+    ("experience_operator", "cod_overwrite_reward_with_returns"): "Connect-the-Dots' (see advantage_fn cod)",
+    ("algorithm_type", "cpt"): "seen on a newer upstream branch only, without its source here: not built yet",
+}
 
 #: What each upstream example config (``tests/upstream/<path>``) gets here: ``loads`` (both
 #: ``trinity config`` and ``trinity run --plan`` succeed) or the start of its refusal.

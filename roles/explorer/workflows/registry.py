@@ -83,6 +83,8 @@ REFUSED: dict[str, str] = {
     "simple_mm_workflow": "multi-modal data is not implemented",
     "async_simple_mm_workflow": "multi-modal data is not implemented",
     "webshop_workflow": "needs the WebShop environment (a Java search server and its setup.sh)",
+    "thinking_budget_workflow": "vLLM's per-request thinking_token_budget (it forces the reasoning's end): "
+                                "neither engine here has it yet",
 }
 
 
