@@ -193,7 +193,8 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
                     "stored": float(service.stored), "ready": float(ready), "groups_in": float(service.groups_in),
                     "quarantined": float(service.quarantined),
                     "dead_letters": float(consumer.dead_letters if consumer else 0),
-                    **{f"dropped/{k}": float(v) for k, v in service.pipeline.dropped.items()}}))
+                    **{f"dropped/{k}": float(v) for k, v in service.pipeline.dropped.items()},
+                    **service.pipeline.take_advantage_means()}))
     finally:
         for s in subs:
             await s.unsubscribe()

@@ -271,7 +271,8 @@ def teacher_row(e: Any) -> torch.Tensor:
 
 def group_advantages(group: ExperienceGroup, spec: AlgorithmSpec) -> ExperienceGroup | None:
     """Fill ``advantages``/``returns`` of every experience with ``spec.advantage_fn`` over the
-    group (responses padded to the longest); rows the function does not keep are dropped."""
+    group (responses padded to the longest); rows the function does not keep are dropped. The
+    function's metrics go into ``group.metrics`` as ``advantage/<name>``, kept or not."""
     exps = group.experiences
     if not exps:
         return None
@@ -293,6 +294,7 @@ def group_advantages(group: ExperienceGroup, spec: AlgorithmSpec) -> ExperienceG
     res = fn(action_mask=mask, rewards=rewards, group_ids=[e.advantage_group for e in exps],
              old_logprob=old, teacher_logprob=teacher, episode_ids=[e.episode_key for e in exps],
              **infos, **spec.advantage_fn_args)
+    group.metrics.update({f"advantage/{k}": float(v) for k, v in res.metrics.items()})
     keep = res.keep.reshape(-1).bool() if res.keep.numel() == len(exps) else torch.ones(len(exps), dtype=torch.bool)
     kept = []
     for i, e in enumerate(exps):
@@ -313,6 +315,8 @@ class Pipeline:
     operators: list[tuple[str, Operator]] = field(default_factory=list)
     spec: AlgorithmSpec | None = None
     dropped: dict[str, int] = field(default_factory=dict)
+    #: the group advantages' metrics since :meth:`take_advantage_means`: name -> (sum, groups)
+    advantage_sums: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, operators: list[Any], spec: AlgorithmSpec | None) -> Pipeline:
@@ -379,7 +383,18 @@ class Pipeline:
                 return None, rate
         spec = self.spec
         if spec is not None and spec.advantage_fn and not spec.compute_advantage_in_trainer:
-            g = group_advantages(g, spec)
+            before, g = g, group_advantages(g, spec)
+            for k, v in before.metrics.items():
+                if k.startswith("advantage/"):
+                    total, n = self.advantage_sums.get(k, (0.0, 0))
+                    self.advantage_sums[k] = (total + v, n + 1)
             if g is None:
                 self.dropped["advantage"] = self.dropped.get("advantage", 0) + 1
         return g, rate
+
+    def take_advantage_means(self) -> dict[str, float]:
+        """Each group-advantage metric's mean over the groups since the last call (the buffer
+        publishes them with its counters; the trainer cannot see them: it gets experiences)."""
+        means = {k: total / n for k, (total, n) in self.advantage_sums.items()}
+        self.advantage_sums.clear()
+        return means

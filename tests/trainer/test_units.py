@@ -98,6 +98,20 @@ def test_pipeline_shapes_filters_and_computes_grpo_advantages():
     assert reward_shaping(_group([3.0]), clip=[0, 1]).experiences[0].reward == 1.0
 
 
+def test_the_buffers_group_advantage_metrics_are_averaged_for_its_metric_event():
+    """GRPO's and GiGPO's metrics are computed where the advantages are, in the buffer: each
+    group's go into its metrics, and the pipeline hands their mean over the groups since the last
+    publish to the buffer's metric event (then starts again)."""
+    pipe = Pipeline.from_config([], resolve("grpo", advantage_fn_args={"std_threshold": 0.0}))
+    g = pipe(_group([0.0, 1.0]))
+    assert g.metrics["advantage/reward_mean"] == pytest.approx(0.5)
+    assert pipe(_group([1.0, 1.0])) is None  # std 0: dropped, and its metrics still count
+    means = pipe.take_advantage_means()
+    assert means["advantage/reward_mean"] == pytest.approx(0.75)
+    assert means["advantage/filtered_count"] == pytest.approx(1.0)
+    assert pipe.take_advantage_means() == {}
+
+
 def test_trinity_rft_reward_filters_keep_what_upstreams_keep():
     """Upstream's ``reward_filter`` keeps experiences with reward >= threshold (per experience);
     ``reward_std_filter`` drops groups of one or with rewards' std <= threshold;
