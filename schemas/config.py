@@ -94,6 +94,15 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 }
 VLLM_ENGINE_PATHS = ("explorer.rollout_model.engine_type", "explorer.auxiliary_models[].engine_type")
 
+#: Trinity-RFT's values of a setting that trinity does not have yet, per ``section.field``, and
+#: why: the loader's refusal says it beside the values it takes.
+NOT_YET_VALUES: dict[str, dict[str, str]] = {
+    "synchronizer.sync_method": {
+        "memory": "Trinity-RFT's weights through memory, for trainer and engine on one GPU: not built yet; "
+                  "nccl broadcasts them (gloo on CPU), checkpoint loads the trainer's saved model",
+    },
+}
+
 
 #: Why veRL's ``ppo_mini_batch_size`` is not read (the FAQ's batch-size answer): in Trinity-RFT
 #: it is overridden by ``buffer.train_batch_size``, one optimizer update per batch. Reading it

@@ -470,3 +470,12 @@ def test_tinker_is_refused_as_a_remote_service_and_its_off_switch_ignored():
     with pytest.raises(ConfigError, match=r"model.tinker.enable: true: Tinker trains on Thinking Machines' remote service"):
         load(None, ["model.tinker={enable: true}"])
     assert any("model.tinker" in w for w in load(None, ["model.tinker={enable: false}"]).warnings)
+
+
+def test_a_trinity_rft_value_not_built_yet_is_refused_saying_why(tmp_path):
+    """sync_method: memory (upstream's name, its one-GPU sync) is refused with the reason and
+    what to use, not only the list of values trinity takes."""
+    p = write(tmp_path, "synchronizer: {sync_method: memory}\n")
+    with pytest.raises(ConfigError, match=r"synchronizer\.sync_method: got 'memory'.*'nccl' or 'checkpoint' "
+                                          r"\(Trinity-RFT's weights through memory.*not built yet"):
+        load(p)
