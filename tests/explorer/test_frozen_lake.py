@@ -104,6 +104,18 @@ async def test_the_response_budget_ends_the_episode_truncated(engine) -> None:
     assert e.response_truncated and e.info["env_steps"] == 1  # the next observation alone passes 6 tokens
 
 
+async def test_the_context_window_ends_the_episode_truncated_too(tiny_model: Path) -> None:
+    """max_tokens is the episode's budget; when the conversation fills max_model_len first,
+    the episode ends truncated (upstream's engine would fail the request, and the task with it)."""
+    from roles.explorer.engines.hf import HFEngine
+
+    small = HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers",
+                                          dtype="float32", max_model_len=700, seed=0))
+    wf = workflow(small, rollout={"max_tokens": 4096}, desc=["SF", "FG"], agent_max_steps=8, system_prompt="lake")
+    [e] = await wf.run_async()
+    assert e.response_truncated and len(e.tokens) <= 700
+
+
 def test_the_seed_row_makes_the_map(engine) -> None:
     async def lake():
         return workflow(engine, raw={"size": 4, "p": 0.7, "seed": 11}).desc

@@ -195,6 +195,8 @@ class FrozenLakeWorkflow(MultiTurnWorkflow):
             n = len(render(messages, True))
             first_len = n if first_len is None else first_len
             left = budget - (n - first_len)
+            limit = getattr(getattr(self.model.engine, "limits", None), "max_model_len", None)
+            left = left if limit is None else min(left, limit - n)  # (ours: upstream's engine errs)
             if left <= 0:  # the episode's responses (and the observations between) used it up
                 messages.pop()
                 rewards.append(0.0)
