@@ -675,6 +675,11 @@ async def _join_group(engines: Sequence[Any], rdv: Rendezvous, timeout: float) -
 
 
 async def _receive(engines: Sequence[Any], timeout: float) -> int:
-    """Every engine receives one broadcast; the version they all hold now."""
-    got = await asyncio.wait_for(asyncio.gather(*(e.receive_weights() for e in engines)), timeout)
+    """Every engine receives one broadcast; the version they all hold now. A wait cancelled
+    mid-broadcast (a stop) leaves the gathered receives finished with CancelledError, which
+    ``wait_for`` never reads: the callback does, or asyncio logs "exception was never
+    retrieved" (seen in a role's log after its run was SIGKILLed)."""
+    receives = asyncio.gather(*(e.receive_weights() for e in engines))
+    receives.add_done_callback(lambda f: f.cancelled() or f.exception())
+    got = await asyncio.wait_for(receives, timeout)
     return min(int(v) for v in got)

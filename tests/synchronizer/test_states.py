@@ -64,3 +64,37 @@ def test_an_explorer_that_asked_goes_back_outside_when_no_group_comes():
 
 def test_every_state_says_what_it_means():
     assert {s for _, start in MACHINES.values() for s in type(start)} == set(MEANINGS)
+
+
+def test_a_receive_cancelled_mid_broadcast_leaves_no_unretrieved_exception():
+    """A stop cancels the explorer's wait for a broadcast while its receives run in threads;
+    asyncio must not log "exception was never retrieved" for the gathered receives (it did
+    in a role's log after its run was SIGKILLed, failing the no-orphans test)."""
+    import asyncio
+    import gc
+    import time
+
+    from roles.synchronizer.client import _receive
+
+    class Blocked:
+        async def receive_weights(self) -> int:
+            await asyncio.to_thread(time.sleep, 0.3)
+            return 1
+
+    async def main() -> list[dict]:
+        seen: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+        task = asyncio.create_task(_receive([Blocked(), Blocked()], timeout=60))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        await asyncio.sleep(0.5)  # the threads finish
+        gc.collect()
+        await asyncio.sleep(0)
+        return seen
+
+    seen = asyncio.run(main())
+    assert not [c for c in seen if "never retrieved" in str(c.get("message"))], seen
