@@ -205,7 +205,10 @@ def test_an_explorer_joins_a_run_under_a_weight_broadcast(tmp_path, tiny_model, 
     joins mid-run pulls the trainer's weights over a group of its own before it runs tasks
     that need them. Every group is stored and trained once."""
     server = nats_server_factory()
-    cfg = _config(tmp_path, tiny_model, arith48, server.url, **{"synchronizer.sync_method": "nccl"})
+    # 1.5 s a task (sleep, no CPU): the run outlasts the joining explorer's start under load (it
+    # ran no task once in the suite: the run ended first, 2026-11-29)
+    cfg = _config(tmp_path, tiny_model, arith48, server.url, **{
+        "synchronizer.sync_method": "nccl", "buffer.explorer_input.taskset.workflow_args.delay": 1.5})
     job = tmp_path / "ckpt/t/r"
     log, helper_log = tmp_path / "run.log", tmp_path / "helper.log"
     run = trinity("run", "--config", str(cfg), log=log, env_extra=PLUGINS)
