@@ -205,6 +205,10 @@ def _check_args(
             f"algorithm.{field_name}_args: {fn_name!r} has no argument(s) {', '.join(unknown)}; "
             f"valid names: {', '.join(valid) or '(none)'}"
         )
+    params = inspect.signature(fn).parameters
+    missing = [k for k in valid if k in params and params[k].default is REQUIRED and k not in args]
+    if missing:
+        raise ValueError(f"algorithm.{field_name}_args: {fn_name!r} needs {', '.join(missing)} (no default)")
     bad = bad_values(fn, args)
     if bad:
         raise ValueError("; ".join(f"algorithm.{field_name}_args.{line} ({fn_name!r})" for line in bad))

@@ -174,6 +174,23 @@ def test_a_value_the_part_rules_out_fails_naming_the_argument(algorithm_type, kw
         resolve(algorithm_type, **ok)
 
 
+def test_a_plugin_parts_required_setting_must_be_given():
+    """A part whose keyword-only setting has no default is refused until the config gives it,
+    not at the trainer's first step."""
+    from ops.registry import unregister
+
+    @register("advantage_fn", "test_needs_beta")
+    def needs_beta(*, action_mask, rewards=None, group_ids=None, beta: float, **_unused):
+        raise AssertionError("not called")
+
+    try:
+        with pytest.raises(ValueError, match=r"advantage_fn_args: 'test_needs_beta' needs beta \(no default\)"):
+            resolve("grpo", advantage_fn="test_needs_beta")
+        assert resolve("grpo", advantage_fn="test_needs_beta", advantage_fn_args={"beta": 0.5})
+    finally:
+        unregister("advantage_fn", "test_needs_beta")
+
+
 def test_user_registered_part_can_be_named():
     @register("advantage_fn", "test_median")
     def median_baseline(*, action_mask, rewards=None, shift: float = 0.0, **_unused):
