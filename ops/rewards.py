@@ -300,10 +300,7 @@ def rm_gallery_reward(
     ``1+x`` differ. ``timeout_score`` is kept for its configs (nothing here times out).
     RM-Gallery's reward models (LLM judges) are not here: use a judge workflow
     (``math_ruler_workflow``, ``rubric_judge_workflow``)."""
-    if truth is None:
-        return {"math_verify": 0.0}
-    ok = answers_match(extract_math_answer(response), extract_ground_truth(str(truth)))
-    return {"math_verify": 1.0 if ok else 0.0}
+    return {"math_verify": accuracy_reward(response, truth)["accuracy"]}
 
 
 @register("reward_fn", "math_dapo_reward")
