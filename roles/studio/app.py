@@ -70,6 +70,17 @@ class Studio:
         self.checker = builder.Checker()  # validation, in a child process (see Checker)
         self.warming: asyncio.Task | None = None  # its first check, started with the app
         self.launched: dict[int, tuple[Any, Path]] = {}  # pid -> (trinity run's process, its log)
+        self.closing = asyncio.Event()  # set on Ctrl-C/SIGTERM: the event streams end at once
+
+    async def pause(self, seconds: float) -> bool:
+        """Wait ``seconds``; False when the studio is closing. A run view's event stream never
+        ends by itself, and the server waits for it on Ctrl-C/SIGTERM (seen: the studio still
+        alive 10 s after SIGTERM on a busy CI machine)."""
+        try:
+            await asyncio.wait_for(self.closing.wait(), seconds)
+        except asyncio.TimeoutError:
+            return True
+        return False
 
     # -- safety --------------------------------------------------------------------------------
 
@@ -274,8 +285,9 @@ class Studio:
                     snap = await live.bus_snapshot(url, self._running_stage(job).run_id) if url else NO_URL
                     last_bus = time.monotonic()
                     await resp.write(f"event: bus\ndata: {_dumps(snap)}\n\n".encode())
-                await asyncio.sleep(BUS_TICK if job.bus_only else TICK)  # its records cost 2 connections
-        except (ConnectionResetError, asyncio.CancelledError):
+                if not await self.pause(BUS_TICK if job.bus_only else TICK):  # its records cost 2 connections
+                    break
+        except ConnectionResetError:  # the page went away
             pass
         return resp
 
@@ -318,10 +330,14 @@ def make_app(root: Path, token: str, nats_url: str | None = None, loopback: bool
     async def warm(_: web.Application) -> None:  # the first check starts the checker's process
         s.warming = asyncio.get_running_loop().create_task(s.checker.check({}))
 
+    async def stop_streams(_: web.Application) -> None:
+        s.closing.set()
+
     async def close(_: web.Application) -> None:
         s.checker.close()
 
     app.on_startup.append(warm)
+    app.on_shutdown.append(stop_streams)
     app.on_cleanup.append(close)
     app.add_routes([
         web.get("/", s.index), web.get("/static/{name}", s.static),

@@ -32,7 +32,7 @@ def serve(args: argparse.Namespace) -> int:
     url = f"http://{shown}:{args.port}/?token={token}"
     mode = "read-only: it cannot save or run" if read_only else "Run starts trinity run, which runs the config's code as you"
     print(f"trinity studio: {url} (jobs under {root.resolve()}; {mode}; Ctrl-C stops)", flush=True)
-    # shutdown_timeout: a run view's event stream never ends by itself, and aiohttp would wait
-    # 60 s for it on Ctrl-C/SIGTERM (seen: the studio alive 10 s after SIGTERM under load)
+    # shutdown_timeout: what a request still in flight gets on Ctrl-C/SIGTERM (aiohttp's default
+    # is 60 s); the run views' event streams end at once (Studio.pause)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=2.0)
     return 0

@@ -4,6 +4,7 @@ and the step a trajectory view shows."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -142,6 +143,24 @@ async def test_jobs_are_found_as_themselves_with_figures_and_kept_steps(tmp_path
         assert r.status == 404 and "no job p/nothing" in (await r.json())["error"]
         r = await c.get("/api/jobs/p/n/steps?stage=zzz")
         assert r.status == 404 and "no stage 'zzz'" in (await r.json())["error"]
+    finally:
+        await c.close()
+
+
+@pytest.mark.unit
+async def test_a_run_views_event_stream_ends_when_the_studio_stops(tmp_path):
+    """Ctrl-C/SIGTERM must not wait on an open run view: its stream would never end by itself
+    (the studio was seen alive 10 s after SIGTERM on a busy CI machine)."""
+    root = tmp_path / "ckpt"
+    _job(root, "n", {"project": "p", "name": "n", "state": "running", "pid": 1, "stages": [
+        {"label": "n", "dir": str(root / "p" / "n"), "mode": "both", "run_id": "p.n", "model_path": ""}]})
+    c = await _client(root, tmp_path)
+    try:
+        r = await c.get("/api/jobs/p/n/events")
+        assert (await r.content.readline()).startswith(b"event: ")
+        await c.app.shutdown()  # what the server does first on SIGTERM
+        rest = await asyncio.wait_for(r.content.read(), 30)  # to the end: the stream is closed
+        assert rest.count(b"event: ") <= 3, rest
     finally:
         await c.close()
 
