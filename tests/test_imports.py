@@ -180,6 +180,24 @@ def test_the_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     assert find_cycles(graph) == [["p.a", "p.c", "p.a"], ["q", "q.y", "r.z", "q"]]
 
 
+def test_nothing_of_ours_imports_the_trinity_plugin_api() -> None:
+    """``trinity`` (Trinity-RFT's plugin API, ``roles/compat/trinity``) sits above everything:
+    it imports ``roles``, ``ops`` and ``schemas``; none of them may import it back."""
+    compat = ROOT / "roles" / "compat"
+    mods = find_modules(ROOT, PACKAGES)
+    wrong = []
+    for path, _ in mods.values():
+        if path.is_relative_to(compat):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            wrong += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.split(".")[0] == "trinity"]
+    assert wrong == []
+    assert (compat / "trinity" / "__init__.py").is_file()
+
+
 @pytest.mark.parametrize("pkg", PACKAGES)
 def test_every_package_is_in_the_layers(pkg: str) -> None:
     assert (ROOT / pkg / "__init__.py").is_file() and pkg in ALLOWED

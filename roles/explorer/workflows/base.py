@@ -112,6 +112,13 @@ class ModelHandle:
     def generate(self, prompt: str | list[int], n: int = 1, **kw: Any) -> list[Experience]:
         return self._blocking(self.agenerate(prompt, n=n, **kw))
 
+    async def alogprobs(self, tokens: list[int]) -> list[float]:
+        """The model's log-prob of each of ``tokens[1:]`` given the ones before it."""
+        return await self.engine.score(list(tokens), 1)
+
+    def logprobs(self, tokens: list[int]) -> list[float]:
+        return self._blocking(self.alogprobs(tokens))
+
     def extract_history(self) -> list[Experience]:
         """Experiences recorded since the last call (``enable_history``), and clear them."""
         out, self.history = self.history, []

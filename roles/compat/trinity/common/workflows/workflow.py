@@ -1,0 +1,160 @@
+"""Trinity-RFT's ``Task`` and ``Workflow``, and :class:`UpstreamWorkflow`, which runs a workflow
+written for them inside our explorer's runner.
+
+Upstream's runner builds a workflow as ``cls(task=Task, model=ModelWrapper,
+auxiliary_models=[ModelWrapper])`` and calls ``run()`` (or ``await run_async()``); a
+``can_repeat`` workflow is told ``set_repeat_times(n, run_id_base)`` first and makes all ``n``
+rollouts in one call. :class:`UpstreamWorkflow` is one of our workflows doing exactly that
+with our task, engine and auxiliary models, and hands the experiences back as ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from roles.explorer.workflows.base import Workflow as OurWorkflow
+from schemas.config import FormatConfig, GenerationConfig
+from schemas.data import Experience as OurExperience
+from schemas.data import Task as OurTask
+from trinity.common.experience import Experience, to_ours
+from trinity.common.models.model import ModelWrapper
+from trinity.common.rewards import REWARD_FUNCTIONS
+from trinity.utils.log import get_logger
+
+
+@dataclass
+class Task:
+    """One task as upstream's workflows read it: the row (``raw_task``), the taskset's format,
+    rollout, workflow and reward settings, and the reward class."""
+
+    workflow: type | None = None
+    repeat_times: int | None = None
+    format_args: FormatConfig = field(default_factory=FormatConfig)
+    rollout_args: GenerationConfig = field(default_factory=GenerationConfig)
+    workflow_args: dict = field(default_factory=dict)
+    reward_fn_args: dict = field(default_factory=dict)
+    is_eval: bool = False
+    reward_fn: type | None = None
+    raw_task: dict | None = None
+    batch_id: int | str = ""
+    task_id: int | str = ""
+    index: dict = field(default_factory=dict)
+
+    def to_workflow(self, model: ModelWrapper, auxiliary_models: list[ModelWrapper] | None = None) -> Workflow:
+        return self.workflow(task=self, model=model, auxiliary_models=auxiliary_models)  # type: ignore[misc]
+
+    @property
+    def task_desc(self) -> str | None:
+        return (self.raw_task or {}).get(self.format_args.prompt_key)
+
+    @property
+    def truth(self) -> str | None:
+        return (self.raw_task or {}).get(self.format_args.response_key)
+
+    def to_dict(self) -> dict:
+        return self.raw_task or {}
+
+
+def from_our_task(task: OurTask, workflow: type, repeat_times: int) -> Task:
+    """Our task as upstream's, ``repeat_times`` rollouts of it (``rollout_args.n`` too)."""
+    fmt = {k: v for k, v in task.format.items() if k in FormatConfig.model_fields}
+    gen = {k: v for k, v in task.rollout_args.items() if k in GenerationConfig.model_fields and k != "n"}
+    return Task(workflow=workflow, repeat_times=repeat_times, format_args=FormatConfig(**fmt),
+                rollout_args=GenerationConfig(**gen, n=repeat_times), workflow_args=dict(task.workflow_args),
+                reward_fn_args=dict(task.reward_fn_args), is_eval=task.is_eval,
+                reward_fn=REWARD_FUNCTIONS.get(task.reward_fn) if task.reward_fn else None,
+                raw_task=dict(task.raw), task_id=task.task_id, index={"index": task.index, "taskset": task.taskset})
+
+
+class Workflow:
+    """Base of a workflow written for Trinity-RFT: ``run()`` (or ``run_async()`` with
+    ``is_async = True``) returns the experiences. ``can_repeat``: one call makes
+    ``self.repeat_times`` rollouts (``set_repeat_times``); else it is called once per rollout.
+    ``can_reset``/``reset`` are accepted; a fresh workflow is built for every task here."""
+
+    can_reset: bool = False
+    can_repeat: bool = False
+    is_async: bool = False
+
+    def __init__(self, *, task: Task, model: ModelWrapper, auxiliary_models: list[ModelWrapper] | None = None) -> None:
+        self.task = task
+        self.model = model
+        self.auxiliary_model_wrappers = auxiliary_models
+        self._clients: list[Any] | None = None
+        self.repeat_times = task.repeat_times or 1
+        self.run_id_base = 0
+        self.logger = get_logger(type(self).__module__)
+
+    @property
+    def auxiliary_models(self) -> list[Any] | None:
+        """OpenAI clients of the auxiliary models (async ones for an async workflow), made on
+        first use: an auxiliary model serves the API only with its ``enable_openai_api``."""
+        if self._clients is None and self.auxiliary_model_wrappers:
+            make = "get_openai_async_client" if self.is_async else "get_openai_client"
+            self._clients = [getattr(m, make)() for m in self.auxiliary_model_wrappers]
+        return self._clients
+
+    @auxiliary_models.setter
+    def auxiliary_models(self, clients: list[Any] | None) -> None:
+        self._clients = clients
+
+    @property
+    def resettable(self) -> bool:
+        return type(self).can_reset
+
+    @property
+    def repeatable(self) -> bool:
+        return type(self).can_repeat
+
+    @property
+    def asynchronous(self) -> bool:
+        return type(self).is_async
+
+    def reset(self, task: Task) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: can_reset is set, implement reset()")
+
+    def set_repeat_times(self, repeat_times: int, run_id_base: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: can_repeat is set, implement set_repeat_times()")
+
+    def run(self) -> list[Experience]:
+        raise NotImplementedError(f"{type(self).__name__}: implement run() (or run_async() with is_async = True)")
+
+    async def run_async(self) -> list[Experience]:
+        raise NotImplementedError(f"{type(self).__name__}: implement run_async() (is_async = True)")
+
+
+class UpstreamWorkflow(OurWorkflow):
+    """One of our workflows running a Trinity-RFT workflow class (:attr:`upstream`); made per
+    registered class by :func:`adapter`."""
+
+    upstream: type[Workflow]
+    owner: str = ""
+    #: its row is the plugin's to read (raw_task), whatever columns it has
+    reads_prompt = False
+
+    def _build(self) -> Workflow:
+        task = from_our_task(self.task, self.upstream, self.repeat_times)
+        aux = [ModelWrapper(h) for h in self.auxiliary_models] or None
+        wf = self.upstream(task=task, model=ModelWrapper(self.model), auxiliary_models=aux)
+        if self.upstream.can_repeat:
+            wf.set_repeat_times(self.repeat_times, 0)
+        return wf
+
+    def _ours(self, exps: Any) -> list[OurExperience]:
+        if not isinstance(exps, (list, tuple)):
+            raise TypeError(f"{self.owner}: run() returned {type(exps).__name__}, not a list of experiences")
+        return [to_ours(x, f"{self.owner}: experience {i}") for i, x in enumerate(exps)]
+
+    def run(self) -> list[OurExperience]:
+        return self._ours(self._build().run())
+
+    async def run_async(self) -> list[OurExperience]:
+        return self._ours(await self._build().run_async())
+
+
+def adapter(name: str, cls: type[Workflow], owner: str) -> type[OurWorkflow]:
+    """Our workflow class for ``cls``: sync or async and repeatable as it says."""
+    return type(f"Upstream{cls.__name__}", (UpstreamWorkflow,), {
+        "upstream": cls, "owner": owner, "is_async": bool(cls.is_async), "repeatable": bool(cls.can_repeat),
+        "__doc__": f"{owner}, run through trinity's plugin API"})

@@ -1,0 +1,116 @@
+"""``trinity``: Trinity-RFT's plugin API. A workflow and a reward written as upstream's guides
+show (``tests/compat/plugins``) run in our runner on a real engine, then train through real
+processes; a plugin that registers a taken name, or returns what is not a list of
+experiences, is refused naming its file and class."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from roles.explorer.workflows import get_workflow
+from roles.explorer.workflows.base import ModelHandle
+from roles.plugins import PluginError, load_plugin_dirs
+from schemas.config import InferenceModelConfig
+from schemas.data import Experience as OurExperience
+from schemas.data import Task
+
+PLUGINS = Path(__file__).parent / "plugins"
+load_plugin_dirs([str(PLUGINS)])
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path):
+    from roles.explorer.engines.hf import HFEngine
+
+    return HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers", dtype="float32",
+                                         max_model_len=96, max_response_tokens=8, seed=0))
+
+
+def _task(workflow: str, reward: str | None = "digit_match_reward", **kw) -> Task:
+    return Task(task_id="arith/0", raw={"question": "2+2", "answer": "4"}, workflow=workflow, reward_fn=reward,
+                rollout_args={"temperature": 1.0}, repeat_times=3,
+                format={"prompt_key": "question", "response_key": "answer", "system_prompt": ""}, **kw)
+
+
+async def _run(workflow: str, engine, **kw) -> list[OurExperience]:
+    wf = get_workflow(workflow)(task=_task(workflow, **kw), model=ModelHandle(engine, asyncio.get_running_loop()))
+    wf.repeat_times = 3
+    return await (wf.run_async() if wf.is_async else asyncio.to_thread(wf.run))
+
+
+async def test_the_guides_workflow_runs_in_our_runner_with_its_registered_reward(engine):
+    exps = await _run("example_workflow", engine, reward_fn_args={"partial": 0.25})
+    assert len(exps) == 3 and all(isinstance(e, OurExperience) for e in exps)  # one chat call, n=3
+    for e in exps:
+        e.validate()
+        assert e.response_length > 0 and len(e.logprobs) == e.response_length
+        assert e.reward in (0.0, 0.25, 1.0)  # the registered class's scores, with reward_fn_args
+        assert e.action_mask is not None and e.action_mask.all()  # single-turn: every token trained
+
+
+async def test_a_registered_reward_class_is_one_of_ours_and_ours_are_classes_there(engine):
+    from trinity.common.rewards import REWARD_FUNCTIONS
+
+    from ops.registry import get
+    from ops.rewards import call_reward
+
+    ours = get("reward_fn", "digit_match_reward")  # what math_workflow and the config check find
+    assert call_reward(ours, "it is 4", "4") == {"digit_match": 1.0}
+    assert call_reward(ours, "five", "4", options={"partial": 0.5}) == {"digit_match": 0.0}
+    acc = REWARD_FUNCTIONS.get("accuracy_reward")()  # a built-in, as upstream's code calls one
+    assert acc(response="<answer>4</answer>", truth="4") == {"accuracy": 1.0}
+    assert REWARD_FUNCTIONS.get("digit_match_reward").__name__ == "DigitMatchReward"
+    exps = await _run("math_workflow", engine)  # our built-in workflow, the plugin's reward
+    assert {k for e in exps for k in e.info} >= {"digit_match"}
+
+
+def test_a_taken_name_is_refused_naming_the_file_and_both_classes(tmp_path):
+    (tmp_path / "dup.py").write_text(
+        "from trinity.common.workflows import WORKFLOWS, Workflow\n\n"
+        "@WORKFLOWS.register_module('math_workflow')\nclass Mine(Workflow):\n    pass\n")
+    with pytest.raises(PluginError) as e:
+        load_plugin_dirs([str(tmp_path)])
+    msg = str(e.value)
+    assert "dup.py" in msg and "'math_workflow' is already registered" in msg and "MathWorkflow" in msg and "Mine" in msg
+    from trinity.common.workflows import WORKFLOWS
+
+    with pytest.raises(TypeError, match="not a Workflow subclass"):
+        WORKFLOWS.register_module("not_a_workflow", object)
+
+
+async def test_what_is_not_a_list_of_experiences_is_refused_naming_the_class(engine, tmp_path):
+    (tmp_path / "bad_returns.py").write_text(
+        "from trinity.common.workflows import WORKFLOWS, Workflow\n\n"
+        "@WORKFLOWS.register_module('returns_a_dict')\nclass ReturnsADict(Workflow):\n"
+        "    def run(self):\n        return {'reward': 1.0}\n\n"
+        "@WORKFLOWS.register_module('returns_text')\nclass ReturnsText(Workflow):\n"
+        "    def run(self):\n        return self.model.chat([{'role': 'user', 'content': 'hi'}]) + ['oops']\n")
+    load_plugin_dirs([str(tmp_path)])
+    with pytest.raises(TypeError) as e:
+        await _run("returns_a_dict", engine)
+    assert "ReturnsADict in" in str(e.value) and "bad_returns.py" in str(e.value) and "not a list" in str(e.value)
+    with pytest.raises(TypeError) as e:
+        await _run("returns_text", engine)
+    assert "ReturnsText in" in str(e.value) and "experience 1" in str(e.value) and "returned str" in str(e.value)
+
+
+@pytest.mark.slow
+def test_the_guides_plugin_trains_through_real_processes(tmp_path, tiny_model, arith, nats_server):
+    from tests.run.helpers import tiny_run_config, trained_exactly_once, trinity
+
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=0, stages=False, extra={
+        "nats.url": nats_server.url, "nats.embedded": False, "buffer.total_steps": 2,
+        "buffer.explorer_input.default_workflow_type": "example_workflow",
+        "buffer.explorer_input.default_reward_fn_type": "digit_match_reward",
+        "buffer.explorer_input.taskset.reward_fn_args": {"partial": 0.1}})
+    log = tmp_path / "run.log"
+    p = trinity("run", "--config", str(cfg), log=log, env_extra={"TRINITY_PLUGIN_DIRS": str(PLUGINS)})
+    assert p.wait(600) == 0, log.read_text()[-4000:]
+    job = tmp_path / "ckpt" / "t" / "r"
+    trained_exactly_once(job, 2, 12)  # batch 3 x repeat 4
+    rollouts = [json.loads(line) for line in (job / "monitor" / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in rollouts if r["kind"] == "train"], "no train step recorded"
