@@ -108,6 +108,8 @@ def get_workflow(name: str) -> type[Workflow]:
             cls = getattr(importlib.import_module(mod_name), cls_name)
         except (ImportError, AttributeError) as e:
             raise KeyError(f"workflow {name!r}: cannot import {cls_name} from {mod_name}: {e}") from e
+        if isinstance(cls, type) and not issubclass(cls, Workflow) and hasattr(cls, "as_our_workflow"):
+            cls = cls.as_our_workflow(name)  # a Trinity-RFT workflow class (the trinity package)
         if not (isinstance(cls, type) and issubclass(cls, Workflow)):
             raise KeyError(f"workflow {name!r}: {cls!r} is not a Workflow subclass")
         WORKFLOWS[name] = cls

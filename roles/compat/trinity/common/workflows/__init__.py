@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from roles.explorer.workflows.base import Workflow as OurWorkflow
 from roles.explorer.workflows.registry import WORKFLOWS as OURS
-from trinity.common.workflows.workflow import Task, UpstreamWorkflow, Workflow, adapter
-from trinity.utils.registry import Registry, where
+from trinity.common.workflows.workflow import Task, UpstreamWorkflow, Workflow
+from trinity.utils.registry import Registry
 
 
 def _install(name: str, cls: type, force: bool) -> None:
-    OURS[name] = cls if issubclass(cls, OurWorkflow) else adapter(name, cls, f"workflow {name!r} ({where(cls)})")
+    OURS[name] = cls if issubclass(cls, OurWorkflow) else cls.as_our_workflow(name)
 
 
 def _check(cls: type) -> str | None:

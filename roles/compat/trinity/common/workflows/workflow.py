@@ -21,6 +21,7 @@ from trinity.common.experience import Experience, to_ours
 from trinity.common.models.model import ModelWrapper
 from trinity.common.rewards import REWARD_FUNCTIONS
 from trinity.utils.log import get_logger
+from trinity.utils.registry import where
 
 
 @dataclass
@@ -110,6 +111,12 @@ class Workflow:
     @property
     def asynchronous(self) -> bool:
         return type(self).is_async
+
+    @classmethod
+    def as_our_workflow(cls, name: str) -> type[OurWorkflow]:
+        """This class as one of our workflows: how a config naming it by import path
+        (``default_workflow_type: my_pkg.module.MyWorkflow``) runs it."""
+        return adapter(name, cls, f"workflow {name!r} ({where(cls)})")
 
     def reset(self, task: Task) -> None:
         raise NotImplementedError(f"{type(self).__name__}: can_reset is set, implement reset()")
