@@ -428,6 +428,23 @@ def check_lora(cfg: TrinityConfig, where: str) -> list[str]:
     return out
 
 
+def check_sql_store(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[str]:
+    """The SQL experience store's database (the buffer's): its driver installed, its URL one
+    the buffer can open (``storage/sql.py``)."""
+    eb = cfg.buffer.trainer_input.experience_buffer
+    if "buffer" not in needs or eb is None or eb.storage_type == "file" or "://" not in (eb.path or ""):
+        return []
+    key = f"{where}buffer.trainer_input.experience_buffer.path"
+    try:
+        import sqlalchemy  # noqa: F401 - the store's one dependency, an optional one
+    except ImportError as e:
+        return [f"{key}: {eb.path}: the SQL experience store needs SQLAlchemy ({e}): pip install 'trinity[sql]'"]
+    from storage.sql import check_url
+
+    problem = check_url(eb.path)
+    return [f"{key}: {problem}"] if problem else []
+
+
 def not_a_model(path: Path) -> str | None:
     """Why the local ``path`` is no Hugging Face model folder (None: it has ``config.json``),
     with what it seems to be instead. Why before start: the trainer's or vLLM's own error
@@ -467,6 +484,7 @@ def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], li
             missing += [p for p in _missing_requirements(s, where, needs) if "model_path" not in p]
         problems += [p for p in check_names(s, where, needs) if p not in problems]
         problems += [p for p in check_stage_settings(stages, i, where, needs) if p not in problems]
+        problems += [p for p in check_sql_store(s, where, needs) if p not in problems]
         for item in _inputs(s, i == 0, where):
             if not item.readers & needs or not item.path:
                 continue

@@ -697,10 +697,13 @@ class MixedTasksetConfig(TasksetConfig):
 class ExperienceBufferConfig(Section):
     name: str = ""
     """Name of the buffer."""
-    storage_type: Literal["queue", "file"] = "queue"
-    """``queue``: explorer output in the LMDB replay store; ``file``: a dataset (SFT/DPO)."""
+    storage_type: Literal["queue", "file", "sql"] = "queue"
+    """``queue``: explorer output in the LMDB replay store; ``file``: a dataset (SFT/DPO);
+    ``sql``: a queue whose every experience is also written to the database ``path`` names,
+    in Trinity-RFT's table (``storage/sql.py``)."""
     path: str | None = None
-    """``queue``: replay store directory (default under the run dir); ``file``: dataset path."""
+    """``queue``: replay store directory (default under the run dir), or a SQLAlchemy URL
+    (``sqlite:///experiences.db``: as ``sql``); ``file``: dataset path; ``sql``: the database URL."""
     capacity: int = Field(10000, ge=0)
     """Max experiences kept by the replay store (lowest priority evicted first); 0: no limit."""
     max_read_timeout: float = Field(1800, ge=0)

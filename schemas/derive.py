@@ -236,12 +236,23 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> 
         and not user_set(f"{ebp}.storage_type")
     ):
         put(eb, "storage_type", "file", f"{ebp}.storage_type")
-    if eb.storage_type == "queue" and eb.path and ("://" in eb.path or eb.path.endswith((".db", ".json", ".jsonl"))):
-        # Trinity-RFT backs its queue up to a SQLite database or a JSON file named here
+    if eb.storage_type == "sql" and alg.algorithm_type in ("sft", "dpo"):
+        problems.append(
+            f"{ebp}.storage_type: 'sql' here is the experience store the buffer writes; reading an "
+            f"{alg.algorithm_type} dataset from a database is not implemented (use storage_type: file)"
+        )
+    elif eb.storage_type == "sql" and "://" not in (eb.path or ""):
+        problems.append(
+            f"{ebp}.path: storage_type 'sql' needs a SQLAlchemy database URL here "
+            f"(sqlite:///experiences.db, postgresql://user@host/db), got {eb.path!r}"
+        )
+    elif eb.storage_type == "queue" and eb.path and "://" not in eb.path and eb.path.endswith((".db", ".json", ".jsonl")):
+        # Trinity-RFT backs its queue up to a JSON file named here (a database URL: storage/sql.py)
         warnings.append(
-            f"{ebp}.path {eb.path!r}: queue backups to SQL databases or JSON files are not implemented; "
-            f"the replay store lives under the run directory (<job>/buffer/{eb.name}), and every "
-            "experience stays on the run's stream (trinity inspect --tail 5 --stream exp)"
+            f"{ebp}.path {eb.path!r}: queue backups to JSON files are not implemented; the replay "
+            f"store lives under the run directory (<job>/buffer/{eb.name}), and every experience "
+            "stays on the run's stream (trinity inspect --tail 5 --stream exp); a database URL "
+            "(sqlite:///experiences.db) here gets every experience in Trinity-RFT's SQL table"
         )
         put(eb, "path", None, f"{ebp}.path")
     if eb.storage_type == "file" and not eb.path:

@@ -388,7 +388,7 @@ class ReplayStore:
         ``cfg.path`` is used when it names a folder; seed configs often hold a
         ``sqlite:///x.db`` URL or a json file there (Trinity-RFT's backup), which is ignored in
         favour of ``default_path`` (the role passes ``<job dir>/buffer/<name>``)."""
-        if cfg.storage_type != "queue":
+        if cfg.storage_type not in ("queue", "sql"):  # sql: a queue mirrored to a database
             raise ReplayError(
                 f"buffer {cfg.name!r}: storage_type {cfg.storage_type!r} is not a replay store"
             )
@@ -946,6 +946,10 @@ class ReplayStore:
     def has_group(self, group_id: str) -> bool:
         k = _key(group_id, "group_id")
         return self._read(lambda txn: txn.get(k, db=self._db["groups"]) is not None)
+
+    def experience_ids(self) -> list[str]:
+        """The ids of every experience whose payload the store holds (the SQL mirror's catch-up)."""
+        return self._read(lambda txn: [k.decode() for k in txn.cursor(db=self._db["payload"]).iternext(values=False)])
 
     def get_experience(self, exp_id: str) -> Experience | None:
         """The stored experience (None when unknown or its payload was freed)."""

@@ -53,7 +53,7 @@ def build_service(cfg: TrinityConfig) -> BufferService:
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
         return tokenizer
 
-    store = main_file = None
+    store = main_file = mirror = None
     max_len = cfg.model.max_model_len
     if eb is not None and eb.storage_type == "file":
         kind = "dpo" if spec.schema == "dpo" else "sft"
@@ -64,6 +64,10 @@ def build_service(cfg: TrinityConfig) -> BufferService:
 
         eb = eb or ExperienceBufferConfig(name="experience_buffer")
         store = ReplayStore.from_config(eb, os.path.join(job, "buffer", eb.name or "experience_buffer"))
+        if eb.path and "://" in eb.path:  # storage_type sql, or a queue's database URL
+            from storage.sql import SqlMirror
+
+            mirror = SqlMirror(eb.path, store)
     aux = {
         name: FileBuffer(b, tok(), batch_size=n, kind="sft", total_epochs=b.total_epochs or 10**6,
                          max_length=max_len)
@@ -74,7 +78,7 @@ def build_service(cfg: TrinityConfig) -> BufferService:
         store, pipeline, main_file=main_file, aux=aux, sample_strategy=spec.sample_strategy,
         sample_args=spec.sample_strategy_args,
         max_read_timeout=(eb.max_read_timeout if eb is not None else 1800.0),
-        vocab=vocab_size(cfg.model.model_path), run_id=cfg.run_id,
+        vocab=vocab_size(cfg.model.model_path), run_id=cfg.run_id, mirror=mirror,
     )
 
 
@@ -201,6 +205,8 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
         if consumer is not None:
             await consumer.close()
         await bus.disconnect(nc)
+        if service.mirror is not None:
+            await asyncio.to_thread(service.mirror.close)
         if service.store is not None:
             service.store.close()
     return True

@@ -26,7 +26,7 @@ import json
 import os
 import struct
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -40,6 +40,9 @@ from storage.replay import ReplayError, ReplayStore
 from .files import FileBuffer
 from .pipeline import Pipeline
 from .protocol import BatchReply, BatchRequest, batch_key
+
+if TYPE_CHECKING:  # sqlalchemy is needed only when a config asks for the SQL store
+    from storage.sql import SqlMirror
 
 log = structlog.get_logger(__name__)
 
@@ -87,6 +90,7 @@ class BufferService:
         max_read_timeout: float = 1800.0,
         vocab: int | None = None,
         run_id: str | None = None,
+        mirror: SqlMirror | None = None,
     ) -> None:
         if store is None and main_file is None:
             raise ValueError("buffer: neither a replay store nor a file buffer to serve")
@@ -103,6 +107,8 @@ class BufferService:
         #: the run this buffer serves: another run's group is refused (runs that share a bus,
         #: a sweep's above all, never train on each other's experience)
         self.run_id = run_id
+        #: the SQL experience store (``storage/sql.py``), given every group the store keeps
+        self.mirror = mirror
         self.stored = 0
         self.groups_in = 0
         self.quarantined = 0
@@ -165,6 +171,8 @@ class BufferService:
                         bad[i] = e
         self.stored += added
         self.quarantined += len(bad)
+        if self.mirror is not None:
+            self.mirror.put([e for i, g in keep.items() if i not in bad for e in g.experiences])
         if added:
             self.arrived_threadsafe()
         for i, g in enumerate(groups):  # in ingest order: what was stored, what was dead-lettered

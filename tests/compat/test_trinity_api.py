@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,24 @@ from schemas.data import Experience as OurExperience
 from schemas.data import Task
 
 PLUGINS = Path(__file__).parent / "plugins"
-load_plugin_dirs([str(PLUGINS)])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def plugins():
+    """The plugins registered for this module's tests, and gone after (other modules in the
+    same worker see the built-in names only)."""
+    from ops.registry import parts
+    from roles.explorer.workflows.registry import WORKFLOWS
+
+    before = (set(sys.modules), dict(WORKFLOWS), dict(parts("reward_fn")))
+    load_plugin_dirs([str(PLUGINS)])
+    yield
+    for name in set(sys.modules) - before[0]:
+        if name.startswith("trinity_plugin_"):
+            del sys.modules[name]
+    for now, then in ((WORKFLOWS, before[1]), (parts("reward_fn"), before[2])):
+        now.clear()
+        now.update(then)
 
 
 @pytest.fixture(scope="module")
@@ -98,15 +117,48 @@ async def test_what_is_not_a_list_of_experiences_is_refused_naming_the_class(eng
     assert "ReturnsText in" in str(e.value) and "experience 1" in str(e.value) and "returned str" in str(e.value)
 
 
+#: Trinity-RFT's FAQ ("What's the purpose of buffer.trainer_input.experience_buffer.path?"),
+#: as it is written there; the test puts the run's URL where it names the config key
+FAQ_SCRIPT = """
+from sqlalchemy import create_engine
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import sessionmaker
+from sqlalchemy.pool import NullPool
+from trinity.common.schema.sql_schema import ExperienceModel
+
+engine = create_engine(buffer.trainer_input.experience_buffer.path)
+session = sessionmaker(bind=engine)
+sess = session()
+
+MAX_EXPERIENCES = 4
+experiences = (
+    sess.query(ExperienceModel)
+    .limit(MAX_EXPERIENCES)
+    .all()
+)
+
+exp_list = []
+for exp in experiences:
+    exp_list.append(ExperienceModel.to_experience(exp))
+
+# Print the experiences
+for exp in exp_list:
+    print(f"{exp.prompt_text=}", f"{exp.response_text=}")
+"""
+
+
 @pytest.mark.slow
-def test_the_guides_plugin_trains_through_real_processes(tmp_path, tiny_model, arith, nats_server):
+def test_the_guides_plugin_trains_through_real_processes_and_the_faqs_sql_script_reads_it(
+        tmp_path, tiny_model, arith, nats_server):
     from tests.run.helpers import tiny_run_config, trained_exactly_once, trinity
 
+    url = f"sqlite:///{tmp_path / 'experiences.db'}"
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=0, stages=False, extra={
         "nats.url": nats_server.url, "nats.embedded": False, "buffer.total_steps": 2,
         "buffer.explorer_input.default_workflow_type": "example_workflow",
         "buffer.explorer_input.default_reward_fn_type": "digit_match_reward",
-        "buffer.explorer_input.taskset.reward_fn_args": {"partial": 0.1}})
+        "buffer.explorer_input.taskset.reward_fn_args": {"partial": 0.1},
+        "buffer.trainer_input.experience_buffer": {"name": "exp", "storage_type": "sql", "path": url}})
     log = tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log, env_extra={"TRINITY_PLUGIN_DIRS": str(PLUGINS)})
     assert p.wait(600) == 0, log.read_text()[-4000:]
@@ -114,3 +166,17 @@ def test_the_guides_plugin_trains_through_real_processes(tmp_path, tiny_model, a
     trained_exactly_once(job, 2, 12)  # batch 3 x repeat 4
     rollouts = [json.loads(line) for line in (job / "monitor" / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in rollouts if r["kind"] == "train"], "no train step recorded"
+    # every experience the buffer stored is in the database; the FAQ's script prints four
+    script = FAQ_SCRIPT.replace("buffer.trainer_input.experience_buffer.path", repr(url))
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4 and all(line.startswith("exp.prompt_text='") and "exp.response_text='" in line
+                                   for line in lines), out.stdout
+    assert any(q in out.stdout for q in (json.loads(r)["question"] for r in (arith / "train.jsonl").read_text().splitlines()))
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "experiences.db") as db:
+        assert db.execute("select count(*), count(distinct msg_id) from experience_buffer").fetchone() == (24, 24)
+        # the guide's Experience(...) carries no version: the adapter gave each the weights that sampled it
+        assert db.execute("select model_version, count(*) from experience_buffer group by 1").fetchall() == [(0, 12), (1, 12)]

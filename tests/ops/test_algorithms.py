@@ -256,8 +256,9 @@ def test_docs_list_every_type_and_part():
     for name in ALGORITHM_TYPES:
         assert f"| `{name}` |" in text
     for kind in ("advantage_fn", "policy_loss_fn", "kl_fn", "entropy_loss_fn", "reward_fn"):
-        for part in algorithms.names(kind):
-            assert f"| `{part}` |" in text
+        for part in algorithms.names(kind):  # the built-in ones (a plugin a test loaded is not listed)
+            if algorithms.get(kind, part).__module__.startswith("ops."):
+                assert f"| `{part}` |" in text
 
 
 def test_cli_prints_and_writes(tmp_path, capsys):

@@ -310,6 +310,18 @@ def test_simple_workflow_needs_the_reward_function_named(tmp_path, config):
     assert rc == 0, err
 
 
+def test_a_sql_store_that_cannot_be_opened_is_refused_naming_the_key(tmp_path, config):
+    run_cfg = ("--config", str(_run_config(tmp_path, _data(tmp_path))))
+    key = "buffer.trainer_input.experience_buffer"
+    rc, _, err = config(f"{key}.storage_type=sql", f"{key}.path=sqlite:///{tmp_path}/no/such/exp.db", extra=run_cfg)
+    assert rc == 2 and f"{key}.path: sqlite:///{tmp_path}/no/such/exp.db: the folder" in err, err
+    rc, _, err = config(f"{key}.storage_type=sql", f"{key}.path={tmp_path}/exp.db", extra=run_cfg)
+    assert rc == 2 and f"{key}.path: storage_type 'sql' needs a SQLAlchemy database URL" in err, err
+    rc, _, err = config(f"{key}.storage_type=queue", f"{key}.path=sqlite:///{tmp_path}/exp.db", extra=run_cfg)
+    assert rc == 0 and "not implemented" not in err, err  # Trinity-RFT's queue backup: the SQL store
+    assert not (tmp_path / "exp.db").exists()  # the check made no database
+
+
 def test_reward_options_are_checked_before_start(tmp_path, config):
     """Upstream's grpo_math: math_rm_workflow scores with rm_gallery_reward, whose reward_fn_args
     name RM-Gallery's reward; a missing or unknown one, or a misspelt option of any reward, is

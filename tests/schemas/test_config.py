@@ -52,8 +52,9 @@ def test_seed_gsm8k_config_loads_unchanged_with_derived_defaults():
     assert c.buffer.explorer_input.eval_tasksets[0].default_workflow_type == "math_workflow"
     assert c.model.model_path == "Qwen/Qwen2.5-1.5B-Instruct"  # ${oc.env:...,default}
     assert c.checkpoint_root_dir == "./checkpoints"
-    # 'sqlite:///gsm8k.db' is a Trinity-RFT backup path: accepted with a warning
-    assert any("sqlite" in w for w in loaded.warnings)
+    # 'sqlite:///gsm8k.db' is Trinity-RFT's experience database: the SQL store (storage/sql.py)
+    assert c.buffer.trainer_input.experience_buffer.path == "sqlite:///gsm8k.db"
+    assert not any("sqlite" in w for w in loaded.warnings)
 
 
 def test_oc_env_and_node_interpolation(tmp_path):
@@ -361,7 +362,7 @@ def test_model_level_settings_reach_the_engines_and_datasets(tmp_path):
         load(bad)
 
 
-@pytest.mark.parametrize("path", ["sqlite:///gsm8k.db", "gsm8k.db", "backup.jsonl", "backup.json"])
+@pytest.mark.parametrize("path", ["gsm8k.db", "backup.jsonl", "backup.json"])
 def test_a_queue_backup_path_is_warned_not_silently_dropped(path):
     loaded = load(overrides=[f"buffer.trainer_input.experience_buffer.path={path}"])
     eb = loaded.config.buffer.trainer_input.experience_buffer

@@ -53,7 +53,7 @@ class EID:
 def _tensor(x: Any, dtype: torch.dtype) -> torch.Tensor | None:
     if x is None or isinstance(x, torch.Tensor):
         return x
-    return torch.as_tensor(np.asarray(x), dtype=dtype)
+    return torch.tensor(np.asarray(x), dtype=dtype)  # a copy: a decoded array is read-only
 
 
 class Experience:

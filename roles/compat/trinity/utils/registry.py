@@ -44,14 +44,14 @@ class Registry:
     @property
     def modules(self) -> dict[str, type]:
         """The classes registered through this registry (the built-ins are our own classes)."""
-        return dict(self._modules)
+        return {k: v for k, v in self._modules.items() if k in self._ours()}
 
     def get(self, module_key: str | None) -> Any:
         """The class registered as ``module_key``; a built-in name gives our own part; a dotted
         path ``pkg.module.Class`` is imported and registered under that path."""
         if module_key is None:
             return None
-        if module_key in self._modules:
+        if module_key in self.modules:
             return self._modules[module_key]
         if module_key in self._ours():
             return self._view(module_key, self._ours()[module_key])
@@ -86,7 +86,7 @@ class Registry:
         wrong = self._check(cls)
         if wrong:
             raise TypeError(f"{self._name} {name!r}: {where(cls)}: {wrong}")
-        taken = self._modules.get(name) or self._ours().get(name)
+        taken = self.modules.get(name) or self._ours().get(name)  # ours is the truth: a name removed there is free
         if taken is not None and taken is not cls and not force:
             raise KeyError(f"{self._name} {name!r} is already registered ({where(taken)}); {where(cls)} "
                            "registers it again: rename it, or pass force=True to replace it")

@@ -148,16 +148,26 @@ class UpstreamWorkflow(OurWorkflow):
             wf.set_repeat_times(self.repeat_times, 0)
         return wf
 
-    def _ours(self, exps: Any) -> list[OurExperience]:
+    def _ours(self, exps: Any, version: int) -> list[OurExperience]:
         if not isinstance(exps, (list, tuple)):
             raise TypeError(f"{self.owner}: run() returned {type(exps).__name__}, not a list of experiences")
-        return [to_ours(x, f"{self.owner}: experience {i}") for i, x in enumerate(exps)]
+        out = [to_ours(x, f"{self.owner}: experience {i}") for i, x in enumerate(exps)]
+        tok = self.model.tokenizer
+        for e in out:  # the guide's Experience(tokens=..., ...) keeps no text nor version: fill them in
+            e.model_version = e.model_version or version  # the weights this task ran on
+            if tok is not None and e.prompt_text is None:
+                e.prompt_text = tok.decode(e.tokens[:e.prompt_length].tolist())
+            if tok is not None and e.response_text is None:
+                e.response_text = tok.decode(e.tokens[e.prompt_length:].tolist())
+        return out
 
     def run(self) -> list[OurExperience]:
-        return self._ours(self._build().run())
+        version = self.model.model_version
+        return self._ours(self._build().run(), version)
 
     async def run_async(self) -> list[OurExperience]:
-        return self._ours(await self._build().run_async())
+        version = self.model.model_version
+        return self._ours(await self._build().run_async(), version)
 
 
 def adapter(name: str, cls: type[Workflow], owner: str) -> type[OurWorkflow]:
