@@ -109,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--allow-run", action="store_true",
                            help="allow Save and Run on a studio bound beyond loopback (read-only there by default)")
         if name == "debug":
-            p.add_argument("--module", default="workflow", choices=["workflow"])
+            p.add_argument("--module", default="workflow", choices=["workflow", "inference_model"],
+                           help="workflow: run the taskset's workflow on a few tasks; inference_model: serve "
+                                "the config's model until Ctrl-C, for workflow runs from another terminal")
             p.add_argument("--output-file", default=None)
             p.add_argument("--plugin-dir", default=None, help="plugin folder(s), as TRINITY_PLUGIN_DIRS (os.pathsep-separated)")
     return parser
@@ -338,7 +340,8 @@ def cmd_explorer(args: argparse.Namespace) -> int:
 
 
 def cmd_debug(args: argparse.Namespace) -> int:
-    """``trinity debug --module workflow``: run a workflow on a few tasks, dump experiences."""
+    """``trinity debug --module workflow``: run a workflow on a few tasks, dump experiences;
+    ``--module inference_model``: serve the model for them (roles/explorer/debug.py)."""
     from roles.checks import preflight
     from roles.settings import load
 
@@ -346,7 +349,7 @@ def cmd_debug(args: argparse.Namespace) -> int:
     preflight([cfg], "debug")  # before the workflow's engines start (an HF error otherwise)
     from roles.explorer.debug import main as debug_main
 
-    return debug_main(cfg, args.output_file)
+    return debug_main(cfg, args.output_file, args.module)
 
 
 def cmd_studio(args: argparse.Namespace) -> int:

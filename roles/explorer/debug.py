@@ -1,16 +1,25 @@
-"""``trinity debug --module workflow``: run a workflow on a few tasks, dump the experiences.
+"""``trinity debug``: a workflow on a few tasks without the bus, and the model it talks to.
 
-No bus, no synchronizer: the engines of ``explorer.rollout_model`` (use
+``--module workflow``: no bus, no synchronizer: the engines of ``explorer.rollout_model`` (use
 ``engine_type=transformers`` for a start in seconds), the first ``buffer.batch_size`` tasks of
 the taskset, the same runner pool as the explorer (timeouts, retries), and a JSON file with
 every experience (tokens, logprobs, reward, text) and every failure.
+
+``--module inference_model`` (Trinity-RFT's debug flow, step 1): start the config's model once
+and serve it (our OpenAI API) until Ctrl-C; it writes its address to
+``<job>/debug/inference_model.json``. A ``--module workflow`` of the same config started
+meanwhile, from another terminal, finds it there and sends its chat calls to it instead of
+loading the model again: a user edits the workflow and reruns it in seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,8 +52,76 @@ def experience_json(e: Experience) -> dict[str, Any]:
     }
 
 
-async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict[str, Any]:
+def served_at(cfg: TrinityConfig) -> Path:
+    """Where ``--module inference_model`` writes its address for ``--module workflow``."""
+    return Path(cfg.checkpoint_job_dir) / "debug" / "inference_model.json"
+
+
+def find_inference_model(cfg: TrinityConfig) -> dict[str, Any] | None:
+    """The running inference model of this config's job (its record), or None: none written,
+    its process gone, or it does not answer."""
+    try:
+        rec = json.loads(served_at(cfg).read_text())
+        os.kill(int(rec["pid"]), 0)
+        req = urllib.request.Request(rec["url"] + "/v1/models", headers={"Authorization": f"Bearer {rec['key']}"})
+        with urllib.request.urlopen(req, timeout=5):
+            return rec
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+async def workflow_engines(cfg: TrinityConfig) -> list[RolloutEngine]:
+    """The engines a debug run's workflows use: the running inference model's, else their own."""
+    rec = find_inference_model(cfg)
+    if rec is None:
+        return await create_engines(cfg.explorer.rollout_model, cfg.model.external_model)
+    from roles.explorer.engines.external import ExternalEngine
+    from schemas.config import ExternalModelConfig
+
+    print(f"trinity debug: using the inference model at {rec['url']}/v1 (pid {rec['pid']})", file=sys.stderr)
+    model = cfg.explorer.rollout_model.model_copy(update={"engine_type": "external"})
+    ext = ExternalModelConfig(model_name=rec["model"])
+    return [ExternalEngine(model, ext, "inference-model", base_url=rec["url"] + "/v1", api_key=rec["key"],
+                           token_ids=True)]
+
+
+async def serve_inference_model(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> None:
+    """Serve the config's rollout model over our OpenAI API until ``stop`` (SIGINT/SIGTERM)."""
+    import secrets
+
+    from roles.explorer.api import ApiServer
+    from roles.signals import stop_on_signals
+
+    if stop is None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+    api_cfg = cfg.explorer.openai_api
+    key = api_cfg.api_key or secrets.token_urlsafe(18)  # a local port: anyone could call it otherwise
     engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model)
+    api = ApiServer(api_cfg.model_copy(update={"api_key": key}), engines, served_model_name(cfg), cfg.run_id,
+                    publish=None, record=False)
+    path = served_at(cfg)
+    try:
+        url = await api.start()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "model": served_model_name(cfg), "key": key,
+                                   "engine_type": cfg.explorer.rollout_model.engine_type}))
+        os.chmod(tmp, 0o600)  # it holds the key
+        tmp.replace(path)
+        print(f"trinity debug: serving {served_model_name(cfg)} at {url}/v1 "
+              f"({cfg.explorer.rollout_model.engine_type}); `trinity debug --module workflow` with this "
+              "config uses it from another terminal; Ctrl-C stops", flush=True)
+        await stop.wait()
+    finally:
+        path.unlink(missing_ok=True)
+        await api.stop()
+        for e in engines:
+            await e.close()
+
+
+async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict[str, Any]:
+    engines = await workflow_engines(cfg)
     auxiliary: list[list[RolloutEngine]] = []
     api = pool = None
     try:
@@ -77,9 +154,12 @@ async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict
     }
 
 
-def main(cfg: TrinityConfig, output_file: str | None) -> int:
+def main(cfg: TrinityConfig, output_file: str | None, module: str = "workflow") -> int:
     """``cfg`` was loaded by :func:`roles.settings.load`, which imported the plugin folders
     (``TRINITY_PLUGIN_DIRS`` and ``--plugin-dir``)."""
+    if module == "inference_model":
+        asyncio.run(serve_inference_model(cfg))
+        return 0
     out = asyncio.run(debug_workflow(cfg))
     text = json.dumps(out, indent=1, default=str)
     if output_file:

@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -340,6 +341,47 @@ def test_debug_workflow_writes_json(tmp_path, tiny_model, arith) -> None:
     assert len(e["logprobs"]) == len(e["tokens"]) - e["prompt_length"]
     assert e["task_id"] == "arith/0" and isinstance(e["reward"], float)
     assert np.isfinite(e["logprobs"]).all()
+
+
+def test_debug_inference_model_serves_workflow_runs_from_another_terminal(tmp_path, tiny_model, arith, hf_model) -> None:
+    """Trinity-RFT's debug flow: ``--module inference_model`` starts the model once; each
+    ``--module workflow`` of the same config, from another process, finds it and samples there
+    (exact token ids and log-probs), without loading the model itself."""
+    import signal
+
+    path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url="nats://127.0.0.1:1",
+                        batch_size=2, repeat_times=2, name="dbg", extra={"explorer.openai_api.port": 0})
+    args = ["--config", str(path), "--dotenv", str(tmp_path / "no.env")]
+    served = tmp_path / "ckpt" / "t" / "dbg" / "debug" / "inference_model.json"
+    server = subprocess.Popen([sys.executable, "-m", "roles.cli", "debug", *args, "--module", "inference_model"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(1200):
+            assert server.poll() is None, server.communicate()[0][-3000:]
+            if served.exists():
+                break
+            time.sleep(0.1)
+        assert oct(served.stat().st_mode & 0o777) == "0o600"  # it holds the API key
+        for k in range(2):  # edit, rerun: the model stays up
+            out = tmp_path / f"exps{k}.json"
+            r = subprocess.run([sys.executable, "-m", "roles.cli", "debug", *args, "--module", "workflow",
+                                "--output-file", str(out)], capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr[-3000:]
+            assert "using the inference model at http://" in r.stderr, r.stderr[-2000:]
+            data = json.loads(out.read_text())
+            assert len(data["experiences"]) == 4 and data["failures"] == []
+            for e in data["experiences"]:
+                ref = teacher_logprobs(hf_model, e["tokens"], e["prompt_length"])
+                assert torch.allclose(ref, torch.tensor(e["logprobs"]), atol=1e-4)  # the served model's own
+    finally:
+        server.send_signal(signal.SIGINT)
+        log = server.communicate(timeout=60)[0]
+    assert server.returncode == 0, log[-3000:]
+    assert "serving" in log and not served.exists()
+    # without it, a workflow run loads its own engine again
+    r = subprocess.run([sys.executable, "-m", "roles.cli", "debug", *args, "--module", "workflow",
+                        "--output-file", str(tmp_path / "alone.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "using the inference model" not in r.stderr, r.stderr[-2000:]
 
 
 @register_workflow("asks_the_judge")

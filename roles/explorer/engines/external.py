@@ -23,17 +23,22 @@ class ExternalEngine(RolloutEngine):
 
     remote_chat = True
 
-    def __init__(self, cfg: InferenceModelConfig, ext: ExternalModelConfig, name: str = "external-0") -> None:
+    def __init__(self, cfg: InferenceModelConfig, ext: ExternalModelConfig, name: str = "external-0",
+                 *, base_url: str | None = None, api_key: str | None = None, token_ids: bool = False) -> None:
+        """``base_url``/``api_key`` given: that server rather than the environment's (``trinity
+        debug``'s inference model); ``token_ids``: the server is ours (or vLLM's), which returns
+        the sampled token ids when asked (``return_tokens_as_token_ids``): exact tokens."""
         super().__init__()
         import openai
 
-        base_url = os.environ.get(ext.base_url_env)
+        base_url = base_url or os.environ.get(ext.base_url_env)
         if not base_url:
             raise EngineError(
                 f"engine_type external: environment variable {ext.base_url_env} "
                 "(model.external_model.base_url_env) is not set"
             )
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=os.environ.get(ext.api_key_env) or "EMPTY")
+        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or os.environ.get(ext.api_key_env) or "EMPTY")
+        self.token_ids = token_ids
         self.model_name = ext.model_name or cfg.model_path or "default"
         self.cfg = cfg
         self.name = name
@@ -53,6 +58,8 @@ class ExternalEngine(RolloutEngine):
         for k in ("temperature", "top_p", "max_tokens", "seed", "stop"):
             if s.get(k) is not None:
                 kw[k] = s[k]
+        if self.token_ids:
+            kw["extra_body"] = {"return_tokens_as_token_ids": True}
         try:
             resp = await self.client.chat.completions.create(**kw)
         except Exception as e:
@@ -76,6 +83,10 @@ class ExternalEngine(RolloutEngine):
 
     async def generate(self, prompt_ids: list[int] | None = None, *, prompt: str | None = None,
                        n: int = 1, truncate: bool = True, **s: Any) -> list[Sample]:
+        if self.token_ids:  # a chat message is not the same prompt: say so rather than differ
+            raise EngineError(f"{self.name}: the inference model at {self.client.base_url} serves chat "
+                              "completions only; a workflow that calls generate() needs its own engine "
+                              "(stop trinity debug --module inference_model)")
         if prompt is None:
             if prompt_ids is None or self.tokenizer is None:
                 raise EngineError(f"{self.name}: generate needs a text prompt (no tokenizer)")
