@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,16 +122,81 @@ def load_actor_state_dict(
         folder, tag = ds
         sd = load_zero_state_dict(folder, tag, allowed_globals=allowed_globals)
         return _strip_wrappers(sd), f"deepspeed checkpoint {folder.name}"
-    fsdp = sorted(actor.glob("model_world_size_*_rank_*.pt"))
-    if fsdp:
-        raise CheckpointError(
-            f"{actor}: holds FSDP .pt shards ({fsdp[0].name}, ...); trinity converts its own "
-            "safetensors shards and DeepSpeed checkpoints only"
-        )
+    if find_fsdp_shards(actor):
+        return _strip_wrappers(load_fsdp_shards(actor)), "veRL FSDP shards"
     raise CheckpointError(
-        f"{actor}: no weights to convert (no model_world_size_*_rank_*.safetensors, "
+        f"{actor}: no weights to convert (no model_world_size_*_rank_*.safetensors or .pt shards, "
         "no DeepSpeed checkpoint folder)"
     )
+
+
+FSDP_SHARD_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+def find_fsdp_shards(actor: Path) -> list[Path]:
+    """veRL's FSDP model shards in ``actor`` (``model_world_size_W_rank_r.pt``), rank order;
+    every rank of one world size must be there."""
+    by_ws: dict[int, dict[int, Path]] = {}
+    for p in actor.iterdir() if actor.is_dir() else ():
+        m = FSDP_SHARD_RE.match(p.name)
+        if m:
+            by_ws.setdefault(int(m.group(1)), {})[int(m.group(2))] = p
+    if not by_ws:
+        return []
+    if len(by_ws) > 1:
+        raise CheckpointError(f"{actor}: FSDP shards of several world sizes {sorted(by_ws)}")
+    ws, ranks = next(iter(by_ws.items()))
+    missing = [f"model_world_size_{ws}_rank_{r}.pt" for r in range(ws) if r not in ranks]
+    if missing:
+        raise CheckpointError(f"{actor}: missing FSDP shards {missing}")
+    return [ranks[r] for r in range(ws)]
+
+
+def load_fsdp_shards(actor: Path) -> dict[str, torch.Tensor]:
+    """veRL's FSDP checkpoint as one full state dict. Each rank's file is ``torch.save`` of the
+    model's sharded state dict: a DTensor per parameter, sharded along one dimension of a 1-D
+    device mesh (FSDP), which the ranks' local pieces are concatenated along, in mesh order; a
+    replicated one or a plain tensor is taken from rank 0. Loaded weights-only (tensors and
+    torch's own DTensor types, nothing that runs code); an HSDP or tensor-parallel layout (a
+    mesh of more dimensions) is refused, naming the tensor."""
+    from torch.distributed.tensor import DTensor  # importing it lets a weights-only load read DTensors
+
+    files = find_fsdp_shards(actor)
+    per_rank = []
+    for f in files:
+        try:
+            per_rank.append(torch.load(f, map_location="cpu", weights_only=True))
+        except Exception as e:  # noqa: BLE001 - a pickle naming anything else is refused here
+            raise CheckpointError(f"{f}: not a weights-only FSDP shard ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0]})") from None
+    out: dict[str, torch.Tensor] = {}
+    for name, first in per_rank[0].items():
+        pieces = [sd.get(name) for sd in per_rank]
+        if any(p is None for p in pieces):
+            raise CheckpointError(f"{files[0].parent}: tensor {name!r} is missing from some ranks' shards")
+        if not isinstance(first, DTensor):
+            if not isinstance(first, torch.Tensor):
+                raise CheckpointError(f"{files[0]}: {name!r} is a {type(first).__name__}, not a tensor")
+            out[name] = first
+            continue
+        mesh, (placement, *more) = first.device_mesh, first.placements
+        if more or mesh.ndim != 1:
+            raise CheckpointError(f"{files[0]}: {name!r} lies on a {mesh.ndim}-D device mesh {tuple(first.placements)} "
+                                  "(HSDP or tensor parallel): only FSDP's 1-D sharding is converted")
+        if placement.is_replicate():
+            out[name] = first.to_local()
+        elif placement.is_shard():
+            order = mesh.mesh.flatten().tolist()  # mesh position -> the rank (file) holding it
+            if sorted(order) != list(range(len(files))):
+                raise CheckpointError(f"{files[0]}: {name!r}: its mesh {order} is not the {len(files)} ranks saved")
+            dim = placement.dim  # type: ignore[attr-defined]
+            out[name] = torch.cat([pieces[r].to_local() for r in order], dim=dim)
+        else:
+            raise CheckpointError(f"{files[0]}: {name!r} is {placement} (partial sums): not a saved state")
+        if tuple(out[name].shape) != tuple(first.shape):
+            raise CheckpointError(f"{actor}: {name!r} merges to {tuple(out[name].shape)}, its shards say "
+                                  f"{tuple(first.shape)}")
+    return out
 
 
 def check_state_dict(state_dict: dict[str, torch.Tensor], config_dir: Path) -> None:
