@@ -159,7 +159,9 @@ def load_fsdp_shards(actor: Path) -> dict[str, torch.Tensor]:
     replicated one or a plain tensor is taken from rank 0. Loaded weights-only (tensors and
     torch's own DTensor types, nothing that runs code); an HSDP or tensor-parallel layout (a
     mesh of more dimensions) is refused, naming the tensor."""
-    from torch.distributed.tensor import DTensor  # importing it lets a weights-only load read DTensors
+    from torch.distributed.tensor import (
+        DTensor,  # importing it lets a weights-only load read DTensors
+    )
 
     files = find_fsdp_shards(actor)
     per_rank = []

@@ -56,7 +56,6 @@ def test_verl_fsdp_shards_convert_into_a_folder_transformers_loads(fsdp_job):
 
 def test_the_faqs_loader_gives_the_trained_state_dict(fsdp_job):
     from transformers import AutoModelForCausalLM
-
     from trinity.common.models.utils import load_fsdp_state_dict_from_verl_checkpoint
 
     base, _, actor = fsdp_job
