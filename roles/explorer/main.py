@@ -55,6 +55,7 @@ from schemas.config import TrinityConfig
 from schemas.data import Metric, group_id
 from schemas.modes import MODES
 from schemas.state import ApiAddress, Cursor, ExplorerFinished, JoinSettings
+from storage.checkpoints import write_meta
 from storage.scheduler import TaskScheduler, scheduler_from_config
 
 log = logging.getLogger("trinity.explorer")
@@ -552,10 +553,15 @@ class Explorer:
         """The leader's position after ``self.step`` steps; ``batch``: the tasks of the step
         now starting, which a restarted leader then runs again."""
         assert self.tasks_of is not None
+        reader = self.tasks_of.state_dict()
         await self.state.put(CURSOR_KEY, Cursor(
-            self.step, reader=self.tasks_of.state_dict(), done_from=self.done_from,
+            self.step, reader=reader, done_from=self.done_from,
             feedback_from=self.inbox.next_seq if self.inbox else None,
             batch=TaskScheduler.picks(batch) if batch is not None else None))
+        # the seeds' explorer_meta.json: the same position for people and scripts (a run
+        # resumes from the bus's cursor, which this copies)
+        await asyncio.to_thread(write_meta, self.cfg.checkpoint_job_dir, "explorer",
+                                {"latest_iteration": self.step, "taskset_states": reader})
 
     async def _step_metrics(self, results: list[TaskResult], seconds: float) -> None:
         assert self.tasks_of is not None

@@ -164,6 +164,8 @@ def test_the_guides_plugin_trains_through_real_processes_and_the_faqs_sql_script
     assert p.wait(600) == 0, log.read_text()[-4000:]
     job = tmp_path / "ckpt" / "t" / "r"
     trained_exactly_once(job, 2, 12)  # batch 3 x repeat 4
+    meta = json.loads((job / "explorer_meta.json").read_text())  # the seeds' layout
+    assert meta["latest_iteration"] == 2 and "taskset_states" in meta
     rollouts = [json.loads(line) for line in (job / "monitor" / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in rollouts if r["kind"] == "train"], "no train step recorded"
     # every experience the buffer stored is in the database; the FAQ's script prints four
