@@ -162,6 +162,26 @@ ALGORITHM_DEFAULTS: dict[str, _Defaults] = {
 }
 
 ALGORITHM_TYPES: tuple[str, ...] = tuple(ALGORITHM_DEFAULTS)
+"""The built-in algorithm types (a plugin adds more with :func:`register_algorithm`)."""
+
+
+def register_algorithm(name: str, *, advantage_fn: str | None, replace: bool = False, **defaults: Any) -> None:
+    """Add algorithm type ``name``: its default parts and their arguments, as a row of
+    :data:`ALGORITHM_DEFAULTS` has them (Trinity-RFT's ``AlgorithmType.default_config``; the
+    ``trinity`` package's ``ALGORITHM_TYPE`` calls this). Checked at once by :func:`resolve`:
+    a part or argument that does not exist fails the registration, naming it."""
+    if name in ALGORITHM_DEFAULTS and not replace:
+        raise ValueError(f"algorithm_type {name!r} is already registered (pass replace=True)")
+    old = ALGORITHM_DEFAULTS.get(name)
+    ALGORITHM_DEFAULTS[name] = _Defaults(advantage_fn, **defaults)
+    try:
+        resolve(name)
+    except (ValueError, TypeError):
+        if old is None:
+            del ALGORITHM_DEFAULTS[name]
+        else:
+            ALGORITHM_DEFAULTS[name] = old
+        raise
 
 # Per config field: registry kind, and the data arguments of its functions (not hyperparameters).
 _PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -234,7 +254,7 @@ def resolve(algorithm_type: str, **overrides: Any) -> AlgorithmSpec:
     if algorithm_type not in ALGORITHM_DEFAULTS:
         raise ValueError(
             f"algorithm.algorithm_type: unknown {algorithm_type!r}; "
-            f"valid names: {', '.join(ALGORITHM_TYPES)}"
+            f"valid names: {', '.join(ALGORITHM_DEFAULTS)}"
         )
     unknown = sorted(set(overrides) - set(CONFIG_FIELDS))
     if unknown:

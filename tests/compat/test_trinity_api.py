@@ -27,16 +27,18 @@ PLUGINS = Path(__file__).parent / "plugins"
 def plugins():
     """The plugins registered for this module's tests, and gone after (other modules in the
     same worker see the built-in names only)."""
-    from ops.registry import parts
+    from ops.algorithms import ALGORITHM_DEFAULTS
+    from ops.registry import KINDS, parts
     from roles.explorer.workflows.registry import WORKFLOWS
 
-    before = (set(sys.modules), dict(WORKFLOWS), dict(parts("reward_fn")))
+    maps = [WORKFLOWS, ALGORITHM_DEFAULTS, *(parts(k) for k in KINDS)]
+    before = set(sys.modules), [dict(m) for m in maps]
     load_plugin_dirs([str(PLUGINS)])
     yield
     for name in set(sys.modules) - before[0]:
         if name.startswith("trinity_plugin_"):
             del sys.modules[name]
-    for now, then in ((WORKFLOWS, before[1]), (parts("reward_fn"), before[2])):
+    for now, then in zip(maps, before[1], strict=True):
         now.clear()
         now.update(then)
 
@@ -85,6 +87,48 @@ async def test_a_registered_reward_class_is_one_of_ours_and_ours_are_classes_the
     assert REWARD_FUNCTIONS.get("digit_match_reward").__name__ == "DigitMatchReward"
     exps = await _run("math_workflow", engine)  # our built-in workflow, the plugin's reward
     assert {k for e in exps for k in e.info} >= {"digit_match"}
+
+
+def test_the_guides_algorithm_resolves_and_computes_its_own_formulas():
+    """OPMD as the algorithm guide writes it: the mean baseline per task, the loss
+    ``-A * logprob`` averaged over tokens, divided by ``1 + tau``; a misspelt argument is refused."""
+    import torch
+
+    from ops.algorithms import resolve
+    from ops.registry import get
+
+    spec = resolve("my_opmd", policy_loss_fn_args={"tau": 0.5})
+    assert (spec.advantage_fn, spec.policy_loss_fn, spec.sample_strategy) == ("my_opmd", "my_opmd", "warmup")
+    assert spec.use_reference and not spec.use_critic
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    out = get("advantage_fn", "my_opmd")(action_mask=mask, rewards=torch.tensor([1.0, 0.0, 1.0, 0.5]),
+                                         group_ids=["a", "a", "b", "b"])
+    want = torch.tensor([0.5, -0.5, 0.25, -0.25])[:, None] * mask  # reward - its task's mean
+    assert torch.allclose(out.advantages, want) and out.keep.all()
+    assert out.metrics == {"group_advantages/group_baseline/mean": pytest.approx((0.5 + 0.75) / 2)}
+    logprob = torch.log(torch.tensor([[0.5, 0.25, 1.0], [0.5, 0.5, 0.5], [0.1, 1.0, 1.0], [0.2, 0.2, 0.2]]))
+    loss, metrics = get("policy_loss_fn", "my_opmd")(logprob, logprob, out.advantages, mask.float(),
+                                                    **spec.policy_loss_fn_args)
+    by_hand = (-(want * logprob))[mask].mean() / 1.5
+    assert torch.allclose(loss, by_hand) and metrics["opmd_loss"] == pytest.approx(float(by_hand))
+    with pytest.raises(ValueError, match="'my_opmd' has no argument.s. tua; valid names: tau"):
+        resolve("my_opmd", policy_loss_fn_args={"tua": 0.5})
+
+
+def test_names_without_an_adapter_say_what_to_use():
+    with pytest.raises(ImportError, match=r"KL_FN: .*ops.registry.register\('kl_fn'"):
+        from trinity.algorithm import KL_FN  # noqa: F401
+    from trinity.algorithm import ALGORITHM_TYPE, AlgorithmType
+
+    class Critic(AlgorithmType):
+        use_critic = True
+
+        @classmethod
+        def default_config(cls):
+            return {"advantage_fn": "grpo"}
+
+    with pytest.raises(ValueError, match="use_critic=True, but here a critic is trained exactly when"):
+        ALGORITHM_TYPE.register_module("critic_grpo", Critic)
 
 
 def test_a_taken_name_is_refused_naming_the_file_and_both_classes(tmp_path):
@@ -155,6 +199,7 @@ def test_the_guides_plugin_trains_through_real_processes_and_the_faqs_sql_script
     url = f"sqlite:///{tmp_path / 'experiences.db'}"
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=0, stages=False, extra={
         "nats.url": nats_server.url, "nats.embedded": False, "buffer.total_steps": 2,
+        "algorithm.algorithm_type": "my_opmd",  # the guide's OPMD: its advantage, loss and defaults
         "buffer.explorer_input.default_workflow_type": "example_workflow",
         "buffer.explorer_input.default_reward_fn_type": "digit_match_reward",
         "buffer.explorer_input.taskset.reward_fn_args": {"partial": 0.1},
@@ -167,7 +212,9 @@ def test_the_guides_plugin_trains_through_real_processes_and_the_faqs_sql_script
     meta = json.loads((job / "explorer_meta.json").read_text())  # the seeds' layout
     assert meta["latest_iteration"] == 2 and "taskset_states" in meta
     rollouts = [json.loads(line) for line in (job / "monitor" / "metrics.jsonl").read_text().splitlines()]
-    assert [r for r in rollouts if r["kind"] == "train"], "no train step recorded"
+    train = [r["values"] for r in rollouts if r["kind"] == "train"]
+    assert len(train) == 2 and all("opmd_loss" in v and "advantage/group_advantages/group_baseline/mean" in v
+                                   for v in train), train  # the plugin's loss and advantage trained it
     # every experience the buffer stored is in the database; the FAQ's script prints four
     script = FAQ_SCRIPT.replace("buffer.trainer_input.experience_buffer.path", repr(url))
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)

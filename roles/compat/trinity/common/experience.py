@@ -164,3 +164,14 @@ def to_ours(x: Any, owner: str) -> OurExperience:
     except ValueError as e:
         raise ValueError(f"{owner}: returned an experience that cannot train: {e}") from e
     return ours
+
+
+def group_by(experiences: list[Experience], id_type: str) -> dict[str, list[Experience]]:
+    """Experiences by their task (``"task"``), run (``"run"``) or step (``"step"``) id."""
+    attr = {"task": "tid", "run": "rid", "step": "sid"}.get(id_type)
+    if attr is None:
+        raise ValueError(f"group_by: id_type {id_type!r}; valid: task, run, step")
+    out: dict[str, list[Experience]] = {}
+    for e in experiences:
+        out.setdefault(getattr(e.eid, attr), []).append(e)
+    return out
