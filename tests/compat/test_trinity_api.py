@@ -29,9 +29,10 @@ def plugins():
     same worker see the built-in names only)."""
     from ops.algorithms import ALGORITHM_DEFAULTS
     from ops.registry import KINDS, parts
+    from roles.buffer.pipeline import OPERATORS
     from roles.explorer.workflows.registry import WORKFLOWS
 
-    maps = [WORKFLOWS, ALGORITHM_DEFAULTS, *(parts(k) for k in KINDS)]
+    maps = [WORKFLOWS, ALGORITHM_DEFAULTS, OPERATORS, *(parts(k) for k in KINDS)]
     before = set(sys.modules), [dict(m) for m in maps]
     load_plugin_dirs([str(PLUGINS)])
     yield
@@ -48,13 +49,13 @@ def engine(tiny_model: Path):
     from roles.explorer.engines.hf import HFEngine
 
     return HFEngine(InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers", dtype="float32",
-                                         max_model_len=96, max_response_tokens=8, seed=0))
+                                         max_model_len=512, max_response_tokens=8, seed=0))
 
 
-def _task(workflow: str, reward: str | None = "digit_match_reward", **kw) -> Task:
+def _task(workflow: str, reward: str | None = "digit_match_reward", fmt: dict | None = None, **kw) -> Task:
     return Task(task_id="arith/0", raw={"question": "2+2", "answer": "4"}, workflow=workflow, reward_fn=reward,
                 rollout_args={"temperature": 1.0}, repeat_times=3,
-                format={"prompt_key": "question", "response_key": "answer", "system_prompt": ""}, **kw)
+                format={"prompt_key": "question", "response_key": "answer", "system_prompt": "", **(fmt or {})}, **kw)
 
 
 async def _run(workflow: str, engine, **kw) -> list[OurExperience]:
@@ -115,6 +116,38 @@ def test_the_guides_algorithm_resolves_and_computes_its_own_formulas():
         resolve("my_opmd", policy_loss_fn_args={"tua": 0.5})
 
 
+def test_an_experience_operator_runs_in_the_buffers_pipeline(tmp_path):
+    import numpy as np
+
+    from roles.buffer.pipeline import Pipeline
+    from schemas.config import OperatorConfig
+    from schemas.data import ExperienceGroup
+
+    (tmp_path / "ops_plugin.py").write_text(
+        "from trinity.buffer.operators import EXPERIENCE_OPERATORS, ExperienceOperator\n\n"
+        "@EXPERIENCE_OPERATORS.register_module('scale_and_drop_zero')\nclass Scale(ExperienceOperator):\n"
+        "    def __init__(self, factor: float = 0.5):\n        self.factor = factor\n"
+        "    def process(self, exps):\n"
+        "        for e in exps:\n            e.reward = e.reward * self.factor\n            e.metrics['scaled'] = 1.0\n"
+        "        return [e for e in exps if e.reward != 0], {'seen': len(exps)}\n")
+    load_plugin_dirs([str(tmp_path)])
+    exps = [OurExperience(id=f"e{i}", task_id="t", group_id="g", run_id="r", tokens=np.arange(5, dtype=np.int32),
+                          prompt_length=2, reward=float(i)) for i in range(3)]
+    pipe = Pipeline.from_config([OperatorConfig(name="scale_and_drop_zero", args={"factor": 2.0})], None)
+    out, _ = pipe.run(ExperienceGroup(group_id="g", task_id="t", run_id="r", experiences=exps))
+    assert [(e.id, e.reward, e.info["scaled"]) for e in out.experiences] == [("e1", 2.0, 1.0), ("e2", 4.0, 1.0)]
+    assert out.metrics["scale_and_drop_zero/seen"] == 3.0
+    with pytest.raises(ValueError, match=r"operators\[0\] \(scale_and_drop_zero\).args: .*'fator'"):
+        Pipeline.from_config([OperatorConfig(name="scale_and_drop_zero", args={"fator": 2.0})], None)
+    from trinity.buffer.operators import EXPERIENCE_OPERATORS, ExperienceOperatorV1
+
+    class Async(ExperienceOperatorV1):
+        pass
+
+    with pytest.raises(TypeError, match="ExperienceOperatorV1 .* no adapter here yet"):
+        EXPERIENCE_OPERATORS.register_module("async_op", Async)
+
+
 def test_names_without_an_adapter_say_what_to_use():
     with pytest.raises(ImportError, match=r"KL_FN: .*ops.registry.register\('kl_fn'"):
         from trinity.algorithm import KL_FN  # noqa: F401
@@ -129,6 +162,25 @@ def test_names_without_an_adapter_say_what_to_use():
 
     with pytest.raises(ValueError, match="use_critic=True, but here a critic is trained exactly when"):
         ALGORITHM_TYPE.register_module("critic_grpo", Critic)
+
+
+async def test_a_subclass_of_upstreams_built_in_workflow_keeps_its_hooks(engine, tmp_path):
+    """Plugins such as upstream's BOTS and learn-to-ask subclass its built-in workflows and
+    override ``reset``/``format_messages``: those hooks run, with our prompts and rewards."""
+    (tmp_path / "boxed_plugin.py").write_text(
+        "from trinity.common.workflows import WORKFLOWS\n"
+        "from trinity.common.workflows.customized_math_workflows import MathBoxedWorkflow, Task\n\n"
+        "@WORKFLOWS.register_module('prefixed_boxed')\nclass Prefixed(MathBoxedWorkflow):\n"
+        "    def reset(self, task: Task):\n        super().reset(task)\n"
+        "        self.task_desc = 'Compute: ' + self.task_desc\n")
+    load_plugin_dirs([str(tmp_path)])
+    exps = await _run("prefixed_boxed", engine, reward=None, workflow_args={"with_think": True},
+                      fmt={"system_prompt": None})  # none set: the workflow's own
+    assert len(exps) == 3
+    for e in exps:
+        assert "Compute: 2+2" in e.prompt_text and "You are a helpful assistant that solves MATH" in e.prompt_text
+        assert {"accuracy", "format_score"} <= set(e.info), e.info  # math_boxed_reward's, with_think on
+        assert e.reward == pytest.approx(e.info["accuracy"] + e.info["format_score"])
 
 
 def test_a_taken_name_is_refused_naming_the_file_and_both_classes(tmp_path):

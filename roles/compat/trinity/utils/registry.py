@@ -17,8 +17,8 @@ def where(obj: Any) -> str:
     """``Class in /path/file.py``: how an error names a user's class."""
     try:
         return f"{obj.__qualname__} in {inspect.getfile(obj)}"
-    except (TypeError, AttributeError):
-        return repr(obj)
+    except (TypeError, AttributeError, OSError):  # a class typed at a prompt has no file
+        return getattr(obj, "__qualname__", repr(obj))
 
 
 class Registry:

@@ -54,8 +54,13 @@ class _Ours(RewardFn):
     def __init__(self, **options: Any) -> None:
         self.options = options
 
-    def __call__(self, response: str = "", truth: Any = None, prompt: str | None = None, **kwargs: Any) -> dict[str, float]:
-        return call_reward(type(self).fn, response, truth, prompt=prompt, options={**self.options, **kwargs})
+    def __call__(self, response: str = "", truth: Any = None, prompt: str | None = None,
+                 response_token: Any = None, **kwargs: Any) -> dict[str, float]:
+        """``response_token`` (upstream's workflows pass the response's token ids) is the
+        response length for a reward that takes one (DAPO's overlong penalty)."""
+        length = None if response_token is None else len(response_token)
+        return call_reward(type(self).fn, response, truth, prompt=prompt, response_length=length,
+                           options={**self.options, **kwargs})
 
 
 def as_reward_class(name: str, fn: Callable[..., Any]) -> type[RewardFn]:

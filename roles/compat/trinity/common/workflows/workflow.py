@@ -175,3 +175,97 @@ def adapter(name: str, cls: type[Workflow], owner: str) -> type[OurWorkflow]:
     return type(f"Upstream{cls.__name__}", (UpstreamWorkflow,), {
         "upstream": cls, "owner": owner, "is_async": bool(cls.is_async), "repeatable": bool(cls.can_repeat),
         "__doc__": f"{owner}, run through trinity's plugin API"})
+
+
+# -- upstream's built-in single-turn workflows, for plugins that subclass them -----------------
+# (the names a config gives, simple_workflow and the rest, run our own classes; these exist so
+# that a user's subclass, which overrides reset/format_messages/run, finds the hooks it expects)
+
+
+class BaseSimpleWorkflow(Workflow):
+    """One prompt, ``repeat_times`` samples, each scored by the task's reward class: the hooks
+    are upstream's (``reset`` reads the task, ``format_messages`` builds the chat,
+    ``rollout_args`` the sampling arguments); the prompts and rewards are ours."""
+
+    #: the reward (a registered name) when the taskset names none
+    default_reward: str | None = None
+
+    def __init__(self, *, task: Task, model: ModelWrapper, auxiliary_models: list[ModelWrapper] | None = None) -> None:
+        self.reset(task)
+        super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
+
+    def reset(self, task: Task) -> None:
+        self.format_args = task.format_args
+        self.system_prompt = task.format_args.system_prompt
+        self.reply_prefix = task.format_args.reply_prefix
+        self.workflow_args = task.workflow_args
+        self.reward_fn_args = task.reward_fn_args
+        self.raw_task = task.raw_task
+        self.task_desc = task.task_desc
+        self.truth = task.truth
+        reward = task.reward_fn or (REWARD_FUNCTIONS.get(self.default_reward) if self.default_reward else None)
+        if reward is None:
+            raise ValueError(f"{type(self).__name__}: no reward function (set default_reward_fn_type)")
+        self.reward_fn = reward(**self.reward_fn_args)
+
+    def set_repeat_times(self, repeat_times: int, run_id_base: int) -> None:
+        self.repeat_times = repeat_times
+        self.task.rollout_args.n = repeat_times
+        self.run_id_base = run_id_base
+
+    @property
+    def rollout_args(self) -> dict[str, Any]:
+        return self.task.rollout_args.model_dump()
+
+    def format_messages(self) -> list[dict[str, Any]]:
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": self.task_desc})
+        if self.reply_prefix:
+            messages.append({"role": "assistant", "content": self.reply_prefix})
+        return messages
+
+    def reward_kwargs(self, response: Experience) -> dict[str, Any]:
+        """What the reward class is called with besides ``response`` and ``truth``."""
+        return {}
+
+    def score(self, responses: list[Experience]) -> list[Experience]:
+        for i, r in enumerate(responses):
+            scores = self.reward_fn(response=r.response_text, truth=self.truth, **self.reward_kwargs(r))
+            r.metrics.update(scores)
+            r.reward = sum(scores.values())
+            r.eid.run = i + self.run_id_base
+        return responses
+
+
+class SimpleWorkflow(BaseSimpleWorkflow):
+    can_reset = True
+    can_repeat = True
+
+    def run(self) -> list[Experience]:
+        return self.score(self.model.chat(self.format_messages(), **self.rollout_args))
+
+
+class AsyncSimpleWorkflow(BaseSimpleWorkflow):
+    can_reset = True
+    can_repeat = True
+    is_async = True
+
+    async def run_async(self) -> list[Experience]:
+        return self.score(await self.model.chat_async(self.format_messages(), **self.rollout_args))
+
+
+class MathWorkflow(SimpleWorkflow):
+    """``math_reward`` and its ``<think>``/``<answer>`` system prompt by default."""
+
+    default_reward = "math_reward"
+
+    def reset(self, task: Task) -> None:
+        super().reset(task)
+        if task.reward_fn is None and self.system_prompt is None:
+            from roles.explorer.workflows.math import THINK_SYSTEM_PROMPT
+
+            self.system_prompt = THINK_SYSTEM_PROMPT
+
+
+class AsyncMathWorkflow(AsyncSimpleWorkflow, MathWorkflow):
+    pass
