@@ -56,6 +56,10 @@ RUN_ELSEWHERE = {
     'pip install -e ".[vllm,dev]"': "tests/roles/test_extras.py (GPU node only)",
     'pip install "flash-attn==2.8.3" --no-build-isolation': "tests/roles/test_extras.py (GPU node only)",
     "trinity run --config examples/grpo_gsm8k/gsm8k.yaml": "tests/run/test_placement.py (GPU node only: the plan)",
+    "TRINITY_PLUGIN_DIRS=my_plugins trinity run --config my.yaml":
+        "tests/compat/test_trinity_api.py (a plugin folder written as upstream's guides show, trained)",
+    "trinity debug --config my.yaml --module inference_model": "tests/explorer/test_engines_workflows.py",
+    "trinity debug --config my.yaml --module workflow --output-file exps.json": "tests/explorer/test_engines_workflows.py",
     "trinity debug --config FILE --module workflow --output-file exps.json "
     "--set explorer.rollout_model.engine_type=transformers": "tests/explorer/test_engines_workflows.py",
     # docs/performance.md: a benchmark that installs TRL into a virtualenv of its own and runs minutes
