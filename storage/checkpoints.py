@@ -48,7 +48,6 @@ TRAINER_STATE_NAME = "trainer_state.pt"
 DEFAULT_MAX_SHARD_SIZE = 5 * 1024**3
 
 STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
-SHARD_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.safetensors$")
 #: Files that are weights (not copied between Hugging Face folders: they are rewritten).
 _WEIGHT_FILE_RE = re.compile(r"(\.safetensors|\.bin|\.pt|\.pth|\.index\.json|\.gguf)$")
 
@@ -477,24 +476,26 @@ def save_model_shard(
     return dst
 
 
-def find_model_shards(actor: str | Path) -> list[Path]:
-    """The trainer shard files of ``actor`` (all ranks of one world size), rank order."""
+def find_model_shards(actor: str | Path, suffix: str = ".safetensors") -> list[Path]:
+    """The ``model_world_size_W_rank_r<suffix>`` files of ``actor`` (all ranks of one world
+    size), rank order: the trainer's shards, or veRL's FSDP ones with ``suffix=".pt"``."""
     actor = Path(actor)
     if not actor.is_dir():
         return []
+    pattern = re.compile(r"^model_world_size_(\d+)_rank_(\d+)" + re.escape(suffix) + "$")
     by_ws: dict[int, dict[int, Path]] = {}
     for p in actor.iterdir():
-        m = SHARD_RE.match(p.name)
+        m = pattern.match(p.name)
         if m:
             by_ws.setdefault(int(m.group(1)), {})[int(m.group(2))] = p
     if not by_ws:
         return []
     if len(by_ws) > 1:
-        raise CheckpointError(f"{actor}: shards of several world sizes {sorted(by_ws)}")
+        raise CheckpointError(f"{actor}: {suffix} shards of several world sizes {sorted(by_ws)}")
     ws, ranks = next(iter(by_ws.items()))
-    missing = [shard_file_name(r, ws) for r in range(ws) if r not in ranks]
+    missing = [f"model_world_size_{ws}_rank_{r}{suffix}" for r in range(ws) if r not in ranks]
     if missing:
-        raise CheckpointError(f"{actor}: missing trainer shards {missing}")
+        raise CheckpointError(f"{actor}: missing shards {missing}")
     return [ranks[r] for r in range(ws)]
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,34 +121,12 @@ def load_actor_state_dict(
         folder, tag = ds
         sd = load_zero_state_dict(folder, tag, allowed_globals=allowed_globals)
         return _strip_wrappers(sd), f"deepspeed checkpoint {folder.name}"
-    if find_fsdp_shards(actor):
+    if find_model_shards(actor, ".pt"):
         return _strip_wrappers(load_fsdp_shards(actor)), "veRL FSDP shards"
     raise CheckpointError(
         f"{actor}: no weights to convert (no model_world_size_*_rank_*.safetensors or .pt shards, "
         "no DeepSpeed checkpoint folder)"
     )
-
-
-FSDP_SHARD_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
-
-
-def find_fsdp_shards(actor: Path) -> list[Path]:
-    """veRL's FSDP model shards in ``actor`` (``model_world_size_W_rank_r.pt``), rank order;
-    every rank of one world size must be there."""
-    by_ws: dict[int, dict[int, Path]] = {}
-    for p in actor.iterdir() if actor.is_dir() else ():
-        m = FSDP_SHARD_RE.match(p.name)
-        if m:
-            by_ws.setdefault(int(m.group(1)), {})[int(m.group(2))] = p
-    if not by_ws:
-        return []
-    if len(by_ws) > 1:
-        raise CheckpointError(f"{actor}: FSDP shards of several world sizes {sorted(by_ws)}")
-    ws, ranks = next(iter(by_ws.items()))
-    missing = [f"model_world_size_{ws}_rank_{r}.pt" for r in range(ws) if r not in ranks]
-    if missing:
-        raise CheckpointError(f"{actor}: missing FSDP shards {missing}")
-    return [ranks[r] for r in range(ws)]
 
 
 def load_fsdp_shards(actor: Path) -> dict[str, torch.Tensor]:
@@ -163,7 +140,7 @@ def load_fsdp_shards(actor: Path) -> dict[str, torch.Tensor]:
         DTensor,  # importing it lets a weights-only load read DTensors
     )
 
-    files = find_fsdp_shards(actor)
+    files = find_model_shards(actor, ".pt")
     per_rank = []
     for f in files:
         try:

@@ -1,19 +1,3 @@
-from __future__ import annotations
+"""The tiny model and the sums taskset of ``tests/run`` (the plugin run trains on them)."""
 
-from pathlib import Path
-
-import pytest
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from storage.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("compat_model") / "m")
-
-
-@pytest.fixture(scope="session")
-def arith(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from storage.tiny import build_arithmetic_taskset
-
-    return build_arithmetic_taskset(tmp_path_factory.mktemp("compat_data"), n_train=12, n_eval=3)
+from tests.run.conftest import arith, tiny_model  # noqa: F401 - fixtures, shared

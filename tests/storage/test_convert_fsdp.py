@@ -83,5 +83,5 @@ def test_a_shard_that_would_run_code_is_refused_naming_it(tmp_path):
         load_fsdp_shards(actor)
     assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
     (actor / "model_world_size_2_rank_1.pt").unlink()
-    with pytest.raises(CheckpointError, match=r"missing FSDP shards \['model_world_size_2_rank_1.pt'\]"):
+    with pytest.raises(CheckpointError, match=r"missing shards \['model_world_size_2_rank_1.pt'\]"):
         load_fsdp_shards(actor)
