@@ -278,6 +278,8 @@ class PutResult:
     duplicates: int = 0
     evicted: int = 0
     bytes: int = 0
+    #: each experience newly stored, with its encoding (what the SQL store writes as is)
+    stored: list[tuple[Experience, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -572,7 +574,7 @@ class ReplayStore:
             exps = []
             for i, e in enumerate(g.experiences):
                 eid = _key(e.id, f"ExperienceGroup.experiences[{i}].id")
-                exps.append((eid, e.model_version, encode(e)))
+                exps.append((eid, e.model_version, encode(e), e))
             prepared.append((gid, header, exps))
         return self._write(lambda txn: self._put_prepared(txn, prepared, now))
 
@@ -580,7 +582,7 @@ class ReplayStore:
         self, experiences: Iterable[Experience], now: float | None = None
     ) -> PutResult:
         """Store loose experiences (no group record), one transaction; duplicates skipped."""
-        prepared = [(_key(e.id, "Experience.id"), e.model_version, encode(e)) for e in experiences]
+        prepared = [(_key(e.id, "Experience.id"), e.model_version, encode(e), e) for e in experiences]
         return self._write(lambda txn: self._put_prepared(txn, [(None, None, prepared)], now))
 
     def _put_prepared(self, txn: lmdb.Transaction, prepared: list, now: float | None) -> PutResult:
@@ -593,11 +595,11 @@ class ReplayStore:
                 if txn.get(gid, db=groups) is not None:
                     res.duplicates += 1
                     continue
-                ids = [eid.decode() for eid, _, _ in exps]
+                ids = [eid.decode() for eid, _, _, _ in exps]
                 txn.put(gid, msgpack.packb([header, ids]), db=groups)
                 txn.put(_U64.pack(self._next_order(txn)), b"g" + gid, db=stored)
                 res.groups += 1
-            for eid, version, data in exps:
+            for eid, version, data, exp in exps:
                 if txn.get(eid, db=index) is not None:
                     res.duplicates += 1 if gid is None else 0
                     continue
@@ -609,6 +611,7 @@ class ReplayStore:
                 res.evicted += self._insert_ready(txn, eid, rec)
                 res.experiences += 1
                 res.bytes += len(data)
+                res.stored.append((exp, data))
         return res
 
     # -- forgetting --------------------------------------------------------------------------

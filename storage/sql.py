@@ -96,9 +96,11 @@ def check_url(url: str) -> str | None:
     return None
 
 
-def row(e: Experience) -> dict[str, Any]:
+def row(e: Experience, data: bytes | None = None) -> dict[str, Any]:
+    """The table's row for ``e``; ``data``: its encoding when already made (the replay store's)."""
     return {"task_id": e.task_id, "run_id": e.episode, "msg_id": e.id, "model_version": e.model_version,
-            "experience_bytes": encode(e), "reward": e.reward, "consumed": 0, "group_id": e.group_id}
+            "experience_bytes": encode(e) if data is None else data, "reward": e.reward, "consumed": 0,
+            "group_id": e.group_id}
 
 
 class SqlMirror:
@@ -112,7 +114,7 @@ class SqlMirror:
         self.batch = batch
         self.max_pending = max_pending
         self.engine = create_engine(url)
-        self.pending: collections.deque[Experience] = collections.deque()
+        self.pending: collections.deque[tuple[Experience, bytes | None]] = collections.deque()
         self.behind = True  # until it has caught up with the replay store
         self.written = 0
         self.failure: str | None = None  # the database's last error, while it fails
@@ -121,8 +123,9 @@ class SqlMirror:
         self._thread = threading.Thread(target=self._loop, name="sql-mirror", daemon=True)
         self._thread.start()
 
-    def put(self, exps: list[Experience]) -> None:
-        """Queue experiences the replay store just stored (never blocks on the database)."""
+    def put(self, exps: list[tuple[Experience, bytes | None]]) -> None:
+        """Queue experiences the replay store just stored, each with its encoding or None
+        (never blocks on the database)."""
         with self._cv:
             if self.behind:
                 return  # catching up reads them from the replay store
@@ -151,15 +154,15 @@ class SqlMirror:
             known = set(conn.execute(select(experiences.c.msg_id)).scalars())
         missing = [i for i in self.source.experience_ids() if i not in known]
         for k in range(0, len(missing), self.batch):
-            exps = [e for e in map(self.source.get_experience, missing[k:k + self.batch]) if e is not None]
+            exps = [(e, None) for e in map(self.source.get_experience, missing[k:k + self.batch]) if e is not None]
             self._write(exps)
         return len(missing)
 
-    def _write(self, exps: list[Experience]) -> None:
-        ids = [e.id for e in exps]
+    def _write(self, exps: list[tuple[Experience, bytes | None]]) -> None:
+        ids = [e.id for e, _ in exps]
         with self.engine.begin() as conn:
             there = set(conn.execute(select(experiences.c.msg_id).where(experiences.c.msg_id.in_(ids))).scalars())
-            rows = [row(e) for e in exps if e.id not in there]
+            rows = [row(e, data) for e, data in exps if e.id not in there]
             if rows:
                 conn.execute(insert(experiences), rows)
         self.written += len(rows)

@@ -159,20 +159,21 @@ class BufferService:
                                                len(out.experiences) if out is not None else 0)
             except Exception as e:  # one group's problem: it must not stop the others
                 bad[i] = e
-        added = 0
+        results = []
         if keep and self.store is not None:
             try:
-                added = self.store.put_groups(list(keep.values())).experiences
+                results.append(self.store.put_groups(list(keep.values())))
             except _BAD_GROUP:  # find the group the store refuses, store the others
                 for i, g in keep.items():
                     try:
-                        added += self.store.put_groups([g]).experiences
+                        results.append(self.store.put_groups([g]))
                     except _BAD_GROUP as e:
                         bad[i] = e
+        added = sum(r.experiences for r in results)
         self.stored += added
         self.quarantined += len(bad)
-        if self.mirror is not None:
-            self.mirror.put([e for i, g in keep.items() if i not in bad for e in g.experiences])
+        if self.mirror is not None:  # what was newly stored, with the store's own encoding
+            self.mirror.put([pair for r in results for pair in r.stored])
         if added:
             self.arrived_threadsafe()
         for i, g in enumerate(groups):  # in ingest order: what was stored, what was dead-lettered

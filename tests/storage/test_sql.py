@@ -48,9 +48,11 @@ def test_every_stored_experience_reaches_the_database_once(tmp_path):
     store.put_groups([_group(0)])  # before the mirror started: caught up from the store
     mirror = SqlMirror(url, store, batch=2)
     for g in (1, 2):
-        store.put_groups([_group(g)])
-        mirror.put(_group(g).experiences)
-    mirror.put(_group(2).experiences)  # a redelivered group: still once
+        res = store.put_groups([_group(g)])
+        assert [e.id for e, _ in res.stored] == [f"e{g}-{i}" for i in range(3)]  # with the store's encoding
+        mirror.put(res.stored)
+    assert store.put_groups([_group(2)]).stored == []  # a redelivered group: nothing new to write
+    mirror.put([(e, None) for e in _group(2).experiences])  # a redelivered group: still once
     mirror.close()
     assert sorted(_rows(url)) == sorted(f"e{g}-{i}" for g in range(3) for i in range(3))
     # a restart with rows lost (a database restored from an old copy): caught up again
@@ -80,12 +82,12 @@ def test_a_database_that_goes_away_is_reported_and_caught_up_when_back(tmp_path,
     store = ReplayStore(tmp_path / "replay")
     mirror = SqlMirror(url, store)
     store.put_groups([_group(0)])
-    mirror.put(_group(0).experiences)
+    mirror.put([(e, None) for e in _group(0).experiences])
     _until(lambda: mirror.written == 3)
     (folder / "exp.db").unlink()
     folder.rmdir()  # gone: sqlite cannot even create the file again
     store.put_groups([_group(1)])
-    mirror.put(_group(1).experiences)
+    mirror.put([(e, None) for e in _group(1).experiences])
     _until(lambda: mirror.failure is not None)
     assert "sql_mirror_failing" in capsys.readouterr().out
     folder.mkdir()  # back, empty: the table is made again and filled from the replay store
