@@ -151,6 +151,8 @@ def test_an_experience_operator_runs_in_the_buffers_pipeline(tmp_path):
 def test_names_without_an_adapter_say_what_to_use():
     with pytest.raises(ImportError, match=r"KL_FN: .*ops.registry.register\('kl_fn'"):
         from trinity.algorithm import KL_FN  # noqa: F401
+    with pytest.raises(ImportError, match="MathEvalWorkflow: upstream's class is not here to subclass; name it in a config as 'math_eval_workflow'"):
+        from trinity.common.workflows import MathEvalWorkflow  # noqa: F401
     from trinity.algorithm import ALGORITHM_TYPE, AlgorithmType
 
     class Critic(AlgorithmType):

@@ -38,5 +38,27 @@ def _check(cls: type) -> str | None:
 
 WORKFLOWS = Registry("workflows", _install, lambda: OURS, _check)
 
+#: upstream's other built-in workflow classes, by the name a config gives each
+_BY_NAME = {
+    "MathEvalWorkflow": "math_eval_workflow", "AsyncMathEvalWorkflow": "async_math_eval_workflow",
+    "MathRMWorkflow": "math_rm_workflow", "AsyncMathRMWorkflow": "async_math_rm_workflow",
+    "ToolCallWorkflow": "tool_call_workflow", "MathRULERWorkflow": "math_ruler_workflow",
+    "AsyncMathRULERWorkflow": "async_math_ruler_workflow", "MathTrainableRULERWorkflow": "math_trainable_ruler_workflow",
+    "RubricJudgeWorkflow": "rubric_judge_workflow", "RubricJudgeWorkflowWithAPI": "rubric_judge_openai_workflow",
+    "OnPolicyDistillWorkflow": "on_policy_distill_workflow", "OnPolicyDistillMathWorkflow": "on_policy_distill_math_workflow",
+    "FrozenLakeWorkflow": "frozen_lake_workflow", "SciWorldWorkflow": "sciworld_workflow", "SudokuWorkflow": "sudoku_workflow",
+    "MultiTurnWorkflow": None,
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _BY_NAME:
+        use = _BY_NAME[name]
+        how = f"name it in a config as {use!r} (this project's own class runs it)" if use else \
+            "write the conversation in run() and return one Experience per episode"
+        raise ImportError(f"trinity.common.workflows.{name}: upstream's class is not here to subclass; {how}, "
+                          "or subclass SimpleWorkflow, MathWorkflow or MathBoxedWorkflow (docs/plugins.md)")
+    raise AttributeError(f"module 'trinity.common.workflows' has no attribute {name!r}")
+
 __all__ = ["WORKFLOWS", "AsyncMathBoxedWorkflow", "AsyncMathWorkflow", "AsyncSimpleWorkflow", "BaseSimpleWorkflow",
            "MathBoxedWorkflow", "MathWorkflow", "SimpleWorkflow", "Task", "UpstreamWorkflow", "Workflow"]
