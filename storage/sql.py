@@ -135,6 +135,11 @@ class SqlMirror:
                 self.behind = True
             self._cv.notify()
 
+    def metrics(self) -> dict[str, float]:
+        """For the buffer's metrics: rows written, experiences waiting, whether it is failing."""
+        return {"sql_store/written": float(self.written), "sql_store/pending": float(len(self.pending)),
+                "sql_store/failing": float(self.failure is not None)}
+
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued (up to ``timeout`` s), then stop."""
         with self._cv:

@@ -198,7 +198,8 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
                     "quarantined": float(service.quarantined),
                     "dead_letters": float(consumer.dead_letters if consumer else 0),
                     **{f"dropped/{k}": float(v) for k, v in service.pipeline.dropped.items()},
-                    **service.pipeline.take_advantage_means()}))
+                    **service.pipeline.take_advantage_means(),
+                    **(service.mirror.metrics() if service.mirror is not None else {})}))
     finally:
         for s in subs:
             await s.unsubscribe()
