@@ -7,12 +7,11 @@ models) has no adapter yet and is refused, saying so."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from roles.buffer.pipeline import OPERATORS
 from schemas.data import ExperienceGroup
-from trinity.algorithm.advantage_fn import construct
+from trinity.algorithm.advantage_fn import construct, with_settings
 from trinity.common.experience import Experience, from_ours
 from trinity.utils.registry import Registry, where
 
@@ -54,14 +53,7 @@ def as_our_operator(name: str, cls: type, owner: str) -> Any:
 
     operator.__name__ = name
     operator.__doc__ = f"{owner} (a Trinity-RFT experience operator)"
-    params = [inspect.Parameter("group", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    init = inspect.signature(cls.__init__).parameters
-    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=p.default) for n, p in init.items()
-               if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    if any(p.kind is p.VAR_KEYWORD for p in init.values()):
-        params.append(inspect.Parameter("args", inspect.Parameter.VAR_KEYWORD))
-    operator.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    return operator
+    return with_settings(operator, cls)  # its settings checked as a built-in operator's are
 
 
 def _install(name: str, cls: type, force: bool) -> None:
