@@ -251,7 +251,8 @@ def test_the_guides_plugin_trains_through_real_processes_and_the_faqs_sql_script
     from tests.run.helpers import tiny_run_config, trained_exactly_once, trinity
 
     url = f"sqlite:///{tmp_path / 'experiences.db'}"
-    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=0, stages=False, extra={
+    # the worker's one server is shared: a run name no other test on it uses (tests/run/test_modes.py has t/r)
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=0, stages=False, name="plugin", extra={
         "nats.url": nats_server.url, "nats.embedded": False, "buffer.total_steps": 2,
         "algorithm.algorithm_type": "my_opmd",  # the guide's OPMD: its advantage, loss and defaults
         "buffer.explorer_input.default_workflow_type": "example_workflow",
@@ -261,7 +262,7 @@ def test_the_guides_plugin_trains_through_real_processes_and_the_faqs_sql_script
     log = tmp_path / "run.log"
     p = trinity("run", "--config", str(cfg), log=log, env_extra={"TRINITY_PLUGIN_DIRS": str(PLUGINS)})
     assert p.wait(600) == 0, log.read_text()[-4000:]
-    job = tmp_path / "ckpt" / "t" / "r"
+    job = tmp_path / "ckpt" / "t" / "plugin"
     trained_exactly_once(job, 2, 12)  # batch 3 x repeat 4
     meta = json.loads((job / "explorer_meta.json").read_text())  # the seeds' layout
     assert meta["latest_iteration"] == 2 and "taskset_states" in meta
