@@ -399,6 +399,32 @@ def check_stage_settings(stages: list[TrinityConfig], i: int, where: str, needs:
     return out
 
 
+def numa_nodes() -> int:
+    """NUMA nodes this machine has online (``/sys``; 1 where it does not say)."""
+    online = Path("/sys/devices/system/node/online")
+    try:
+        spans = [part.split("-") for part in online.read_text().strip().split(",") if part]
+    except OSError:
+        return 1
+    return max(1, sum(int(span[-1]) - int(span[0]) + 1 for span in spans))
+
+
+def cpu_tensor_parallel_problems(cfg: TrinityConfig, where: str) -> list[str]:
+    """vLLM on CPU runs a tensor-parallel engine as one worker per NUMA node, and fails to
+    start (minutes in, then again on every restart) where there are fewer nodes than workers;
+    Trinity-RFT's GPU configs set ``tensor_parallel_size: 2`` for their judge models."""
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    nodes = numa_nodes()
+    models = [("explorer.rollout_model", cfg.explorer.rollout_model),
+              *((f"explorer.auxiliary_models[{j}]", m) for j, m in enumerate(cfg.explorer.auxiliary_models))]
+    return [f"{where}{key}.tensor_parallel_size: {m.tensor_parallel_size}: vLLM on CPU runs one worker per "
+            f"NUMA node and this machine has {nodes}; set it to 1 (or engine_type: transformers)"
+            for key, m in models if m.engine_type == "vllm" and m.tensor_parallel_size > nodes]
+
+
 def check_lora(cfg: TrinityConfig, where: str) -> list[str]:
     """``model.lora_configs[0]`` against the trainer's engine and model: ZeRO-3 (merged weights
     need whole tensors), an adapter ``path`` that is no PEFT folder, ``target_modules`` that
@@ -544,6 +570,8 @@ def preflight(stages: list[TrinityConfig], entry: str = "run") -> None:
     hub_errors, failed = resolve_hub_paths(stages, NEEDS[entry], download=True)
     hub_errors += run_task_pipelines(stages, entry)
     problems, missing = check_inputs(stages, entry)
+    if entry != "config" and "explorer" in NEEDS[entry]:  # what this machine runs (config may be for another)
+        problems += [p for i, s in enumerate(stages) for p in cpu_tensor_parallel_problems(s, _where(stages, i))]
     missing = [m for m in missing if m.split(": ", 1)[0] not in failed]
     if hub_errors or problems or missing:
         raise ConfigError(hub_errors + missing + problems)

@@ -11,7 +11,10 @@ configuration names by string, and ``trinity config`` accepts it exactly where t
 * an experience operator: ``roles.buffer.pipeline.OPERATORS["name"] = fn``.
 
 A part can also be named as ``package.module:function`` without a plugin folder
-(``ops.registry.get`` imports it); a workflow as ``package.module:Class``.
+(``ops.registry.get`` imports it); a workflow as ``package.module:Class``. Such a path
+resolves against the working directory too (``importable_working_dir``), as Trinity-RFT's
+example configs expect (``examples.learn_to_ask.workflow.workflow_learn2ask.Learn2AskWorkflow``,
+run from its repository's root).
 
 Why in every process: the buffer computes advantages and samples batches, the trainer computes
 losses, the explorer runs workflows and rewards; each must find the same names the config
@@ -32,6 +35,16 @@ PLUGIN_DIRS_ENV = "TRINITY_PLUGIN_DIRS"
 
 class PluginError(ValueError):
     """A plugin folder that does not exist, or a plugin file that raised on import."""
+
+
+def importable_working_dir() -> None:
+    """Put the working directory on ``sys.path`` (last: it shadows nothing installed). Why: the
+    role processes run as ``python -m roles.cli``, which puts it first by itself, while the
+    ``trinity`` console script does not; without this, ``trinity config`` refused a dotted path
+    into the user's own folders that the roles then import."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def load_plugin_dirs(dirs: str | list[str] | None = None) -> list[str]:

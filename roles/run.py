@@ -434,6 +434,7 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
     from roles.placement import child_env, describe, device_plan, trainer_ranks
     from roles.settings import load
     from roles.stages import roles_needed
+    from roles.trainer.main import require_engine_for
 
 
     def lock(loaded: LoadedConfig) -> None:
@@ -460,14 +461,20 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
         if args.plan:
             for line in describe(plan, stages, roles_needed(stages)):
                 print(line)
-        if "trainer" in roles_needed(stages):
-            trainer_ranks(plan)  # refuses a trainer that trinity run cannot start
+        if "trainer" in roles_needed(stages):  # refuses a trainer that trinity run cannot start
+            trainer_ranks(plan)
         for role in roles_needed(stages):  # a CUDA_VISIBLE_DEVICES too short for the plan
             child_env(plan, role, os.environ)
     except ValueError as e:
         raise ConfigError([str(e)]) from e
-    if args.plan:
+    if args.plan:  # a plan for GPU nodes may be drawn up anywhere; what this machine runs, below
         return 0
+    if "trainer" in roles_needed(stages):  # on CPU, ``auto`` is the one-process PyTorch trainer
+        n = trainer_ranks(plan)
+        try:
+            require_engine_for(stages[0], n, f"cluster.gpu_per_node gives the trainer {n} GPUs")
+        except ValueError as e:
+            raise ConfigError([str(e)]) from e
     preflight(stages)
     cfg = loaded.config
     server = ensure_server(cfg.nats, cfg.nats.store_dir or default_store_dir(cfg.nats, cfg.checkpoint_root_dir))

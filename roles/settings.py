@@ -17,7 +17,7 @@ import sys
 import time
 
 from ops.algorithms import CONFIG_FIELDS, AlgorithmSpec, resolve
-from roles.plugins import PLUGIN_DIRS_ENV, PluginError, load_plugin_dirs
+from roles.plugins import PLUGIN_DIRS_ENV, PluginError, importable_working_dir, load_plugin_dirs
 from schemas.config import TrinityConfig
 from schemas.loader import DEFAULT, DERIVED, ConfigError, LoadedConfig, dotenv_value, load_config
 from schemas.modes import MODES
@@ -105,6 +105,7 @@ def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
     dotenv = getattr(args, "dotenv", ".env")
     dirs = [os.environ.get(PLUGIN_DIRS_ENV) or dotenv_value(dotenv, PLUGIN_DIRS_ENV) or "",
             getattr(args, "plugin_dir", None) or ""]  # trinity debug --plugin-dir
+    importable_working_dir()
     try:
         load_plugin_dirs(os.pathsep.join(d for d in dirs if d))
     except PluginError as e:

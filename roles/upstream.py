@@ -83,7 +83,7 @@ EXAMPLES: dict[str, str] = {
     'examples/RAFT_alfworld/RAFT_reflect_alfworld_7B.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'RAFT_reflect_alfworld_workflow' (Trinity-RFT's) is not available here: needs ALFWorld's game files: pip install alfworld && alfworld-download (it fetches them from GitHub; ALFWorld cannot generate them without the ALFRED dataset)",
     'examples/agentscope_frozenlake/frozenlake_agent.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow': cannot import FrozenLakeWorkflow from examples.agentscope_frozenlake.workflow: No module named 'examples.agentscope_frozenlake'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow': cannot import FrozenLakeWorkflow from examples.agentscope_frozenlake.workflow: No module named 'examples.agentscope_frozenlake' (a dotted path resolves from the working directory and installed packages: run where its examples/ folder is, as Trinity-RFT's examples run from its repository's root",
     'examples/agentscope_react/gsm8k.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'agentscope_react_workflow' (Trinity-RFT's) is not available here: runs an AgentScope agent (the agentscope 1.x package, not a dependency here); an agent on the OpenAI API trains through explorer.rollout_model.enable_openai_api (docs/agents.md)",
     'examples/agentscope_tool_react/agentscopev0_tool_react_dapo.yaml':
@@ -155,7 +155,7 @@ EXAMPLES: dict[str, str] = {
     'examples/grpo_webshop/webshop.yaml':
         "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'webshop_workflow' (Trinity-RFT's) is not available here: needs the WebShop environment (a Java search server and its setup.sh)",
     'examples/learn_to_ask/train.yaml':
-        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.learn_to_ask.workflow.workflow_learn2ask.Learn2AskWorkflow': cannot import Learn2AskWorkflow from examples.learn_to_ask.workflow.workflow_learn2ask: No module named 'examples.learn_to_ask'",
+        "config: buffer.explorer_input.taskset.default_workflow_type: workflow 'examples.learn_to_ask.workflow.workflow_learn2ask.Learn2AskWorkflow': cannot import Learn2AskWorkflow from examples.learn_to_ask.workflow.workflow_learn2ask: No module named 'examples.learn_to_ask' (a dotted path resolves from the working directory and installed packages: run where its examples/ folder is, as Trinity-RFT's examples run from its repository's root",
     'examples/mix_chord/mix_chord.yaml':
         LOADS,
     'examples/mix_chord/mix_chord_toolace.yaml':

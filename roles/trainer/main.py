@@ -69,9 +69,11 @@ def launch_rank(cfg: TrinityConfig) -> tuple[int, int]:
 def require_engine_for(cfg: TrinityConfig, processes: int, why: str) -> None:
     """Several trainer processes need the DeepSpeed engine (PyTorch trains in one); ``why``
     says where the number came from."""
-    if processes > 1 and engine_kind(cfg) != "deepspeed":
-        raise ValueError(
-            f"trainer.trainer_type: {engine_kind(cfg)!r} trains in one process, but {why}; use deepspeed")
+    kind, written = engine_kind(cfg), cfg.trainer.trainer_type
+    if processes > 1 and kind != "deepspeed":
+        shown = repr(kind) if kind == written else f"{written!r} is {kind!r} here (no GPU), which"
+        raise ValueError(f"trainer.trainer_type: {shown} trains in one process, but {why}; "
+                         "set trainer.trainer_type: deepspeed")
 
 
 def engine_kind(cfg: TrinityConfig) -> str:

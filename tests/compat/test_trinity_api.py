@@ -284,3 +284,65 @@ def test_the_guides_plugin_trains_through_real_processes_and_the_faqs_sql_script
         assert db.execute("select count(*), count(distinct msg_id) from experience_buffer").fetchone() == (24, 24)
         # the guide's Experience(...) carries no version: the adapter gave each the weights that sampled it
         assert db.execute("select model_version, count(*) from experience_buffer group by 1").fetchall() == [(0, 12), (1, 12)]
+
+
+#: A workflow shaped as Trinity-RFT's learn-to-ask example is (examples/learn_to_ask): in the
+#: user's own ``examples/`` folder, named in the config by dotted path from the folder it runs
+#: in, a SimpleWorkflow that needs one auxiliary model and asks it through an OpenAI client
+#: with ``model=client.model_path``
+JUDGED = '''
+from trinity.common.workflows.workflow import SimpleWorkflow, Task
+
+
+class JudgedWorkflow(SimpleWorkflow):
+    def __init__(self, *, task: Task, model, auxiliary_models=None):
+        assert auxiliary_models is not None and len(auxiliary_models) == 1, "one judge"
+        super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
+
+    def reset(self, task: Task):  # its own, without super(): no reward class, reward_fn is a method
+        self.task_desc = task.task_desc
+
+    def reward_fn(self, response):
+        client = self.auxiliary_models[0]
+        judged = client.chat.completions.create(
+            model=client.model_path, messages=[{"role": "user", "content": "Judge: " + response}], max_tokens=4)
+        return float(len(judged.choices[0].message.content or "") > 0)
+
+    def run(self):
+        responses = self.model.chat([{"role": "user", "content": self.task_desc}], **self.rollout_args)
+        for r in responses:
+            r.reward = self.reward_fn(r.response_text)
+            r.info["judge_model"] = self.auxiliary_models[0].model_path
+        return responses
+'''
+
+
+async def test_an_upstream_style_workflow_by_dotted_path_asks_its_judge_model(engine, tmp_path, monkeypatch):
+    from roles.explorer.api import ApiServer
+    from roles.plugins import importable_working_dir
+    from schemas.config import OpenAIApiConfig
+    from tests.api.conftest import Published
+
+    (tmp_path / "examples" / "judged").mkdir(parents=True)
+    (tmp_path / "examples" / "judged" / "workflow.py").write_text(JUDGED)
+    monkeypatch.chdir(tmp_path)
+    # as in the user's folder: this repository's own examples package out of sight
+    repo = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", repo, str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "examples", raising=False)
+    importable_working_dir()  # what every entry point does before it reads a config
+    name = "examples.judged.workflow.JudgedWorkflow"
+    judge = ApiServer(OpenAIApiConfig(port=0), [engine], "judge", "run", Published())
+    await judge.start()
+    try:
+        loop = asyncio.get_running_loop()
+        wf = get_workflow(name)(task=_task(name, reward=None), model=ModelHandle(engine, loop),
+                                auxiliary_models=[ModelHandle(engine, loop, api=judge)])
+        wf.repeat_times = 3
+        exps = await asyncio.to_thread(wf.run)
+    finally:
+        await judge.stop()
+        for mod in [m for m in sys.modules if m == "examples" or m.startswith("examples.")]:
+            del sys.modules[mod]  # the user's: this repository's own comes back on next import
+    assert len(exps) == 3 and all(e.reward == 1.0 for e in exps), [e.reward for e in exps]
+    assert {e.info["judge_model"] for e in exps} == {"judge"}  # the name its API serves

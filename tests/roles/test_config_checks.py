@@ -464,6 +464,24 @@ def test_colocate_and_a_plan_that_does_not_fit_exit_2_naming_the_fields(config):
     assert rc == 2 and "cluster.gpu_per_node: 1" in err and "none to the trainer" in err
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU engine's limit")
+def test_a_tensor_parallel_cpu_engine_beyond_the_numa_nodes_is_refused_where_it_would_run(config):
+    """Trinity-RFT's judge models have tensor_parallel_size 2: vLLM on CPU failed minutes in,
+    on every restart. ``trinity config`` may describe a config for GPU nodes: it says nothing."""
+    from roles.checks import numa_nodes, preflight
+    from schemas.config import TrinityConfig
+    from schemas.loader import ConfigError
+
+    tp = numa_nodes() + 1
+    cfg = TrinityConfig(explorer={"auxiliary_models": [{"model_path": "judge", "tensor_parallel_size": tp}]})
+    with pytest.raises(ConfigError) as e:
+        preflight([cfg], "explorer")
+    assert (f"explorer.auxiliary_models[0].tensor_parallel_size: {tp}: vLLM on CPU runs one worker per "
+            f"NUMA node and this machine has {numa_nodes()}") in str(e.value), e.value
+    rc, _, err = config(f"explorer.rollout_model.tensor_parallel_size={tp}")
+    assert "tensor_parallel_size" not in err
+
+
 # -- every input checked before start: operator arguments, mixing weights, selector settings,
 # -- every data row, prompts, the model folder (issue 49, item 3) -----------------------------
 

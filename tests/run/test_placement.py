@@ -128,6 +128,13 @@ def test_trinity_run_plan_on_the_seed_gsm8k_config_starts_nothing():
     assert bad.returncode == 2 and "cluster.gpu_per_node: 1" in bad.stderr
     coloc = _cli("run", "--config", str(GSM8K), "--plan", "--set", "mode=colocate", env={})
     assert coloc.returncode == 2 and "mode: colocate" in coloc.stderr
+    # upstream's 8-GPU layouts give the trainer several GPUs: one PyTorch process cannot use
+    # them, refused before anything starts (it was refused by the trainer, the engine loading;
+    # --plan draws the layout up for GPU nodes, and shows it)
+    many = _cli("run", "--config", str(GSM8K), "--set", "cluster.gpu_per_node=4",
+                "--set", "trainer.trainer_type=pytorch", env={})
+    assert many.returncode == 2 and ("trainer.trainer_type: 'pytorch' trains in one process, but "
+                                     "cluster.gpu_per_node gives the trainer 3 GPUs") in many.stderr, many.stderr
 
 
 def _first_devices_line(role: str, cfg_path: Path, env: dict[str, str]) -> str:

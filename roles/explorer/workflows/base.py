@@ -150,6 +150,12 @@ class ModelHandle:
             self._episode = self._on_loop(lambda: self.api.book.own(self, self.engine, self.defaults))
         return f"{self.api.url}/v1/episodes/{self._episode}"
 
+    @property
+    def served_model(self) -> str | None:
+        """The name this handle's OpenAI API serves: what a request's ``model`` must say (None
+        without an API)."""
+        return self.api.model_name if self.api is not None else None
+
     def get_openai_client(self) -> Any:
         """An ``openai.OpenAI`` client on an episode of this task run: every completion it
         gets is recorded (prompt and response token ids, log-probs, model version) for

@@ -9,6 +9,7 @@ point imports them before it checks the config), with :func:`register_workflow`.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 
 from roles.explorer.workflows.base import Workflow
@@ -107,7 +108,12 @@ def get_workflow(name: str) -> type[Workflow]:
         try:
             cls = getattr(importlib.import_module(mod_name), cls_name)
         except (ImportError, AttributeError) as e:
-            raise KeyError(f"workflow {name!r}: cannot import {cls_name} from {mod_name}: {e}") from e
+            hint = ""
+            if isinstance(e, ModuleNotFoundError) and e.name and mod_name.startswith(e.name):
+                hint = (f" (a dotted path resolves from the working directory and installed packages: "
+                        f"run where its {e.name.split('.')[0]}/ folder is, as Trinity-RFT's examples run "
+                        f"from its repository's root; working directory: {os.getcwd()})")
+            raise KeyError(f"workflow {name!r}: cannot import {cls_name} from {mod_name}: {e}{hint}") from e
         if isinstance(cls, type) and not issubclass(cls, Workflow) and hasattr(cls, "as_our_workflow"):
             cls = cls.as_our_workflow(name)  # a Trinity-RFT workflow class (the trinity package)
         if not (isinstance(cls, type) and issubclass(cls, Workflow)):

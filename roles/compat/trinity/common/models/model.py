@@ -58,10 +58,16 @@ class ModelWrapper:
     # -- the OpenAI API and history ---------------------------------------------------------
 
     def get_openai_client(self) -> Any:
-        return self.handle.get_openai_client()
+        """An ``openai.OpenAI`` client; ``client.model_path`` is what to pass as ``model=`` (the
+        name the API serves: upstream's clients carry it, and its workflows send it)."""
+        client = self.handle.get_openai_client()
+        client.model_path = self.handle.served_model or self.model_path
+        return client
 
     def get_openai_async_client(self) -> Any:
-        return self.handle.get_openai_async_client()
+        client = self.handle.get_openai_async_client()
+        client.model_path = self.handle.served_model or self.model_path
+        return client
 
     def extract_experience_from_history(self, clear_history: bool = True) -> list[Experience]:
         if not clear_history:
