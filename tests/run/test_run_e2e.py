@@ -94,6 +94,19 @@ def test_config_errors_fail_before_any_process(tmp_path, tiny_model, arith):
     assert not (tmp_path / "ckpt").exists(), "a process started before the config was checked"
 
 
+def test_four_engines_behind_the_openai_api_load_every_broadcast(tmp_path, tiny_model, arith):
+    """Trinity-RFT's configs run 2-4 rollout engines with the OpenAI API on: each engine's load
+    of one broadcast took the API's weight gate alone while the broadcast needed them all, so
+    every sync timed out and the run ended on its first weights (exit 0)."""
+    cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(), stages=False,
+                          extra={"explorer.rollout_model.engine_num": 4, "explorer.rollout_model.enable_openai_api": True,
+                                 "buffer.total_steps": 3, "explorer.eval_interval": 0})
+    rc, out = run_to_end(cfg, tmp_path / "run.log", timeout=600)
+    assert rc == 0, out[-3000:]
+    assert "sync_timeout" not in out and "final_weights_missing" not in out, out[-3000:]
+    assert out.count("weights_loaded") == 3 and "end   step 3    weights v3" in out, out[-3000:]
+
+
 def test_train_mode_saves_every_save_interval_and_prunes(tmp_path, tiny_model, arith):
     # mode train: no explorer, so no weight sync writes a folder per step; the checkpoints are
     # the save_interval ones (3, 6) and the last (7), pruned to max_checkpoints_to_keep
