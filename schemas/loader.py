@@ -300,11 +300,16 @@ def _merge(
 ) -> None:
     """Deep-merge ``top`` into ``base`` in place, recording ``source`` for every leaf it sets.
 
-    Lists are leaves: a list from a higher source replaces the lower one whole, as in OmegaConf.
+    Lists are leaves: a list from a higher source replaces the lower one whole, as in OmegaConf;
+    except where the higher source names items by index (``--set stages.1.mode=train``,
+    ``explorer.auxiliary_models.0.tensor_parallel_size=1``): those items are merged into.
     """
     for key, value in top.items():
         path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and isinstance(base.get(key), dict) and not _is_free_dict(path):
+        if isinstance(value, dict) and value and isinstance(base.get(key), list) and all(
+                str(k).isdigit() for k in value):
+            _merge_items(base[key], value, source, sources, path)
+        elif isinstance(value, dict) and isinstance(base.get(key), dict) and not _is_free_dict(path):
             _merge(base[key], value, source, sources, path)
         else:
             base[key] = copy.deepcopy(value)
@@ -312,6 +317,19 @@ def _merge(
                 if p.startswith(path + ".") or p.startswith(path + "["):
                     del sources[p]
             _record(value, path, source, sources)
+
+
+def _merge_items(items: list[Any], top: dict[str, Any], source: str, sources: dict[str, str], path: str) -> None:
+    """Merge ``{"0": ..., "2": ...}`` into the list's items of those indices."""
+    for k, value in top.items():
+        i = int(k)
+        if i >= len(items):
+            raise ConfigError([f"{path}.{k}: {path} has {len(items)} item(s) (indices from 0)"])
+        if isinstance(value, dict) and isinstance(items[i], dict):
+            _merge(items[i], value, source, sources, f"{path}[{i}]")
+        else:
+            items[i] = copy.deepcopy(value)
+            _record(value, f"{path}[{i}]", source, sources)
 
 
 def _record(value: Any, path: str, source: str, sources: dict[str, str]) -> None:

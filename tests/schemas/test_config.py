@@ -480,3 +480,20 @@ def test_a_trinity_rft_value_not_built_yet_is_refused_saying_why(tmp_path):
     with pytest.raises(ConfigError, match=r"synchronizer\.sync_method: got 'memory'.*'nccl' or 'checkpoint' "
                                           r"\(Trinity-RFT's weights through memory.*not built yet"):
         load(p)
+
+
+def test_set_reaches_into_a_list_item_by_index(tmp_path):
+    """Trinity-RFT's configs list their judge models and stages: ``--set`` changes one field of
+    one item (the rest of the item, and the other items, stay as the file has them)."""
+    p = write(tmp_path, """
+        explorer:
+          auxiliary_models:
+            - {model_path: judge, tensor_parallel_size: 2, engine_num: 1}
+            - {model_path: other, tensor_parallel_size: 2}
+        """)
+    loaded = load(p, overrides=["explorer.auxiliary_models.0.tensor_parallel_size=1"])
+    judge, other = loaded.config.explorer.auxiliary_models
+    assert (judge.model_path, judge.tensor_parallel_size, other.tensor_parallel_size) == ("judge", 1, 2)
+    assert loaded.sources["explorer.auxiliary_models[0].tensor_parallel_size"] == "cli"
+    with pytest.raises(ConfigError, match=r"explorer.auxiliary_models.2: explorer.auxiliary_models has 2 item"):
+        load(p, overrides=["explorer.auxiliary_models.2.model_path=x"])
