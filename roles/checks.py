@@ -413,16 +413,19 @@ def cpu_tensor_parallel_problems(cfg: TrinityConfig, where: str) -> list[str]:
     """vLLM on CPU runs a tensor-parallel engine as one worker per NUMA node, and fails to
     start (minutes in, then again on every restart) where there are fewer nodes than workers;
     Trinity-RFT's GPU configs set ``tensor_parallel_size: 2`` for their judge models."""
+    nodes = numa_nodes()
+    models = [("explorer.rollout_model", cfg.explorer.rollout_model),
+              *((f"explorer.auxiliary_models[{j}]", m) for j, m in enumerate(cfg.explorer.auxiliary_models))]
+    wide = [(key, m) for key, m in models if m.engine_type == "vllm" and m.tensor_parallel_size > nodes]
+    if not wide:  # torch only when needed: ``trinity run`` stays light (fast to lock and to exit)
+        return []
     import torch
 
     if torch.cuda.is_available():
         return []
-    nodes = numa_nodes()
-    models = [("explorer.rollout_model", cfg.explorer.rollout_model),
-              *((f"explorer.auxiliary_models[{j}]", m) for j, m in enumerate(cfg.explorer.auxiliary_models))]
     return [f"{where}{key}.tensor_parallel_size: {m.tensor_parallel_size}: vLLM on CPU runs one worker per "
             f"NUMA node and this machine has {nodes}; set it to 1 (or engine_type: transformers)"
-            for key, m in models if m.engine_type == "vllm" and m.tensor_parallel_size > nodes]
+            for key, m in wide]
 
 
 def check_lora(cfg: TrinityConfig, where: str) -> list[str]:

@@ -434,7 +434,6 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
     from roles.placement import child_env, describe, device_plan, trainer_ranks
     from roles.settings import load
     from roles.stages import roles_needed
-    from roles.trainer.main import require_engine_for
 
 
     def lock(loaded: LoadedConfig) -> None:
@@ -469,8 +468,12 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
         raise ConfigError([str(e)]) from e
     if args.plan:  # a plan for GPU nodes may be drawn up anywhere; what this machine runs, below
         return 0
-    if "trainer" in roles_needed(stages):  # on CPU, ``auto`` is the one-process PyTorch trainer
-        n = trainer_ranks(plan)
+    n = trainer_ranks(plan) if "trainer" in roles_needed(stages) else 1
+    if n > 1:  # on CPU, ``auto`` is the one-process PyTorch trainer
+        # imported here only: torch and the trainer's modules in this supervisor made it slower
+        # to take its lock (a second start raced the first) and to exit after SIGTERM
+        from roles.trainer.main import require_engine_for
+
         try:
             require_engine_for(stages[0], n, f"cluster.gpu_per_node gives the trainer {n} GPUs")
         except ValueError as e:
