@@ -460,22 +460,21 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
         if args.plan:
             for line in describe(plan, stages, roles_needed(stages)):
                 print(line)
-        if "trainer" in roles_needed(stages):  # refuses a trainer that trinity run cannot start
-            trainer_ranks(plan)
+        # refuses a trainer that trinity run cannot start
+        ranks = trainer_ranks(plan) if "trainer" in roles_needed(stages) else 1
         for role in roles_needed(stages):  # a CUDA_VISIBLE_DEVICES too short for the plan
             child_env(plan, role, os.environ)
     except ValueError as e:
         raise ConfigError([str(e)]) from e
     if args.plan:  # a plan for GPU nodes may be drawn up anywhere; what this machine runs, below
         return 0
-    n = trainer_ranks(plan) if "trainer" in roles_needed(stages) else 1
-    if n > 1:  # on CPU, ``auto`` is the one-process PyTorch trainer
+    if ranks > 1:  # on CPU, ``auto`` is the one-process PyTorch trainer
         # imported here only: torch and the trainer's modules in this supervisor made it slower
         # to take its lock (a second start raced the first) and to exit after SIGTERM
         from roles.trainer.main import require_engine_for
 
         try:
-            require_engine_for(stages[0], n, f"cluster.gpu_per_node gives the trainer {n} GPUs")
+            require_engine_for(stages[0], ranks, f"cluster.gpu_per_node gives the trainer {ranks} GPUs")
         except ValueError as e:
             raise ConfigError([str(e)]) from e
     preflight(stages)

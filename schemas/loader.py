@@ -312,11 +312,17 @@ def _merge(
         elif isinstance(value, dict) and isinstance(base.get(key), dict) and not _is_free_dict(path):
             _merge(base[key], value, source, sources, path)
         else:
-            base[key] = copy.deepcopy(value)
-            for p in list(sources):
-                if p.startswith(path + ".") or p.startswith(path + "["):
-                    del sources[p]
-            _record(value, path, source, sources)
+            _replace(base, key, value, path, source, sources)
+
+
+def _replace(container: Any, key: Any, value: Any, path: str, source: str, sources: dict[str, str]) -> None:
+    """``container[key] = value`` whole: what was recorded under ``path`` goes, ``value``'s leaves
+    are recorded with ``source``."""
+    container[key] = copy.deepcopy(value)
+    for p in list(sources):
+        if p.startswith(path + ".") or p.startswith(path + "["):
+            del sources[p]
+    _record(value, path, source, sources)
 
 
 def _merge_items(items: list[Any], top: dict[str, Any], source: str, sources: dict[str, str], path: str) -> None:
@@ -328,8 +334,7 @@ def _merge_items(items: list[Any], top: dict[str, Any], source: str, sources: di
         if isinstance(value, dict) and isinstance(items[i], dict):
             _merge(items[i], value, source, sources, f"{path}[{i}]")
         else:
-            items[i] = copy.deepcopy(value)
-            _record(value, f"{path}[{i}]", source, sources)
+            _replace(items, i, value, f"{path}[{i}]", source, sources)
 
 
 def _record(value: Any, path: str, source: str, sources: dict[str, str]) -> None:

@@ -58,14 +58,14 @@ class ModelWrapper:
     # -- the OpenAI API and history ---------------------------------------------------------
 
     def get_openai_client(self) -> Any:
-        """An ``openai.OpenAI`` client; ``client.model_path`` is what to pass as ``model=`` (the
-        name the API serves: upstream's clients carry it, and its workflows send it)."""
-        client = self.handle.get_openai_client()
-        client.model_path = self.handle.served_model or self.model_path
-        return client
+        return self._named(self.handle.get_openai_client())
 
     def get_openai_async_client(self) -> Any:
-        client = self.handle.get_openai_async_client()
+        return self._named(self.handle.get_openai_async_client())
+
+    def _named(self, client: Any) -> Any:
+        """``client.model_path``: what to pass as ``model=``, the name the API serves
+        (upstream's clients carry it, and its workflows send it)."""
         client.model_path = self.handle.served_model or self.model_path
         return client
 
