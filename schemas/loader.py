@@ -306,8 +306,7 @@ def _merge(
     """
     for key, value in top.items():
         path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value and isinstance(base.get(key), list) and all(
-                str(k).isdigit() for k in value):
+        if isinstance(value, dict) and value and isinstance(base.get(key), list):
             _merge_items(base[key], value, source, sources, path)
         elif isinstance(value, dict) and isinstance(base.get(key), dict) and not _is_free_dict(path):
             _merge(base[key], value, source, sources, path)
@@ -328,6 +327,9 @@ def _replace(container: Any, key: Any, value: Any, path: str, source: str, sourc
 def _merge_items(items: list[Any], top: dict[str, Any], source: str, sources: dict[str, str], path: str) -> None:
     """Merge ``{"0": ..., "2": ...}`` into the list's items of those indices."""
     for k, value in top.items():
+        if not str(k).isdigit():
+            raise ConfigError([f"{path}.{k}: {path} is a list; name an item by its index from 0 "
+                               f"({path}.0.<field>)"])
         i = int(k)
         if i >= len(items):
             raise ConfigError([f"{path}.{k}: {path} has {len(items)} item(s) (indices from 0)"])

@@ -497,3 +497,6 @@ def test_set_reaches_into_a_list_item_by_index(tmp_path):
     assert loaded.sources["explorer.auxiliary_models[0].tensor_parallel_size"] == "cli"
     with pytest.raises(ConfigError, match=r"explorer.auxiliary_models.2: explorer.auxiliary_models has 2 item"):
         load(p, overrides=["explorer.auxiliary_models.2.model_path=x"])
+    with pytest.raises(ConfigError, match=r"explorer.auxiliary_models.-1: explorer.auxiliary_models is a list; "
+                                          r"name an item by its index from 0"):
+        load(p, overrides=["explorer.auxiliary_models.-1.model_path=x"])
