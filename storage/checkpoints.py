@@ -411,14 +411,6 @@ def save_hf_model(
     return out
 
 
-def load_hf_model(folder: str | Path, **kwargs: Any) -> Any:
-    """``AutoModelForCausalLM.from_pretrained(folder)``: a thin wrapper so roles need not import
-    transformers to load what storage wrote."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
-
-
 # --------------------------------------------------------------------------------------------
 # trainer shards and trainer state
 # --------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ restoring needs nothing but the offset (and checks that the dataset size did not
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import numpy as np
-import orjson
 
 from schemas.data import Task
 from storage.datafiles import (
@@ -416,14 +414,6 @@ class TaskSpec:
             draw=index if draw is None else draw,
             format=dict(self.format),
         )
-
-
-def content_fingerprint(rows: Sequence[dict[str, Any]]) -> str:
-    """A short hash of the rows' content, for logs and for checking two sources agree."""
-    h = hashlib.blake2b(digest_size=8)
-    for row in rows:
-        h.update(orjson.dumps(row, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
-    return h.hexdigest()
 
 
 class TaskReader(DatasetReader[Task]):

@@ -36,12 +36,16 @@ def warmup_steps(opt: OptimizerConfig, total_steps: int) -> int:
 
 
 class TrainEngine(Protocol):
+    """What the step logic (``step.py``) and the trainer loop drive: ``TorchEngine`` and
+    ``DeepSpeedEngine`` both are one."""
+
     model: Any
     rank: int  # among the trainer's processes; 0 saves what is shared
     world_size: int
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
-    def backward(self, loss: torch.Tensor) -> None: ...
+    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        """Accumulate ``loss``'s gradients; ``last``: the micro-batch that ends this update."""
     def step(self) -> float: ...
     @property
     def lr(self) -> float: ...
@@ -119,8 +123,8 @@ class TorchEngine:
         dev = next(self.model.parameters()).device
         return self.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).logits
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+    def backward(self, loss: torch.Tensor, last: bool = True) -> None:
+        loss.backward()  # gradients add up in .grad until step(), whatever ``last`` says
 
     def step(self) -> float:
         """Clip, step, schedule; returns the gradient norm before clipping. A non-finite norm

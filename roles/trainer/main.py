@@ -33,7 +33,7 @@ from roles.buffer.protocol import (
     experiences,
 )
 from roles.settings import algorithm_spec, session_start
-from roles.signals import stop_on_signals, to_thread_to_end
+from roles.signals import to_thread_to_end
 from roles.verdicts import RunFailed, short_of_steps
 from schemas import codec, keys
 from schemas.config import TrinityConfig
@@ -44,7 +44,7 @@ from storage import checkpoints as ckpt
 from storage import lora
 from storage.trajectories import keep_trajectories
 
-from .engine import TorchEngine, config_overrides, load_model
+from .engine import TorchEngine, TrainEngine, config_overrides, load_model
 from .ranks import STOP, DataParallel
 from .shared import SharedBase
 from .step import StepRunner, batch_metrics
@@ -94,7 +94,8 @@ def not_shareable(cfg: TrinityConfig) -> str | None:
             "trainer is the PyTorch one (set trainer.trainer_type: pytorch)")
 
 
-def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str, shared: SharedBase | None = None) -> Any:
+def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str,
+                 shared: SharedBase | None = None) -> TrainEngine:
     """The engine ``trainer.trainer_type`` names (``auto``: DeepSpeed when a GPU is present).
     ``shared``: a sweep's base model, which this run's adapter wraps a sharing copy of."""
     kind = engine_kind(cfg)
@@ -376,12 +377,10 @@ def _discard(task: asyncio.Future) -> None:
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
-async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None, shared: SharedBase | None = None) -> bool:
+async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event, shared: SharedBase | None = None) -> bool:
     """Train until the input is exhausted or ``total_steps``; True when it got there (False:
-    stopped early by ``stop``, or SIGTERM/SIGINT when no ``stop`` is given). ``shared``: this
+    stopped early by ``stop``, which the stage walker sets on SIGTERM). ``shared``: this
     run is one of a sweep's, training on the base they share (``roles/trainer/shared.py``)."""
-    own_stop = stop is None
-    stop = stop or asyncio.Event()
     trainer = await asyncio.to_thread(Trainer, cfg, shared)
     if trainer.dp is not None and not trainer.dp.leader:
         log.info("trainer_follower_started", rank=trainer.dp.rank, world=trainer.dp.world, step=trainer.step)
@@ -390,14 +389,14 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event | None = None, sha
         return done
     # An error here ends this process, and its closed sockets fail the followers' next
     # collective: telling them to stop could meet them inside another collective.
-    done = await _lead_run(cfg, trainer, stop, own_stop, shared.turn if shared is not None else None)
+    done = await _lead_run(cfg, trainer, stop, shared.turn if shared is not None else None)
     if trainer.dp is not None:
         await asyncio.to_thread(trainer.stop_followers, done)
     trainer.engine.close()
     return done
 
 
-async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, own_stop: bool,
+async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event,
                     turn: asyncio.Lock | None = None) -> bool:
     """The trainer's bus loop (rank 0 alone talks to the bus). ``turn``: held for each step
     (a sweep's runs take turns on the cores they share)."""
@@ -410,8 +409,6 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event, o
     state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
     sync = TrainerSyncClient(cfg, nc, state, pub)
     await sync.start()
-    if own_stop:
-        stop_on_signals(stop)
     n = cfg.buffer.train_batch_size  # resolved by schemas/derive.py
     eb = cfg.buffer.trainer_input.experience_buffer
     read_timeout = min(eb.max_read_timeout if eb else 1800.0, 30.0)

@@ -24,7 +24,7 @@ from ops.policy_losses import M2_THRESHOLD, MINI_BATCH_MASKED, PART_WEIGHTED, m2
 from schemas.data import Experience
 
 from .batch import Batch, collate, micro_batches, padding_fraction, per_micro_batch
-from .engine import TorchEngine
+from .engine import TorchEngine, TrainEngine
 from .prefix import shared_prompt_logits, shared_prompts
 from .ranks import shard_rows
 
@@ -82,7 +82,7 @@ def _scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float, wit
 class StepRunner:
     """Computes one step's loss with the algorithm's parts and applies it to an engine."""
 
-    def __init__(self, engine: Any, spec: AlgorithmSpec, *, ref_model: Any = None, critic: Any = None,
+    def __init__(self, engine: TrainEngine, spec: AlgorithmSpec, *, ref_model: Any = None, critic: Any = None,
                  critic_warmup: int = 0, temperature: float = 1.0, use_dynamic_bsz: bool = True,
                  max_token_len: int | None = None, micro_batch_size: int = 4, pad_token_id: int = 0,
                  balance_batch: bool = True, ppo_epochs: int = 1, mini_batch_rows: int | None = None,
@@ -328,10 +328,7 @@ class StepRunner:
                 m.update(em)
             elif ent is not None:
                 m["entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
-            if i < n_mb - 1 and hasattr(self.engine, "engine"):  # DeepSpeed: accumulate
-                self.engine.backward(loss * (share * world), last=False)
-            else:
-                self.engine.backward(loss * (share * world))
+            self.engine.backward(loss * (share * world), last=i == n_mb - 1)
             m["loss"] = float(loss.detach())
             for k, v in m.items():
                 sums[k] += share * float(v)
