@@ -17,7 +17,6 @@ import structlog
 
 import bus
 from bus.rpc import Message
-from roles.signals import stop_on_signals
 from roles.verdicts import RunFailed, streak_limit
 from schemas import codec, keys
 from schemas.config import TrinityConfig
@@ -131,11 +130,9 @@ async def tidy(cfg: TrinityConfig, service: BufferService, js: Any, state: bus.R
         log.info("tidied", forgotten_groups=forgotten, purged=purged)
 
 
-async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
-    """Serve until ``stop`` (or SIGTERM/SIGINT when no ``stop`` is given); True: the buffer
-    has no work of its own that could be left unfinished."""
-    own_stop = stop is None
-    stop = stop or asyncio.Event()
+async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
+    """Serve until ``stop`` (set by the stage walker: SIGTERM, or the stage done); True: the
+    buffer has no work of its own that could be left unfinished."""
     service = await asyncio.to_thread(build_service, cfg)  # tokenizer loads must not stall the loop
     nc = await bus.connect(cfg.nats, name="buffer")
     js = bus.jetstream(nc, cfg.nats)
@@ -158,8 +155,6 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> b
 
     subs = [await bus.serve(nc, names.rpc(BATCH_RPC), on_batch),
             await bus.serve(nc, names.rpc(COMMIT_RPC), on_commit)]
-    if own_stop:
-        stop_on_signals(stop)
     consumer = None
     if service.store is not None:
         consumer = await bus.Consumer(nc, cfg.nats, cfg.run_id, "exp", "buffer", expect=ExperienceGroup).start()

@@ -48,7 +48,7 @@ from roles.explorer.lease import (
 from roles.explorer.queue import TaskQueue, TaskWorker
 from roles.explorer.runner import RunnerPool, TaskResult
 from roles.explorer.workflows.registry import reads_prompt
-from roles.signals import stop_on_signals, until_stopped
+from roles.signals import until_stopped
 from roles.synchronizer.client import ExplorerSyncClient
 from schemas import keys
 from schemas.config import TrinityConfig
@@ -592,10 +592,10 @@ class Explorer:
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
 
-async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None,
+async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event,
                        engines: list[RolloutEngine] | None = None) -> bool:
-    """Start engines, connect, explore until done or ``stop`` (SIGTERM/SIGINT when no
-    ``stop`` is given), clean up. True when the taskset (or the bench) was finished.
+    """Start engines, connect, explore until done or ``stop`` (set by the stage walker
+    on SIGTERM), clean up. True when the taskset (or the bench) was finished.
     ``engines``: this run's views of a sweep's shared engines (``engines/shared.py``)
     instead of engines of its own."""
     from roles.placement import device_plan
@@ -616,17 +616,12 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event | None = None,
         explorer = Explorer(cfg, engines, nc, auxiliary=auxiliary)
         if MODES[cfg.mode].serves_api or cfg.explorer.rollout_model.enable_openai_api:
             await explorer.start_api()
-        forward = None
-        if stop is None:
-            stop_on_signals(explorer.stop)
-        else:
-            forward = asyncio.get_running_loop().create_task(_forward(stop, explorer.stop))
+        forward = asyncio.get_running_loop().create_task(_forward(stop, explorer.stop))
         try:
             run = {"bench": explorer.bench, "serve": explorer.serve}.get(cfg.mode, explorer.explore)
             stats = await run()
         finally:
-            if forward is not None:
-                forward.cancel()
+            forward.cancel()
             if explorer.api is not None:
                 await explorer.api.stop()
                 await stop_auxiliary_apis(explorer.pool)

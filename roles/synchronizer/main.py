@@ -25,7 +25,6 @@ from pathlib import Path
 import structlog
 
 import bus
-from roles.signals import stop_on_signals
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
@@ -58,10 +57,8 @@ def missing_roles(heartbeats: dict[str, dict], now: float, stale_after: float) -
     return out or ["explorer"]
 
 
-async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None) -> bool:
-    """Referee until ``stop`` (or SIGTERM/SIGINT when no ``stop`` is given)."""
-    own_stop = stop is None
-    stop = stop or asyncio.Event()
+async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
+    """Referee until ``stop`` (set by the stage walker: SIGTERM, or the stage done)."""
     plan = SyncPlan.from_config(cfg.synchronizer)
     nc = await bus.connect(cfg.nats, name="synchronizer")
     js = bus.jetstream(nc, cfg.nats)
@@ -72,8 +69,6 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event | None = None
     mon = Path(cfg.checkpoint_job_dir) / "monitor"
     mon.mkdir(parents=True, exist_ok=True)
     events = await bus.Consumer(nc, cfg.nats, cfg.run_id, "sync", "synchronizer", expect=SyncEvent).start()
-    if own_stop:
-        stop_on_signals(stop)
     flagged: set[int] = set()
     log.info("synchronizer_started", **dataclasses.asdict(plan))
     try:
