@@ -282,7 +282,7 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         return 2
     rank = int(os.environ.get("RANK", "0"))  # a trainer rank other than 0 logs to its own file
     setup_logging(role if rank == 0 else f"{role}_rank{rank}", cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
-    from roles.tuning import tune_process
+    from roles.cpu_tuning import tune_process
 
     tune_process(cfg.cluster.cpu_tuning, cfg.cluster.gpu_per_node)
     from bus.errors import BusConnectError

@@ -31,13 +31,13 @@ from typing import Any
 
 import structlog
 
+from roles.cpu_tuning import share_cpu, tuning_on
 from roles.signals import (
     ignore_signals_from_now,
     stop_on_signals,
     until_done_or_bus_gone,
     until_stopped,
 )
-from roles.tuning import share_cpu, tuning_on
 from roles.verdicts import RunFailed
 from schemas import keys
 from schemas.config import TrinityConfig

@@ -91,10 +91,10 @@ def main(role: str, sweep_file: str) -> int:
     import logging
 
     from roles.checks import preflight
+    from roles.cpu_tuning import tune_process
     from roles.logs import setup_logging
     from roles.placement import device_plan, take_devices
     from roles.sweep.launch import load_runs, read_sweep
-    from roles.tuning import tune_process
     from schemas.loader import ConfigError
 
     config, dotenv, runs = read_sweep(sweep_file)

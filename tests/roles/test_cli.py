@@ -93,7 +93,7 @@ def test_convert_reports_a_missing_dir(tmp_path):
 def test_freeze_heap_takes_live_objects_out_of_full_collections() -> None:
     import gc
 
-    from roles.tuning import freeze_heap
+    from roles.cpu_tuning import freeze_heap
 
     before = gc.get_freeze_count()
     try:
@@ -106,7 +106,7 @@ def test_freeze_heap_takes_live_objects_out_of_full_collections() -> None:
 def test_keep_freed_memory_applies_on_glibc() -> None:
     import platform
 
-    from roles.tuning import keep_freed_memory
+    from roles.cpu_tuning import keep_freed_memory
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt's thresholds are glibc's")
