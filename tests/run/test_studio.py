@@ -4,7 +4,7 @@ reward chart and the progress move, read a dead-lettered message's reason, open 
 and find its prompt text.
 
 The screenshots of the three views are written to ``$STUDIO_SCREENSHOTS`` when it is set
-(``STUDIO_SCREENSHOTS=docs pytest tests/run/test_studio.py`` regenerates the README's)."""
+(``STUDIO_SCREENSHOTS=docs pytest tests/run/test_studio.py`` regenerates docs/studio.md's and the README's)."""
 
 from __future__ import annotations
 
