@@ -2,10 +2,10 @@
 
 Shared by ``bench/example_figures.py`` (every example over seeds and kernel levels, its figures into
 ``docs/examples.md``) and ``tests/examples/learning.py`` (CI runs each example's short
-version, the calculator's on two kernel levels, and asserts it learned). Why kernel levels: which SIMD kernels
-torch runs changes float rounding, and a recipe that learns on one trajectory only may learn
-on one CPU only; holding the kernels to AVX2 on an AVX-512 machine is a cheap stand-in for
-another CPU.
+version on the CPU's own kernels, and asserts it learned). Why kernel levels: which SIMD
+kernels torch runs changes float rounding, and a recipe that learns on one trajectory only may
+learn on one CPU only; holding the kernels to AVX2 on an AVX-512 machine is a cheap stand-in
+for another CPU (the bench's figures cover both levels).
 """
 
 from __future__ import annotations
@@ -64,16 +64,16 @@ EXAMPLES: dict[str, Example] = {
         Example(
             "calculator", "agent_calculator", "calculator.yaml", plugins=("examples/agents",),
             # no random-model evaluation (0%, nothing to prove) nor the no-tool one; an SFT
-            # stage just long enough to leave its plateau (100-150 steps here), 8 RL steps with
-            # the lr warmed up over 3: a fresh Adam's first steps move every weight by the full
-            # lr (m/sqrt(v) is +-1), and at 3e-4 that often threw the policy off (KL to the
-            # start 0.03-0.04 after one step, sampled reward 0.37 -> 0.17), which the full
-            # recipe's 40 steps recover from and 8 do not. Seed 0's SFT model, 8 steps beside
-            # a busy core, 3 runs each: 52.0/47.5/53.5% without warmup (CI once 36.5%), 67.5/
-            # 57.0/60.5% with it (2026-11-29)
-            short={"stages.0": DROP, "stages.1.buffer.total_steps": 200, "buffer.total_steps": 8,
+            # stage just long enough to leave its plateau (100-150 steps here), 16 RL steps with
+            # the lr warmed up over 3. Why 16 and the warmup: 8 steps from the SFT model's 39%
+            # ended anywhere from 36.5% to 78.5% (a fresh Adam's first steps move every weight
+            # by the full lr, and at 3e-4 they often threw the policy off; the warmup moved 8
+            # steps' ends to 46.5-71.0%, still under the floor once in six, 2026-11-29); the
+            # full recipe's 40 steps recover either way (docs/examples.md). 16 steps, by hand:
+            # 39.0% -> 94.0%, sampled reward 0.30 -> 0.66 (7.9 min)
+            short={"stages.0": DROP, "stages.1.buffer.total_steps": 200, "buffer.total_steps": 16,
                    "stages.2.algorithm.optimizer.lr_warmup_steps": 3,
-                   "explorer.eval_interval": 8, "buffer.explorer_input.eval_tasksets.1": DROP},
+                   "explorer.eval_interval": 16, "buffer.explorer_input.eval_tasksets.1": DROP},
             floors={"grpo.test.start": 0.1, "grpo.test.end": 0.5},
         ),
         Example(

@@ -39,10 +39,10 @@ RUN_ELSEWHERE = {
     "trinity explorer --config my.yaml": "tests/run/test_explorers.py (an explorer joins a run mid-way)",
     ".venv/bin/python examples/agent_calculator/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
     ".venv/bin/trinity run --config examples/agent_calculator/calculator.yaml":
-        "tests/examples/test_learning.py (prepare.py, then the short version on two kernel levels; the full run: bench/example_figures.py)",
+        "tests/examples/test_learning.py (prepare.py, then the short version; the full runs on two kernel levels: bench/example_figures.py)",
     ".venv/bin/python examples/agent_guess/prepare.py && TRINITY_PLUGIN_DIRS=examples/agents "
     ".venv/bin/trinity run --config examples/agent_guess/guess.yaml":
-        "tests/examples/test_learning.py (prepare.py, then the short version on two kernel levels; the full run: bench/example_figures.py)",
+        "tests/examples/test_learning.py (prepare.py, then the short version; the full runs on two kernel levels: bench/example_figures.py)",
     ".venv/bin/python examples/sweep/prepare.py && .venv/bin/trinity sweep --config examples/sweep/lora_grpo.yaml "
     "--set algorithm.optimizer.lr=3e-4,1e-3,3e-3,1e-2":
         "tests/run/test_sweep_e2e.py (trinity sweep through real processes, tiny model), tests/sweep/test_plan.py "

@@ -1,6 +1,6 @@
 """CI proves the README's examples learn (the checks: ``tests/examples/learning.py``): each
-example's short version on the CPU's own kernel level, the calculator's also on AVX2
-(``learning.LEVELS`` says why not every one).
+example's short version on the CPU's own kernel level (``learning.LEVELS`` says why no
+example runs on AVX2 here any more).
 
 One file, so one pytest worker runs them one after the other (``--dist loadfile``) while the
 others run the rest of the suite. Tried 2026-11-27: one file per example, started first on both
