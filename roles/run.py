@@ -455,14 +455,15 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
         loaded = load(args)
         lock(loaded)
     stages = loaded.stages or [loaded.config]
+    needed = roles_needed(stages)
     try:
         plan = device_plan(stages)
         if args.plan:
-            for line in describe(plan, stages, roles_needed(stages)):
+            for line in describe(plan, stages, needed):
                 print(line)
         # refuses a trainer that trinity run cannot start
-        ranks = trainer_ranks(plan) if "trainer" in roles_needed(stages) else 1
-        for role in roles_needed(stages):  # a CUDA_VISIBLE_DEVICES too short for the plan
+        ranks = trainer_ranks(plan) if "trainer" in needed else 1
+        for role in needed:  # a CUDA_VISIBLE_DEVICES too short for the plan
             child_env(plan, role, os.environ)
     except ValueError as e:
         raise ConfigError([str(e)]) from e
@@ -486,7 +487,7 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
                      server)
     rc = 1
     try:
-        rc = asyncio.run(sup.run(roles_needed(stages)))
+        rc = asyncio.run(sup.run(needed))
     finally:
         sup.record.end(rc)
         if server is not None:

@@ -19,8 +19,8 @@ from examples.recipes import DROP, EXAMPLES, run
 #: for CI's 45-min budget: the guess game's and the quickstart's on 2026-11-28 (one worker ran
 #: six runs for 46 min), the calculator's on 2026-11-29 (11 min of the learning worker's 34,
 #: the suite at 45.0 min in all, when its native run went from 8 RL steps, under the floor
-#: in two of the last three suites, to 16). Every example's figures on both levels over 5 seeds are
-#: bench/example_figures.py's (docs/examples.md).
+#: in two of the last three suites, to 16). Every example's figures on both levels over 5
+#: seeds are bench/example_figures.py's (docs/examples.md).
 LEVELS = {"quickstart": ("native",), "calculator": ("native",), "guess": ("native",)}
 #: A hang guard, not a target: a run took 2-9 min in the suite (beside the other worker's tests)
 TIMEOUT = 1500
