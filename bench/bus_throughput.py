@@ -55,7 +55,7 @@ from report import record  # noqa: E402  (bench/report.py)
 import bus  # noqa: E402
 from bus.publish import describe  # noqa: E402
 from bus.server import EmbeddedServer, free_port  # noqa: E402
-from roles.cpu_tuning import freeze_heap, keep_freed_memory  # noqa: E402
+from roles.runtime.cpu_tuning import freeze_heap, keep_freed_memory  # noqa: E402
 from schemas import codec  # noqa: E402
 from schemas.config import NatsConfig  # noqa: E402
 from schemas.data import Experience, ExperienceGroup  # noqa: E402
@@ -227,7 +227,7 @@ def ready(go: asyncio.Event) -> None:
 
 
 async def child(args: argparse.Namespace) -> None:
-    # as role processes do (roles.cpu_tuning.freeze_heap), for both paths alike: a full collection
+    # as role processes do (roles.runtime.cpu_tuning.freeze_heap), for both paths alike: a full collection
     # then skips the imported modules (a consumer holding a batch of decoded groups triggers
     # one now and then; unfrozen it cost ~0.1 ms per group here)
     freeze_heap()

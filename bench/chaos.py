@@ -225,7 +225,7 @@ def quickstart_config(work: Path, port: int, sync_timeout: float, sft: str | Non
             ).returncode
         if rc != 0:
             raise SystemExit(f"chaos: the SFT warmup failed (exit {rc}); see {work / 'sft.log'}")
-        from roles.stages import final_hf_dir
+        from roles.launch.stages import final_hf_dir
 
         sft = final_hf_dir(_load(path)[-1])
         if sft is None:
@@ -259,7 +259,7 @@ def planned_groups(cfg: Any) -> list[list[str]]:
 
 def _load(path: Path) -> list[Any]:
     """The stages of a config as the roles will run them."""
-    from roles.settings import load
+    from roles.runtime.settings import load
 
     ns = argparse.Namespace(config=str(path), overrides=[], dotenv=str(path.parent / "no.env"))
     loaded = load(ns, quiet=True)

@@ -38,7 +38,7 @@ ARMS: dict[str, dict] = {
 
 def curves(work: Path) -> tuple[dict[int, float], list[float]]:
     """The GRPO stage's eval accuracy by step, and its per-step ``groups_with_signal``."""
-    from roles.monitor import read_metrics
+    from roles.runtime.monitor import read_metrics
 
     (metrics,) = sorted((work / "checkpoints").glob("**/grpo/monitor/metrics.jsonl"))
     rows = read_metrics(metrics.parent.parent)

@@ -52,7 +52,7 @@ def cpu() -> str:
 def _machine() -> dict[str, Any]:
     import torch
 
-    from roles.cpu_tuning import usable_cores
+    from roles.runtime.cpu_tuning import usable_cores
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpu": cpu(), "cores": usable_cores(), "gpu": gpu, "torch": torch.__version__}

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from report import record  # noqa: E402  (bench/report.py)
 
 from bus.server import free_port  # noqa: E402
-from roles.synchronizer.weights import WeightReceiver, WeightSender  # noqa: E402
+from roles.weightsync.weights import WeightReceiver, WeightSender  # noqa: E402
 from schemas.state import Rendezvous  # noqa: E402
 
 

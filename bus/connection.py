@@ -49,7 +49,7 @@ def connected() -> bool:
 
     Why: a role told to stop must tell "a step is taking its time" (wait for it) from "the
     server is gone" (every bus round trip it waits on would ride the loss out for minutes:
-    give up on them, ``roles/signals.py``). False while every client is reconnecting, closed,
+    give up on them, ``roles/runtime/signals.py``). False while every client is reconnecting, closed,
     or none was made."""
     return any(nc.is_connected for nc in list(_clients))
 

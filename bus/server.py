@@ -61,7 +61,7 @@ LINGER = 2.0
 CLIENTS_WAIT = 30.0
 #: Seconds a stop request (honcho's SIGTERM) waits under ``--until-done`` before it reaches the
 #: server, unless the run is seen finished meanwhile. Why: the roles leave at once when they
-#: all said "done" (roles/signals.py exit_now), so honcho's SIGTERM, sent when the first role
+#: all said "done" (roles/runtime/signals.py exit_now), so honcho's SIGTERM, sent when the first role
 #: exits, can come before this server's next look at the run (every 0.2 s); the server must
 #: still stop by itself, last.
 UNTIL_GRACE = 1.0

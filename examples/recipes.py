@@ -150,7 +150,7 @@ def run(example: Example, work: Path, seed: int, level: str, short: bool = False
     t0 = time.time()
     with open(log, "wb") as f:
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
-    from roles.monitor import no_signal, read_metrics
+    from roles.runtime.monitor import no_signal, read_metrics
 
     jobs = sorted(p.parent.parent for p in (work / "checkpoints").glob("**/monitor/metrics.jsonl"))
     warnings = [w for job in jobs for w in no_signal(job.name, read_metrics(job))]
@@ -160,7 +160,7 @@ def run(example: Example, work: Path, seed: int, level: str, short: bool = False
 def figures(checkpoints: Path) -> dict[str, float]:
     """``<stage>.<taskset>.start`` (the stage's first evaluation) and ``.end`` (its final
     one) -> accuracy, from every stage's ``monitor/metrics.jsonl`` under ``checkpoints``."""
-    from roles.monitor import eval_points, read_metrics
+    from roles.runtime.monitor import eval_points, read_metrics
 
     out: dict[str, float] = {}
     for path in sorted(checkpoints.glob("**/monitor/metrics.jsonl")):

@@ -68,7 +68,7 @@ def unregister(kind: str, name: str) -> None:
 
 
 #: Trinity-RFT's parts that are not here for a reason, per (kind, name): naming one is refused
-#: with it (``roles/upstream.py``'s table shows them).
+#: with it (``roles/tools/upstream.py``'s table shows them).
 REFUSED: dict[tuple[str, str], str] = {
     ("advantage_fn", "clipv"): "reads a per-token signal ('necs') that only upstream's example veRL actor "
                                "computes (examples/entropy/clipv_dp_actor.py), not its trainer",

@@ -1,7 +1,7 @@
 """The ``trinity`` command line: one subcommand per process or tool.
 
 Every subcommand that needs a configuration takes the same options (``--config``, ``--set``,
-``--dotenv``) and loads it through :func:`roles.settings.load`, so ``trinity config`` shows
+``--dotenv``) and loads it through :func:`roles.runtime.settings.load`, so ``trinity config`` shows
 exactly what a role would run with.
 """
 
@@ -118,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from roles.checks import check_inputs
-    from roles.settings import load
+    from roles.launch.checks import check_inputs
+    from roles.runtime.settings import load
 
     loaded = load(args)
     problems, missing = check_inputs(loaded.stages or [loaded.config], "config")
@@ -138,15 +138,15 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_server(args: argparse.Namespace) -> int:
     """``trinity server``: the embedded nats-server in the foreground (the Procfile's nats line).
-    ``--until-done``: it stops by itself, last, once the run is over (``roles/stages.py``)."""
+    ``--until-done``: it stops by itself, last, once the run is over (``roles/launch/stages.py``)."""
     import functools
     import time
 
     from bus.errors import BusError
     from bus.server import serve_forever
-    from roles.checks import preflight
-    from roles.settings import load
-    from roles.stages import until_finished
+    from roles.launch.checks import preflight
+    from roles.launch.stages import until_finished
+    from roles.runtime.settings import load
 
     loaded = load(args)
     cfg = loaded.config
@@ -166,7 +166,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     # the server has exited and nothing here holds data: skip the interpreter's teardown (torch
     # is imported with the config), which under load outlasted honcho's 5 s grace after the
     # server stopped (rc=-9 for a clean stop, seen in the suite)
-    from roles.signals import exit_now
+    from roles.runtime.signals import exit_now
 
     exit_now(code)
 
@@ -177,9 +177,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import json
 
     from bus import BusConnectError, BusError, inspect_run, render_text
-    from roles.checks import preflight
-    from roles.runrecord import inspected_stage, latest_name
-    from roles.settings import load
+    from roles.launch.checks import preflight
+    from roles.launch.runrecord import inspected_stage, latest_name
+    from roles.runtime.settings import load
 
     loaded = load(args)
     newer = latest_name(loaded.config)
@@ -245,7 +245,7 @@ def launch_trainer_ranks(stages: list[Any], plan: Any) -> None:
     is enough or a launcher started this one (``RANK`` is set)."""
     if "RANK" in os.environ:
         return
-    from roles.placement import trainer_ranks
+    from roles.runtime.placement import trainer_ranks
     from roles.trainer.main import require_engine_for
     from roles.trainer.ranks import exec_ranks
 
@@ -257,20 +257,20 @@ def launch_trainer_ranks(stages: list[Any], plan: Any) -> None:
 
 
 def _run_role(role: str, args: argparse.Namespace) -> int:
-    """Run one role process through every stage of the experiment (``roles/stages.py``)
+    """Run one role process through every stage of the experiment (``roles/launch/stages.py``)
     until it is done or signalled; logs go to the terminal and ``<job_dir>/log/<role>.log``."""
     import logging
 
-    from roles.checks import preflight
-    from roles.logs import setup_logging
-    from roles.settings import load
-    from roles.stages import run_stages, runner_for
+    from roles.launch.checks import preflight
+    from roles.launch.stages import run_stages, runner_for
+    from roles.runtime.logs import setup_logging
+    from roles.runtime.settings import load
 
     loaded = load(args)
     cfg = loaded.config
     stages = loaded.stages or [cfg]
     preflight(stages, role)  # the inputs this role reads, as trinity run checks them
-    from roles.placement import device_plan, take_devices
+    from roles.runtime.placement import device_plan, take_devices
 
     try:
         plan = device_plan(stages)
@@ -282,12 +282,12 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         return 2
     rank = int(os.environ.get("RANK", "0"))  # a trainer rank other than 0 logs to its own file
     setup_logging(role if rank == 0 else f"{role}_rank{rank}", cfg.log.level, os.path.join(cfg.checkpoint_job_dir, "log"))
-    from roles.cpu_tuning import tune_process
+    from roles.runtime.cpu_tuning import tune_process
 
     tune_process(cfg.cluster.cpu_tuning, cfg.cluster.gpu_per_node)
     from bus.errors import BusConnectError
-    from roles.signals import exit_now, run_role
-    from roles.verdicts import RUN_FAILED_EXIT, RunFailed
+    from roles.runtime.signals import exit_now, run_role
+    from roles.runtime.verdicts import RUN_FAILED_EXIT, RunFailed
 
     log = logging.getLogger(f"trinity.{role}")
     try:
@@ -315,7 +315,7 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
 
 def connect_exit_code(e: Exception) -> int:
     """The exit code for a :class:`bus.errors.BusConnectError` (or a ConfigError: 2): 2 when retrying cannot help
-    (``trinity run`` then does not restart the role: see ``roles/run.py``), 1 when it can."""
+    (``trinity run`` then does not restart the role: see ``roles/launch/run.py``), 1 when it can."""
     return 1 if getattr(e, "retryable", False) else 2
 
 
@@ -342,8 +342,8 @@ def cmd_explorer(args: argparse.Namespace) -> int:
 def cmd_debug(args: argparse.Namespace) -> int:
     """``trinity debug --module workflow``: run a workflow on a few tasks, dump experiences;
     ``--module inference_model``: serve the model for them (roles/explorer/debug.py)."""
-    from roles.checks import preflight
-    from roles.settings import load
+    from roles.launch.checks import preflight
+    from roles.runtime.settings import load
 
     cfg = load(args).config
     preflight([cfg], "debug")  # before the workflow's engines start (an HF error otherwise)
@@ -353,30 +353,30 @@ def cmd_debug(args: argparse.Namespace) -> int:
 
 
 def cmd_studio(args: argparse.Namespace) -> int:
-    """``trinity studio``: see ``roles/studio/app.py``."""
-    from roles.studio.main import serve
+    """``trinity studio``: see ``roles/tools/studio/app.py``."""
+    from roles.tools.studio.main import serve
 
     return serve(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``trinity run``: every role of the experiment as supervised processes."""
-    from roles.run import main as run_main
+    from roles.launch.run import main as run_main
 
     return run_main(args)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """``trinity sweep``: see ``roles/sweep/launch.py``."""
-    from roles.sweep.launch import main as sweep_main
+    """``trinity sweep``: see ``roles/tools/sweep/launch.py``."""
+    from roles.tools.sweep.launch import main as sweep_main
 
     return sweep_main(args)
 
 
 def cmd_sweep_host(args: argparse.Namespace) -> int:
-    """``trinity sweep-host``: see ``roles/sweep/host.py``."""
-    from roles.signals import exit_now
-    from roles.sweep.host import main as host_main
+    """``trinity sweep-host``: see ``roles/tools/sweep/host.py``."""
+    from roles.runtime.signals import exit_now
+    from roles.tools.sweep.host import main as host_main
 
     exit_now(host_main(args.role, args.sweep))
 
@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler = COMMANDS[args.command]
     from bus.errors import BusConnectError
-    from roles.signals import stacks_on_sigusr1
+    from roles.runtime.signals import stacks_on_sigusr1
 
     stacks_on_sigusr1()
 

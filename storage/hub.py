@@ -21,7 +21,7 @@ The rules, in order:
 
 Why a revision after ``@``: hub repo ids never contain ``@``, and the revision (a branch, a
 tag or a commit) is what ``hf download --revision`` takes. Nothing here knows the config's
-classes: the callers (``roles/checks.py``) walk the config and pass each value with its key.
+classes: the callers (``roles/launch/checks.py``) walk the config and pass each value with its key.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def resolve(value: str, key: str, repo_type: RepoType = "model", *, download: bo
 
     ``download``: fetch a snapshot that is not cached (unless ``HF_HUB_OFFLINE``). The config
     loader resolves from the cache only (``trinity config`` must not fetch gigabytes); the
-    commands that are about to use the input download it (``roles/checks.py``: preflight).
+    commands that are about to use the input download it (``roles/launch/checks.py``: preflight).
     Raises :class:`HubError` when the id cannot be resolved."""
     if not value or Path(value).expanduser().exists():
         return value

@@ -247,7 +247,7 @@ def check_selector_config(kind: str, feature_keys: Sequence[str], kwargs: dict[s
     defaults, or :class:`TasksetError` naming the first bad one (``<where>.kwargs.tau: ...``).
     Every number must be finite and in its range (:data:`DIFFICULTY_RANGES`), the flags
     booleans, the feature columns as many as the selector reads. Run before any process starts
-    (``roles/checks.py``) and again when the selector is made."""
+    (``roles/launch/checks.py``) and again when the selector is made."""
     if kind != "difficulty_based":
         if kwargs:
             raise TasksetError(f"{where}.kwargs: {kind} takes none, got {', '.join(sorted(kwargs))}")

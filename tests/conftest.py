@@ -41,7 +41,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     next step), and the learning runs, one OpenMP thread each, use about one core. A third
     worker fills that idle time: 37.0 min, 60 CPU-min, 162% (the same day, same tests). Two
     extra: not measured."""
-    from roles.cpu_tuning import usable_cores
+    from roles.runtime.cpu_tuning import usable_cores
 
     return usable_cores() + 1
 

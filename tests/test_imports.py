@@ -228,3 +228,46 @@ def test_no_import_error_of_trinitys_own_modules_is_swallowed():
                         not any(isinstance(n, ast.Raise) for n in ast.walk(h)):
                     swallowed.append(f"{path.relative_to(ROOT)}:{h.lineno}")
     assert not swallowed, f"ImportError of trinity's own modules swallowed at {swallowed}"
+
+
+#: ``roles``' floors, top (1) to bottom (6): a module imports only its own floor and those
+#: below (``roles/__init__.py`` says what each holds). The four roles share floor 4 and never
+#: import one another: they talk over the bus. ``compat`` (the ``trinity`` plugin API) is above
+#: them all.
+FLOORS = {
+    "compat": 0,
+    "cli": 1,
+    "tools": 2,
+    "launch": 3,
+    "explorer": 4, "buffer": 4, "trainer": 4, "synchronizer": 4,
+    "weightsync": 5,
+    "runtime": 6,
+}
+
+
+def _room(module: str) -> str | None:
+    """The folder (or ``cli``) of ``roles`` a module sits in; None outside ``roles``."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "roles" and len(parts) > 1 else None
+
+
+def test_every_module_of_roles_is_on_a_floor() -> None:
+    rooms = {_room(m) for m in find_modules(ROOT, PACKAGES)} - {None}
+    assert rooms <= FLOORS.keys(), f"modules of roles outside every floor: {sorted(rooms - FLOORS.keys())}"
+
+
+def test_roles_floors_import_only_downwards() -> None:
+    mods = find_modules(ROOT, PACKAGES)
+    wrong = []
+    for name, (path, _) in mods.items():
+        room = _room(name)
+        if room is None:
+            continue
+        for target, line in imports_of(name, mods, PACKAGES):
+            there = _room(target)
+            if there is None or there == room:
+                continue
+            if FLOORS[there] < FLOORS[room] or (FLOORS[there] == FLOORS[room] == 4):
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {name} ({room}) imports {target} ({there})")
+    assert wrong == [], "imports up the floors of roles, or from one role into another"
+    assert max(FLOORS.values()) <= 6

@@ -1,19 +1,19 @@
-"""``docs/protocol.md`` is generated from the code (``roles/protocol_doc.py``): it must be what
+"""``docs/protocol.md`` is generated from the code (``roles/tools/protocol_doc.py``): it must be what
 the code generates now, so a change to the wire comes with its page."""
 
 from __future__ import annotations
 
-from roles.protocol_doc import PAGE, render
+from roles.tools.protocol_doc import PAGE, render
 
 
 def test_protocol_page_is_generated_from_the_code():
-    assert PAGE.read_text() == render(), "docs/protocol.md is stale: run `python -m roles.protocol_doc`"
+    assert PAGE.read_text() == render(), "docs/protocol.md is stale: run `python -m roles.tools.protocol_doc`"
 
 
 def test_the_page_names_every_stream_rpc_and_key():
     from bus.subjects import KINDS
-    from roles.buffer.protocol import RPCS
     from schemas import keys
+    from schemas.rpc import RPCS
 
     page = render()
     assert all(f"trinity.<run>.{k}`" in page for k in KINDS)

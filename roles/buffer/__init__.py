@@ -2,5 +2,5 @@
 
 ``main.run_buffer`` is the process loop; ``service.BufferService`` the logic it drives;
 ``pipeline`` the operators and group advantages; ``files`` SFT/DPO datasets as experience;
-``protocol`` the batch request/reply the trainer uses.
+the batch request/reply the trainer uses is :mod:`schemas.rpc`.
 """

@@ -17,15 +17,16 @@ import structlog
 
 import bus
 from bus.rpc import Message
-from roles.verdicts import RunFailed, streak_limit
+from roles.runtime.settings import algorithm_spec
+from roles.runtime.verdicts import RunFailed, streak_limit
 from schemas import codec, keys
-from schemas.config import TrinityConfig
+from schemas.config import ExperienceBufferConfig, TrinityConfig
 from schemas.data import ExperienceGroup, Metric
+from schemas.rpc import BATCH_RPC, COMMIT_RPC, BatchRequest, Commit
 from storage.replay import ReplayStore
 
 from .files import FileBuffer
 from .pipeline import Pipeline
-from .protocol import BATCH_RPC, COMMIT_RPC, BatchRequest, Commit
 from .service import BufferService, vocab_size
 
 log = structlog.get_logger(__name__)
@@ -34,7 +35,6 @@ log = structlog.get_logger(__name__)
 def build_service(cfg: TrinityConfig) -> BufferService:
     """The service a config describes: replay store (``storage_type: queue``) or a file
     dataset as the main trainer input, auxiliary file buffers, pipeline, sample strategy."""
-    from roles.settings import algorithm_spec
 
     spec = algorithm_spec(cfg)
     eb = cfg.buffer.trainer_input.experience_buffer
@@ -59,7 +59,6 @@ def build_service(cfg: TrinityConfig) -> BufferService:
         main_file = FileBuffer(eb, tok(), batch_size=n, kind=kind,
                                total_epochs=eb.total_epochs or cfg.buffer.total_epochs, max_length=max_len)
     else:
-        from schemas.config import ExperienceBufferConfig
 
         eb = eb or ExperienceBufferConfig(name="experience_buffer")
         store = ReplayStore.from_config(eb, os.path.join(job, "buffer", eb.name or "experience_buffer"))
@@ -106,7 +105,6 @@ async def tidy(cfg: TrinityConfig, service: BufferService, js: Any, state: bus.R
     ``keep_used_groups``, the run's streams drop what every consumer acknowledged beyond
     ``nats.stream_keep`` (from ``done`` and ``feedback``, nothing the leading explorer's cursor
     has yet to read)."""
-    from schemas.config import ExperienceBufferConfig
 
     keep = (cfg.buffer.trainer_input.experience_buffer or ExperienceBufferConfig()).keep_used_groups
     forgotten = 0

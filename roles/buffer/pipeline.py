@@ -21,7 +21,9 @@ import torch
 import ops
 from ops.advantages import INFO_ADVANTAGE_FNS
 from ops.algorithms import AlgorithmSpec
+from schemas.config import ExperiencePipelineConfig
 from schemas.data import ExperienceGroup
+from storage import juicer
 
 Operator = Callable[[ExperienceGroup], ExperienceGroup | None]
 
@@ -95,11 +97,10 @@ def pass_rate_calculator(group: ExperienceGroup, *, success_threshold: float | N
 def data_juicer(group: ExperienceGroup, *, config_path: str | None = None, operators: list[Any] | None = None,
                 keep_filtered: bool = False) -> ExperienceGroup | None:
     """Real Data-Juicer filters on each experience's response (``text``; its prompt is
-    ``prompt``), in-process (``roles/juicer.py``): every stat they compute goes into
+    ``prompt``), in-process (``storage/juicer.py``): every stat they compute goes into
     ``info`` (e.g. ``text_len`` for ``reward_shaping_mapper``), and the experiences a filter
     rejects are dropped (``keep_filtered``: only scored). ``config_path``: a Data-Juicer recipe
     (its ``process`` list); ``operators``: the same list inline."""
-    from roles import juicer
 
     built = juicer.load(juicer.recipe(config_path, operators), rows_only=True)
     rows = []
@@ -352,14 +353,12 @@ class Pipeline:
                 except ValueError as e:
                     raise ValueError(f"{where}.args.{e}") from e
             elif name == "data_juicer":  # the package, the recipe, each op's name and args
-                from roles import juicer
 
                 try:
                     juicer.load(juicer.recipe(args.get("config_path"), args.get("operators")), rows_only=True)
                 except (ValueError, TypeError) as e:
                     raise ValueError(f"{where}: {e}") from e
             ops_.append((name, lambda g, fn=fn, args=args: fn(g, **args)))
-        from schemas.config import ExperiencePipelineConfig
 
         return cls(ops_, spec, feeds_back=ExperiencePipelineConfig(operators=list(operators)).feeds_back())
 

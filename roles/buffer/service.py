@@ -32,14 +32,14 @@ import structlog
 
 import ops
 from ops.sampling import BatchPlan
-from roles.verdicts import DeadLetterStreak
+from roles.runtime.verdicts import DeadLetterStreak
 from schemas import codec
 from schemas.data import ExperienceGroup, TaskFeedback
+from schemas.rpc import BatchReply, BatchRequest, batch_key
 from storage.replay import ReplayError, ReplayStore
 
 from .files import FileBuffer
 from .pipeline import Pipeline
-from .protocol import BatchReply, BatchRequest, batch_key
 
 if TYPE_CHECKING:  # sqlalchemy is needed only when a config asks for the SQL store
     from storage.sql import SqlMirror
@@ -112,7 +112,7 @@ class BufferService:
         self.stored = 0
         self.groups_in = 0
         self.quarantined = 0
-        #: groups dead-lettered in a row for one reason (roles/verdicts.py: the process loop
+        #: groups dead-lettered in a row for one reason (roles/runtime/verdicts.py: the process loop
         #: ends the run once a step's worth of them adds up)
         self.streak = DeadLetterStreak()
         #: Set by the process loop once the explorer finished and every group on the stream

@@ -90,7 +90,7 @@ async def serve_inference_model(cfg: TrinityConfig, stop: asyncio.Event | None =
     import secrets
 
     from roles.explorer.api import ApiServer
-    from roles.signals import stop_on_signals
+    from roles.runtime.signals import stop_on_signals
 
     if stop is None:
         stop = asyncio.Event()
@@ -155,7 +155,7 @@ async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict
 
 
 def main(cfg: TrinityConfig, output_file: str | None, module: str = "workflow") -> int:
-    """``cfg`` was loaded by :func:`roles.settings.load`, which imported the plugin folders
+    """``cfg`` was loaded by :func:`roles.runtime.settings.load`, which imported the plugin folders
     (``TRINITY_PLUGIN_DIRS`` and ``--plugin-dir``)."""
     if module == "inference_model":
         asyncio.run(serve_inference_model(cfg))

@@ -48,14 +48,21 @@ from roles.explorer.lease import (
 from roles.explorer.queue import TaskQueue, TaskWorker
 from roles.explorer.runner import RunnerPool, TaskResult
 from roles.explorer.workflows.registry import reads_prompt
-from roles.signals import until_stopped
-from roles.synchronizer.client import ExplorerSyncClient
+from roles.runtime.monitor import Monitor
+from roles.runtime.placement import device_plan
+from roles.runtime.settings import algorithm_spec
+from roles.runtime.signals import until_stopped
+from roles.weightsync.client import ExplorerSyncClient
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import Metric, group_id
 from schemas.modes import MODES
 from schemas.state import ApiAddress, Cursor, ExplorerFinished, JoinSettings
+from storage import checkpoints as ckpt
 from storage.checkpoints import write_meta
+from storage.hub import hub_origin
+from storage.juicer import run_task_pipeline
+from storage.lora import adapter_sync
 from storage.scheduler import TaskScheduler, scheduler_from_config
 
 log = logging.getLogger("trinity.explorer")
@@ -70,7 +77,7 @@ API_KEY = keys.EXPLORER_API
 
 
 class SyncClient(Protocol):
-    """What the explorer asks the synchronizer (``roles/synchronizer/client.py``)."""
+    """What the explorer asks the synchronizer (``roles/weightsync/client.py``)."""
 
     async def before_step(self, step: int, engines: list[RolloutEngine]) -> None: ...
 
@@ -112,7 +119,6 @@ def make_pool(cfg: TrinityConfig, engines: list[RolloutEngine], auxiliary: list[
               api: Any = None) -> RunnerPool:
     """The runner pool over the rollout engines, handing workflows the auxiliary models, and
     scoring rollouts with the teacher (auxiliary model 0) when the algorithm distills."""
-    from roles.settings import algorithm_spec
 
     teacher = MODES[cfg.mode].makes_experience and algorithm_spec(cfg).use_teacher
     return RunnerPool(engines, cfg.explorer, cfg.run_id, auxiliary=auxiliary, api=api, teacher=teacher)
@@ -140,7 +146,6 @@ async def stop_auxiliary_apis(pool: RunnerPool) -> None:
 def served_model_name(cfg: TrinityConfig) -> str:
     """The model name the OpenAI API serves (``GET /v1/models``): the hub id the config named
     (``Org/Name``) when the path is that id's snapshot in the hub cache."""
-    from storage.hub import hub_origin
 
     path = cfg.explorer.rollout_model.model_path or cfg.model.model_path or "model"
     origin = hub_origin(path)
@@ -227,7 +232,6 @@ class Explorer:
     async def report(self, m: Metric) -> None:
         """A metric to the monitor files and the metrics subject."""
         if self.monitor is None:
-            from roles.monitor import Monitor
 
             self.monitor = Monitor(self.cfg, "explorer")
         self.monitor.log(m)
@@ -307,7 +311,6 @@ class Explorer:
         step; the selectors get the buffer's feedback only just before a step is picked."""
         cfg, name = self.cfg, self.cfg.explorer.name
         if cfg.data_processor.task_pipeline is not None:  # done by the launcher; not when started alone
-            from roles.juicer import run_task_pipeline
 
             await asyncio.to_thread(run_task_pipeline, cfg)
         tasks_of = scheduler_from_config(cfg, reads_prompt)
@@ -400,7 +403,6 @@ class Explorer:
         if not cfg.buffer.explorer_input.eval_tasksets:
             raise ValueError("buffer.explorer_input.eval_tasksets: mode bench needs at least one")
         await self._open_bus()
-        from storage import checkpoints as ckpt
 
         todo = [(0, None)] + [(s, ckpt.hf_dir(cfg.checkpoint_job_dir, s))
                               for s in ckpt.list_steps(cfg.checkpoint_job_dir)
@@ -598,8 +600,6 @@ async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event,
     on SIGTERM), clean up. True when the taskset (or the bench) was finished.
     ``engines``: this run's views of a sweep's shared engines (``engines/shared.py``)
     instead of engines of its own."""
-    from roles.placement import device_plan
-    from storage.lora import adapter_sync
 
     # each engine on its own GPUs of the device plan: positions in this process's devices
     plan = device_plan([cfg])

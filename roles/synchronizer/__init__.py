@@ -1,3 +1,3 @@
-"""The synchronizer role: when weights move (``policy``), how (``weights``: a torch.distributed
-broadcast; or a checkpoint folder), the trainer/explorer ends (``client``) and the process
-that publishes the plan and referees timeouts (``main``)."""
+"""The synchronizer role: the process that publishes the sync plan and referees timeouts
+(``main``). How weights move, and the trainer's and explorer's ends of it, are
+:mod:`roles.weightsync`."""

@@ -6,7 +6,7 @@ pure policy in ``policy.py``; this process publishes that plan to KV (``sync.pla
 ``sync_timeout`` publishes a ``timeout`` event naming who did not arrive (from heartbeats and
 versions) and, with ``on_timeout: stop``, a ``stop`` control message. It also appends sync
 events to ``<job_dir>/monitor/sync_events.jsonl`` (metrics go to the monitor of the role that
-measured them: ``roles/monitor.py``).
+measured them: ``roles/runtime/monitor.py``).
 
 Why a referee and not the owner of the sync state: that state is the ``sync.*`` records in the
 run's KV (``schemas/keys.py``), written by the two ends that act on it; a process between them
@@ -25,12 +25,11 @@ from pathlib import Path
 import structlog
 
 import bus
+from roles.weightsync.client import OFFER
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
 from schemas.state import Offer, SyncPlan
-
-from .client import OFFER
 
 log = structlog.get_logger(__name__)
 

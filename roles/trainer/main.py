@@ -24,7 +24,16 @@ import torch
 
 import bus
 from ops.algorithms import AlgorithmSpec
-from roles.buffer.protocol import (
+from roles.runtime.monitor import Monitor
+from roles.runtime.settings import algorithm_spec, session_start
+from roles.runtime.signals import to_thread_to_end
+from roles.runtime.verdicts import RunFailed, short_of_steps
+from roles.weightsync.client import TrainerSyncClient
+from schemas import codec, keys
+from schemas.config import TrinityConfig
+from schemas.data import Metric
+from schemas.modes import MODES
+from schemas.rpc import (
     BATCH_RPC,
     COMMIT_RPC,
     BatchReply,
@@ -32,13 +41,6 @@ from roles.buffer.protocol import (
     Commit,
     experiences,
 )
-from roles.settings import algorithm_spec, session_start
-from roles.signals import to_thread_to_end
-from roles.verdicts import RunFailed, short_of_steps
-from schemas import codec, keys
-from schemas.config import TrinityConfig
-from schemas.data import Metric
-from schemas.modes import MODES
 from schemas.state import TrainerFinished
 from storage import checkpoints as ckpt
 from storage import lora
@@ -340,7 +342,7 @@ async def _fetch_serving_hellos(
 ) -> BatchReply | None:
     """Await the batch request ``fetch``; meanwhile answer explorers that ask for weights (a
     restarted leader's hello, the other explorers' pulls: the batch may be waiting for their
-    experience, see roles.synchronizer.client; the model is idle while a batch is awaited), and give up on
+    experience, see roles.weightsync.client; the model is idle while a batch is awaited), and give up on
     the request when it may be lost: the buffer that had it restarted (its heartbeat's pid
     changed) or the connection went through a reconnect (a request or its reply sent while
     the server was away is gone). Waiting for the reply would cost the request's whole
@@ -400,7 +402,6 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event,
                     turn: asyncio.Lock | None = None) -> bool:
     """The trainer's bus loop (rank 0 alone talks to the bus). ``turn``: held for each step
     (a sweep's runs take turns on the cores they share)."""
-    from roles.synchronizer.client import TrainerSyncClient
 
     nc = await bus.connect(cfg.nats, name="trainer")
     js = bus.jetstream(nc, cfg.nats)
@@ -416,7 +417,6 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event,
     await state.set_model_version("trainer", trainer.step)
     log.info("trainer_started", step=trainer.step, total_steps=last, batch=n)
     saved = trainer.step
-    from roles.monitor import Monitor
 
     monitor = Monitor(cfg, "trainer")
     done = last is not None and trainer.step >= last

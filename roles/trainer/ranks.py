@@ -102,7 +102,7 @@ def exec_ranks(n: int, argv: Sequence[str]) -> None:
     (``trainer --config ...``). Why exec: the process keeps its pid, so the supervisor's and
     honcho's signals reach torchrun, which passes them on to every rank. Each rank then has
     ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and inherits ``CUDA_VISIBLE_DEVICES``, which the
-    launcher already narrowed to the trainer's GPUs (``roles/placement.py``): rank i uses
+    launcher already narrowed to the trainer's GPUs (``roles/runtime/placement.py``): rank i uses
     the i-th of them."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
            "-m", "roles.cli", *argv]

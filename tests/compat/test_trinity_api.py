@@ -15,7 +15,7 @@ import pytest
 
 from roles.explorer.workflows import get_workflow
 from roles.explorer.workflows.base import ModelHandle
-from roles.plugins import PluginError, load_plugin_dirs
+from roles.runtime.plugins import PluginError, load_plugin_dirs
 from schemas.config import InferenceModelConfig
 from schemas.data import Experience as OurExperience
 from schemas.data import Task
@@ -319,7 +319,7 @@ class JudgedWorkflow(SimpleWorkflow):
 
 async def test_an_upstream_style_workflow_by_dotted_path_asks_its_judge_model(engine, tmp_path, monkeypatch):
     from roles.explorer.api import ApiServer
-    from roles.plugins import importable_working_dir
+    from roles.runtime.plugins import importable_working_dir
     from schemas.config import OpenAIApiConfig
     from tests.api.conftest import Published
 

@@ -45,7 +45,7 @@ async def test_rollouts_are_rewarded_by_the_judge_and_keep_their_gold_reward(tin
 
 
 def test_a_judged_workflow_without_a_judge_is_refused(tmp_path) -> None:
-    from roles.checks import check_names
+    from roles.launch.checks import check_names
     from schemas.loader import load_config
 
     data = tmp_path / "d"

@@ -93,7 +93,7 @@ def test_convert_reports_a_missing_dir(tmp_path):
 def test_freeze_heap_takes_live_objects_out_of_full_collections() -> None:
     import gc
 
-    from roles.cpu_tuning import freeze_heap
+    from roles.runtime.cpu_tuning import freeze_heap
 
     before = gc.get_freeze_count()
     try:
@@ -106,7 +106,7 @@ def test_freeze_heap_takes_live_objects_out_of_full_collections() -> None:
 def test_keep_freed_memory_applies_on_glibc() -> None:
     import platform
 
-    from roles.cpu_tuning import keep_freed_memory
+    from roles.runtime.cpu_tuning import keep_freed_memory
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt's thresholds are glibc's")
@@ -117,13 +117,13 @@ def test_keep_freed_memory_applies_on_glibc() -> None:
 #: config loading, the pre-start checks and the process tuning are done.
 ROLE_WITH_STAGES = """
 import gc, sys
-import roles.stages
+import roles.launch.stages
 
 async def stages(*args, **kwargs):
     {stages}
     return 0
 
-roles.stages.run_stages = stages
+roles.launch.stages.run_stages = stages
 from roles.cli import main
 sys.exit(main(sys.argv[1:]))
 """

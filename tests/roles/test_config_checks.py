@@ -468,7 +468,7 @@ def test_colocate_and_a_plan_that_does_not_fit_exit_2_naming_the_fields(config):
 def test_a_tensor_parallel_cpu_engine_beyond_the_numa_nodes_is_refused_where_it_would_run(config):
     """Trinity-RFT's judge models have tensor_parallel_size 2: vLLM on CPU failed minutes in,
     on every restart. ``trinity config`` may describe a config for GPU nodes: it says nothing."""
-    from roles.checks import numa_nodes, preflight
+    from roles.launch.checks import numa_nodes, preflight
     from schemas.config import TrinityConfig
     from schemas.loader import ConfigError
 

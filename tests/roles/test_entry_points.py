@@ -1,5 +1,5 @@
 """The same mistake gives the same clear error whichever command the user ran: every entry
-point that loads a configuration checks the files it reads (``roles/checks.py``) before any
+point that loads a configuration checks the files it reads (``roles/launch/checks.py``) before any
 work, exits 2 and names the config key and the path.
 
 Most commands run through ``roles.cli.main`` in this process (the check comes before anything

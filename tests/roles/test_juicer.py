@@ -88,8 +88,8 @@ def test_guide_selector_snippet_and_data_processor_load(tmp_path: Path) -> None:
     ``data_juicer`` then ``reward_shaping_mapper``) load without a warning; the task pipeline
     runs once, keeps the rows its filter keeps with their stats as columns, and its output
     is the training taskset."""
-    from roles.checks import preflight
-    from roles.juicer import run_task_pipeline
+    from roles.launch.checks import preflight
+    from storage.juicer import run_task_pipeline
     from storage.tiny import build_tiny_model
 
     build_tiny_model(tmp_path / "model")

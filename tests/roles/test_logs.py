@@ -8,7 +8,7 @@ import logging
 
 import structlog
 
-from roles.logs import setup_logging
+from roles.runtime.logs import setup_logging
 
 
 def test_role_log_file_gets_json_lines_from_structlog_and_stdlib(tmp_path):

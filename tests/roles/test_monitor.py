@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from roles.monitor import MLFLOW_DEFAULT_URI, Monitor, mlflow_tracking_uri, monitor_args_problems
+from roles.runtime.monitor import (
+    MLFLOW_DEFAULT_URI,
+    Monitor,
+    mlflow_tracking_uri,
+    monitor_args_problems,
+)
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from schemas.loader import ConfigError

@@ -1,4 +1,4 @@
-"""``roles/signals.py``: a stop gives up on a lost bus, a durable thread finishes first, and
+"""``roles/runtime/signals.py``: a stop gives up on a lost bus, a durable thread finishes first, and
 who counts as this process's supervisor. The processes themselves: ``tests/run/test_orphans.py``."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from roles import signals
-from roles.settings import SUPERVISED_ENV
+from roles.runtime import signals
+from roles.runtime.settings import SUPERVISED_ENV
 
 
 async def test_a_stop_waits_for_the_work_while_the_bus_is_there():
@@ -87,7 +87,7 @@ def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on():
     import sys
 
     code = ("import os, signal, threading, time\n"
-            "from roles.signals import stacks_on_sigusr1\n"
+            "from roles.runtime.signals import stacks_on_sigusr1\n"
             "stacks_on_sigusr1()\n"
             "threading.Thread(target=time.sleep, args=(5,), daemon=True, name='sleeper').start()\n"
             "os.kill(os.getpid(), signal.SIGUSR1)\n"

@@ -1,4 +1,4 @@
-"""The cut-offs that end a run non-zero (``roles/verdicts.py``): a step's worth of groups
+"""The cut-offs that end a run non-zero (``roles/runtime/verdicts.py``): a step's worth of groups
 dead-lettered for one reason, a trainer short of its steps, a wait for weights with nothing
 trained. Pure functions, plus the buffer's ingest feeding the dead-letter streak."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from roles.verdicts import (
+from roles.runtime.verdicts import (
     DeadLetterStreak,
     nothing_trained,
     reason_key,

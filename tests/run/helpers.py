@@ -120,7 +120,7 @@ def descendants(pid: int) -> list[int]:
 
 def wait_or_dump(p: subprocess.Popen, log: Path, timeout: float) -> None:
     """Wait for ``p`` (a ``trinity`` command logging to ``log``); past ``timeout`` s, ask it and
-    every Python process below it for their stacks (SIGUSR1: ``roles.signals.stacks_on_sigusr1``),
+    every Python process below it for their stacks (SIGUSR1: ``roles.runtime.signals.stacks_on_sigusr1``),
     kill it and fail with the log's end, so a hang seen once says where each process was."""
     try:
         p.wait(timeout=timeout)

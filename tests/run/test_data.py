@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bus.server import free_port
-from roles.monitor import read_metrics
+from roles.runtime.monitor import read_metrics
 from storage.tiny import build_arithmetic_taskset
 from tests.helpers import wait_for
 

@@ -1,4 +1,4 @@
-"""A run that cannot succeed ends non-zero, naming why (``roles/verdicts.py``), instead of
+"""A run that cannot succeed ends non-zero, naming why (``roles/runtime/verdicts.py``), instead of
 waiting out ``sync_timeout`` and ending 0 with nothing trained."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """No orphans: a ``trinity run`` killed by SIGKILL takes its roles and its nats-server with it,
 a role told to stop does not wait for a server that is gone, and a supervised role whose
-supervisor died stops by itself (``roles/signals.py``).
+supervisor died stops by itself (``roles/runtime/signals.py``).
 
 Real processes on a real nats-server, the tiny config of the other ``trinity run`` tests.
 The bounds are loose (10 s; measured 2-4 s on 2 cores): the machine may be busy.

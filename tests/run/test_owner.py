@@ -1,4 +1,4 @@
-"""One run, one owner (``roles/owner.py``): a second start of a running job is refused before it
+"""One run, one owner (``roles/launch/owner.py``): a second start of a running job is refused before it
 starts anything (exit 2, naming the holder), so no experience is trained twice; two names
 that give one bus run id are refused too."""
 
@@ -19,7 +19,7 @@ import pytest
 
 import bus
 from bus.server import free_port
-from roles.owner import LEASE_S, RunLease, lock_job
+from roles.launch.owner import LEASE_S, RunLease, lock_job
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError
 from tests.conftest import nats_settings
@@ -72,7 +72,7 @@ def test_the_job_lock_names_its_holder_and_dies_with_it(tmp_path):
     assert not (tmp_path / "p").exists()
     lock_job(job, ["trainer"]).release()
     # a process that holds it and is killed leaves it free too
-    code = f"from roles.owner import lock_job; import time; f = lock_job({str(job)!r}, ['trainer']); print('held', flush=True); time.sleep(60)"
+    code = f"from roles.launch.owner import lock_job; import time; f = lock_job({str(job)!r}, ['trainer']); print('held', flush=True); time.sleep(60)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
     assert p.stdout is not None and p.stdout.readline() == b"held\n"
     with pytest.raises(ConfigError, match=f"pid {p.pid}"):
@@ -147,7 +147,7 @@ async def test_a_lease_is_renewed_and_outlives_no_dead_holder(tmp_path, nats_ser
 async def test_releasing_a_lease_does_not_wait_for_a_server_that_is_gone(tmp_path, nats_server_factory):
     """Stopping ``trinity run`` after its nats-server was killed hung for minutes: each of the
     lease's keys waited the server out (seen 2026-11-28). Release is best effort, bounded."""
-    from roles.owner import RELEASE_S
+    from roles.launch.owner import RELEASE_S
 
     server = nats_server_factory()
     cfg = _cfg(tmp_path, server.url, f"z{os.urandom(3).hex()}", "r")
@@ -190,7 +190,7 @@ async def test_run_clicked_twice_in_the_studio_trains_once(tmp_path, tiny_model,
     first (the page shows its exit code and log), the first trains every experience once."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from roles.studio.app import make_app
+    from roles.tools.studio.app import make_app
 
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(), stages=False)
     import yaml

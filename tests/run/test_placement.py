@@ -1,4 +1,4 @@
-"""The device plan (``roles/placement.py``): who gets which GPU, and the
+"""The device plan (``roles/runtime/placement.py``): who gets which GPU, and the
 ``CUDA_VISIBLE_DEVICES`` each launched process really has.
 
 Pure plans first, then real processes: ``trinity run --plan`` on the seed's gsm8k config, and
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bus.server import free_port
-from roles.placement import (
+from roles.runtime.placement import (
     PlanError,
     child_env,
     device_plan,
@@ -166,7 +166,7 @@ def test_roles_started_alone_take_their_share_or_keep_a_given_one(tmp_path, tiny
 
 
 def test_the_node_variable_is_no_config_value(tmp_path):
-    from roles.placement import NODE_ENV
+    from roles.runtime.placement import NODE_ENV
     from schemas.loader import NON_CONFIG_VARS
 
     assert NODE_ENV in NON_CONFIG_VARS  # a .env may hold it beside config values (honcho's does)

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bus.server import free_port
-from roles.monitor import read_metrics
+from roles.runtime.monitor import read_metrics
 from tests.helpers import wait_for
 
 from .helpers import run_to_end, running, steps_log, tiny_run_config, trained_exactly_once, trinity

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from roles.monitor import Monitor, read_metrics
-from roles.run import fresh_name, preflight, summary
-from roles.stages import chain, roles_needed
+from roles.launch.run import fresh_name, preflight, summary
+from roles.launch.stages import chain, roles_needed
+from roles.runtime.monitor import Monitor, read_metrics
 from schemas.config import TrinityConfig
 from schemas.data import Metric
 from schemas.loader import ConfigError
@@ -134,7 +134,7 @@ async def test_exit_markers_count_only_this_sessions_done(nats_cfg, run_id):
     import time
 
     import bus
-    from roles.stages import unfinished
+    from roles.launch.stages import unfinished
     from schemas import keys
     from schemas.state import ExitMarker, StageDone
 

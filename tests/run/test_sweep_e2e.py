@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bus.server import free_port
-from roles.monitor import read_metrics
+from roles.runtime.monitor import read_metrics
 from tests.helpers import wait_for
 from tests.studio.browser import Browser, find_chromium
 

@@ -241,11 +241,11 @@ def _write_adapter(model: Path, folder: Path) -> None:
 
 
 def load(raw: dict[str, Any], where: Path) -> Any:
-    """Load ``raw`` as a user's YAML file is loaded (``roles.settings.load`` without its
+    """Load ``raw`` as a user's YAML file is loaded (``roles.runtime.settings.load`` without its
     plugin folders and hub look-ups: the algorithm resolver, then ``derive()``). The file is
     written and read with libyaml's safe dumper and loader: the same YAML, several times
     faster than the pure-Python ones (hundreds of configurations are loaded here)."""
-    from roles.settings import resolve_algorithm
+    from roles.runtime.settings import resolve_algorithm
     from schemas.loader import load_config
 
     p = where / "config.yaml"
@@ -1141,7 +1141,7 @@ async def _engines(cfg: TrinityConfig) -> tuple[list[Any], list[list[Any]]]:
     """The rollout and auxiliary engines, on the GPUs of the device plan, as
     :func:`roles.explorer.main.run_explorer` creates them."""
     from roles.explorer.engines import create_auxiliary, create_engines
-    from roles.placement import device_plan
+    from roles.runtime.placement import device_plan
     from storage.lora import adapter_sync
 
     plan = device_plan([cfg])
@@ -1233,8 +1233,8 @@ def probe_buffer(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
     store, the first batch it serves (datasets, expert data), what its pipeline does to a
     group."""
     from roles.buffer.main import build_service
-    from roles.buffer.protocol import BatchRequest
     from schemas import codec
+    from schemas.rpc import BatchRequest
 
     svc = build_service(cfg)
     try:
@@ -1260,7 +1260,7 @@ def probe_buffer(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def probe_sync(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
     """When and how weights move: the trainer's sync client (plan, receivers, bucket size)."""
-    from roles.synchronizer.client import TrainerSyncClient
+    from roles.weightsync.client import TrainerSyncClient
 
     tc = TrainerSyncClient(cfg, None, None, None)
     return {"plan": plain(tc.plan), "receivers": tc.receivers, "bucket": tc.bucket_bytes("nccl")}
@@ -1268,9 +1268,9 @@ def probe_sync(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def probe_placement(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
     """Which GPUs each process gets (``trinity run``'s device plan) and the roles it starts."""
-    from roles.placement import device_plan, trainer_ranks, visible_devices
-    from roles.run import fresh_name
-    from roles.stages import roles_needed
+    from roles.launch.run import fresh_name
+    from roles.launch.stages import roles_needed
+    from roles.runtime.placement import device_plan, trainer_ranks, visible_devices
 
     plan = device_plan([cfg])
     return {"plan": plain(plan), "ranks": trainer_ranks(plan),
@@ -1346,8 +1346,8 @@ def _part(fn: Callable[[], Any]) -> Any:
 
 def probe_misc(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
     """The resolved algorithm every role runs, and the monitor's check of its arguments."""
-    from roles.monitor import monitor_args_problems
-    from roles.settings import algorithm_spec
+    from roles.runtime.monitor import monitor_args_problems
+    from roles.runtime.settings import algorithm_spec
 
     return {"algorithm": plain(algorithm_spec(cfg)), "monitor_problems": monitor_args_problems(cfg.monitor),
             "run_id": cfg.run_id}

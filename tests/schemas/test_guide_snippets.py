@@ -66,14 +66,14 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("section", "text"), _snippets())
 def test_guide_snippet_loads(tmp_path, monkeypatch, section, text):
-    from roles.checks import NEEDS, check_names
+    from roles.launch.checks import NEEDS, check_names
 
     monkeypatch.chdir(tmp_path)  # the snippets' relative paths (recipes) are the reader's own files
     for rel, body in RECIPES.items():
         if rel in text:
             (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / rel).write_text(yaml.safe_dump(body))
-    from roles.settings import resolve_algorithm
+    from roles.runtime.settings import resolve_algorithm
 
     env = {name: str(tmp_path / name.lower()) for name in re.findall(r"oc\.env:(\w+)", text)}
     lines = [line for line in text.splitlines() if line.strip() != "..."]

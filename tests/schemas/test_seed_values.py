@@ -270,7 +270,7 @@ def test_resume_path_needs_a_global_step_folder(tmp_path):
 
 
 def test_a_missing_resume_folder_is_named_before_the_run_starts(tmp_path):
-    from roles.checks import check_inputs
+    from roles.launch.checks import check_inputs
 
     model = tmp_path / "model"
     model.mkdir()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from roles.studio.app import make_app
+from roles.tools.studio.app import make_app
 from schemas.data import Experience
 from storage.trajectories import keep_trajectories
 
@@ -168,8 +168,8 @@ async def test_a_run_views_event_stream_ends_when_the_studio_stops(tmp_path):
 @pytest.mark.unit
 def test_inspect_follows_a_renamed_run(tmp_path):
     """``continue_from_checkpoint: false`` renamed the second run: a tool that reads the config
-    (the old name) finds the new run (roles/runrecord.py)."""
-    from roles.runrecord import RunRecord, latest_name
+    (the old name) finds the new run (roles/launch/runrecord.py)."""
+    from roles.launch.runrecord import RunRecord, latest_name
     from schemas.config import TrinityConfig
 
     cfg = TrinityConfig(project="p", name="n", checkpoint_root_dir=str(tmp_path))
@@ -197,7 +197,7 @@ def test_inspect_shows_the_renamed_runs_live_stage(tmp_path):
 
     import yaml
 
-    from roles.runrecord import mark_renamed
+    from roles.launch.runrecord import mark_renamed
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({

@@ -15,7 +15,7 @@ def _cfg(tmp_path, name, nats_cfg) -> TrinityConfig:
 
 
 async def test_a_failing_run_leaves_the_others_running(tmp_path, nats_cfg):
-    from roles.sweep.host import run_one
+    from roles.tools.sweep.host import run_one
 
     a, b = _cfg(tmp_path, "sweep-a", nats_cfg), _cfg(tmp_path, "sweep-b", nats_cfg)
     nc = await bus.connect(nats_cfg)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.sweep.plan import LABEL_MAX, check_shared, expand, split_values
+from roles.tools.sweep.plan import LABEL_MAX, check_shared, expand, split_values
 from schemas.config import TrinityConfig
 
 
@@ -82,7 +82,7 @@ def test_runs_serving_the_api_on_one_port_are_refused():
 def test_the_example_sweep_loads_and_can_share(tmp_path):
     from pathlib import Path
 
-    from roles.sweep.launch import load_runs
+    from roles.tools.sweep.launch import load_runs
 
     example = Path(__file__).resolve().parents[2] / "examples" / "sweep" / "lora_grpo.yaml"
     runs = expand("lora_grpo", ["algorithm.optimizer.lr=1e-3,3e-3"])

@@ -1,5 +1,5 @@
 """The weight sync's interleavings, scripted against a real nats-server: the real trainer and
-explorer clients (``roles/synchronizer/client.py``) over the real KV records and a real gloo
+explorer clients (``roles/weightsync/client.py``) over the real KV records and a real gloo
 broadcast, each event put where a whole run only reaches it by chance.
 
 What stands in: the trainer's model is a few named tensors (:class:`Weights`), an engine a real
@@ -26,8 +26,8 @@ import structlog.testing
 import torch
 
 import bus
-from roles.synchronizer.client import ExplorerSyncClient, TrainerSyncClient
-from roles.synchronizer.weights import WeightReceiver
+from roles.weightsync.client import ExplorerSyncClient, TrainerSyncClient
+from roles.weightsync.weights import WeightReceiver
 from schemas import keys
 from schemas.config import NatsConfig, TrinityConfig
 from schemas.state import Formed, Offer, Rendezvous
@@ -125,7 +125,7 @@ def _timeouts(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _path(logs: list[dict[str, Any]], machine: str) -> list[str]:
-    """The moves ``machine`` (``roles/synchronizer/states.py``) took, as ``move->state``."""
+    """The moves ``machine`` (``roles/weightsync/states.py``) took, as ``move->state``."""
     return [f"{e['move']}->{e['after']}" for e in logs if e["event"] == "sync_state" and e["machine"] == machine]
 
 
@@ -134,7 +134,7 @@ def _path(logs: list[dict[str, Any]], machine: str) -> list[str]:
 JOIN_AND_HANG = """
 import asyncio, sys
 import bus
-from roles.synchronizer.weights import WeightReceiver
+from roles.weightsync.weights import WeightReceiver
 from schemas.config import NatsConfig
 
 async def main(url, run_id, group):

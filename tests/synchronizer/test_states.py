@@ -1,4 +1,4 @@
-"""The sync machines' tables (``roles/synchronizer/states.py``): every state is reachable
+"""The sync machines' tables (``roles/weightsync/states.py``): every state is reachable
 from the start and has a way back to it, and a move the table lacks raises, naming the
 machine, the move and the state."""
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from roles.synchronizer.states import (
+from roles.weightsync.states import (
     EXPLORER_MOVES,
     MACHINES,
     MEANINGS,
@@ -74,7 +74,7 @@ def test_a_receive_cancelled_mid_broadcast_leaves_no_unretrieved_exception():
     import gc
     import time
 
-    from roles.synchronizer.client import _receive
+    from roles.weightsync.client import _receive
 
     class Blocked:
         async def receive_weights(self) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bus.server import free_port
-from roles.synchronizer.weights import WeightReceiver, WeightSender, plan_buckets
+from roles.weightsync.weights import WeightReceiver, WeightSender, plan_buckets
 from schemas.state import Rendezvous
 
 

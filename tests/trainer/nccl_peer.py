@@ -13,7 +13,7 @@ import torch
 
 
 def main(rank: int, port: int, out: str) -> None:
-    from roles.synchronizer.weights import WeightReceiver, WeightSender
+    from roles.weightsync.weights import WeightReceiver, WeightSender
     from schemas.state import Rendezvous
 
     torch.cuda.set_device(rank % torch.cuda.device_count())

@@ -18,7 +18,7 @@ import torch
 
 
 def _cfg(path: str, method: str):
-    from roles.settings import load
+    from roles.runtime.settings import load
 
     class A:
         config = path
@@ -51,8 +51,8 @@ def _experiences(seed: int):
 
 
 async def trainer(cfg_path: str, out: str) -> None:
-    from roles.synchronizer.client import TrainerSyncClient
     from roles.trainer.main import Trainer
+    from roles.weightsync.client import TrainerSyncClient
 
     cfg = _cfg(cfg_path, "nccl")
     t = Trainer(cfg)
@@ -67,7 +67,7 @@ async def trainer(cfg_path: str, out: str) -> None:
 
 async def explorer(cfg_path: str, out: str) -> None:
     from roles.explorer.engines import create_engines
-    from roles.synchronizer.client import ExplorerSyncClient
+    from roles.weightsync.client import ExplorerSyncClient
 
     cfg = _cfg(cfg_path, "nccl")
     (engine,) = await create_engines(cfg.explorer.rollout_model)

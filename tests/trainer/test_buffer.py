@@ -11,11 +11,11 @@ import pytest
 
 import bus
 from roles.buffer.main import run_buffer
-from roles.buffer.protocol import BATCH_RPC, COMMIT_RPC, BatchRequest, Commit, experiences
 from roles.trainer.main import fetch_batch
 from schemas import codec
 from schemas.config import TrinityConfig
 from schemas.derive import derive
+from schemas.rpc import BATCH_RPC, COMMIT_RPC, BatchRequest, Commit, experiences
 
 from .helpers import groups
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from roles.checks import check_lora
+from roles.launch.checks import check_lora
 from storage import checkpoints as ckpt
 
 from .test_updates import _batch, _cfg

@@ -16,13 +16,13 @@ from roles.buffer.pipeline import (
     reward_shaping,
     reward_std_filter,
 )
-from roles.buffer.protocol import BatchReply, BatchRequest, Commit, experiences
 from roles.synchronizer.main import missing_roles, overdue
-from roles.synchronizer.policy import explorer_requests, required_version, trainer_offers
 from roles.trainer.batch import collate, micro_batches, padding_fraction
 from roles.trainer.engine import lr_factor
+from roles.weightsync.policy import explorer_requests, required_version, trainer_offers
 from schemas.config import OperatorConfig
 from schemas.data import Experience, ExperienceGroup
+from schemas.rpc import BatchReply, BatchRequest, Commit, experiences
 from schemas.state import Offer
 
 
@@ -291,7 +291,7 @@ def test_shard_rows_splits_by_tokens_keeps_pairs_and_covers_every_row():
 
 def test_trainer_processes_follow_the_cluster_split(tmp_path):
     from roles.cli import launch_trainer_ranks
-    from roles.placement import device_plan, trainer_ranks
+    from roles.runtime.placement import device_plan, trainer_ranks
     from schemas.config import TrinityConfig
 
     def cfg(**kw):

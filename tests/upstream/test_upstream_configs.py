@@ -7,7 +7,7 @@ and, for a hub id or a relative path written in the file, a folder of that name 
 working directory (a tiny model, or a dataset whose rows carry every column the examples
 name). Nothing in a file is edited.
 
-:data:`roles.upstream.EXAMPLES` is what each one gets today: ``LOADS`` (config and plan both succeed), or the
+:data:`roles.tools.upstream.EXAMPLES` is what each one gets today: ``LOADS`` (config and plan both succeed), or the
 words of the refusal, which must name the key and why. A config whose outcome changes fails
 the test until the table says so: the table is the truth ``docs/upstream.md`` reports.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.upstream import DOC, EXAMPLES, LOADS, render
+from roles.tools.upstream import DOC, EXAMPLES, LOADS, render
 
 HERE = Path(__file__).parent
 CONFIGS = sorted(p.relative_to(HERE).as_posix() for p in HERE.glob("**/*.yaml")
@@ -101,13 +101,13 @@ def outcome(rel: str, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.mark.parametrize("rel", CONFIGS)
 def test_an_upstream_example_loads_or_is_refused_as_the_table_says(rel, workdir, monkeypatch):
     got = outcome(rel, workdir, monkeypatch)
-    want = EXAMPLES.get(rel, "(not in roles/upstream.py's EXAMPLES)")
+    want = EXAMPLES.get(rel, "(not in roles/tools/upstream.py's EXAMPLES)")
     assert got == want or (want != LOADS and want in got), f"{rel}: {got}"
 
 
 def test_every_copied_config_is_in_the_table_and_the_doc_is_current():
     assert sorted(EXAMPLES) == CONFIGS
-    assert DOC.read_text() == render(), "docs/upstream.md is stale: python -m roles.upstream"
+    assert DOC.read_text() == render(), "docs/upstream.md is stale: python -m roles.tools.upstream"
     loads = sum(v == LOADS for v in EXAMPLES.values())
     readme = " ".join((HERE.parents[1] / "README.md").read_text().split())
     assert f"{loads} of its {len(EXAMPLES)} example configs load unchanged" in readme, "README: say what the table says"

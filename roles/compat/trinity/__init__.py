@@ -7,7 +7,7 @@ registered with ``WORKFLOWS.register_module`` runs inside our explorer's runner 
 through :class:`trinity.common.models.model.ModelWrapper`; a reward registered with
 ``REWARD_FUNCTIONS.register_module`` becomes one of our reward functions (``ops.rewards``), so
 our built-in workflows call it too. Plugins are found as before: the files in
-``TRINITY_PLUGIN_DIRS`` (``roles/plugins.py``) or a ``module:attr`` name.
+``TRINITY_PLUGIN_DIRS`` (``roles/runtime/plugins.py``) or a ``module:attr`` name.
 
 Where it lives: ``roles/compat/trinity`` (the project's top level is fixed), installed under
 the import name ``trinity`` (``pyproject.toml``: ``packages.find.where``). Import it as

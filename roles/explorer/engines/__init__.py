@@ -17,7 +17,7 @@ async def create_engines(
     ``lora``: the trainer's adapter (weight syncs then move the adapter alone,
     storage.lora.adapter_sync): the transformers engine wraps its model in it, vLLM serves it
     as a LoRA request. ``gpus``: each engine's GPUs as positions in this process's
-    ``CUDA_VISIBLE_DEVICES`` (the device plan, ``roles/placement.py``); None: the first."""
+    ``CUDA_VISIBLE_DEVICES`` (the device plan, ``roles/runtime/placement.py``); None: the first."""
     def mine(i: int) -> tuple[int, ...] | None:
         return tuple(gpus[i]) if gpus else None
 

@@ -218,7 +218,7 @@ class ReceivesInProcess(RolloutEngine):
     _rx: Any = None
 
     async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
-        from roles.synchronizer.weights import WeightReceiver
+        from roles.weightsync.weights import WeightReceiver
         from schemas.state import Rendezvous
 
         self._rx = WeightReceiver(Rendezvous.from_dict(rdv), rank_offset, timeout)

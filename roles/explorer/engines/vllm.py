@@ -80,7 +80,7 @@ def _visible(gpus: tuple[int, ...] | None) -> Any:
     if gpus is None:
         yield
         return
-    from roles.placement import subset
+    from roles.runtime.placement import subset
 
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.environ["CUDA_VISIBLE_DEVICES"] = subset(gpus, before)

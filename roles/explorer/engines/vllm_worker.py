@@ -42,7 +42,7 @@ class TrinityWorkerExtension:
     def trinity_init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> int:
         """Join the broadcast group as rank ``rank_offset + tp_rank`` (blocks until all
         members joined). Returns the rank taken."""
-        from roles.synchronizer.weights import WeightReceiver
+        from roles.weightsync.weights import WeightReceiver
         from schemas.state import Rendezvous
 
         rank = int(rank_offset) + int(getattr(self, "rank", 0))

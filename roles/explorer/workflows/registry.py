@@ -2,7 +2,7 @@
 
 A taskset names its workflow (``default_workflow_type``). The name is one of the built-ins
 below, a ``module.path:ClassName`` / ``module.path.ClassName`` importable from ``sys.path``,
-or a name registered by a file in ``TRINITY_PLUGIN_DIRS`` (``roles/plugins.py``: every entry
+or a name registered by a file in ``TRINITY_PLUGIN_DIRS`` (``roles/runtime/plugins.py``: every entry
 point imports them before it checks the config), with :func:`register_workflow`.
 """
 
@@ -27,7 +27,7 @@ from roles.explorer.workflows.ruler import MathRULERWorkflow, MathTrainableRULER
 from roles.explorer.workflows.sciworld import SciWorldWorkflow
 from roles.explorer.workflows.sudoku import SudokuWorkflow
 from roles.explorer.workflows.tool_call import ToolCallWorkflow
-from roles.plugins import load_plugin_dirs
+from roles.runtime.plugins import load_plugin_dirs
 
 __all__ = ["REFUSED", "WORKFLOWS", "get_workflow", "load_plugin_dirs", "reads_prompt", "register_workflow"]
 

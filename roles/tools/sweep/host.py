@@ -3,7 +3,7 @@
 The trainer host trains every run's adapter on one base model (``roles/trainer/shared.py``);
 the explorer host serves every run from one rollout engine, each through its adapter
 (``roles/explorer/engines/shared.py``). Inside, each run walks its stage exactly as a role
-process of its own would (``roles.stages.run_stages``, with its own bus connections, KV
+process of its own would (``roles.launch.stages.run_stages``, with its own bus connections, KV
 bucket, checkpoints and metrics), as one asyncio task. A run that fails is logged with its
 traceback and the others go on; the process then exits 1 once the others are done, and the
 sweep restarts it: the finished runs see their ``run.done`` and leave at once, the failed one
@@ -21,16 +21,21 @@ from typing import Any
 
 import structlog
 
-from roles.sweep.plan import SweepRun
-from roles.verdicts import RUN_FAILED_EXIT, RunFailed
+from roles.launch.stages import run_stages
+from roles.runtime.cpu_tuning import tune_process
+from roles.runtime.logs import setup_logging
+from roles.runtime.placement import device_plan, take_devices
+from roles.runtime.signals import stop_on_signals
+from roles.runtime.verdicts import RUN_FAILED_EXIT, RunFailed
+from roles.tools.sweep.plan import SweepRun
 from schemas.config import TrinityConfig
+from schemas.loader import ConfigError
 
 log = structlog.get_logger(__name__)
 
 
 async def host(role: str, runs: list[SweepRun], cfgs: dict[str, TrinityConfig]) -> int:
     """Every run's ``role`` in this process; 0 when every one ended well (or on SIGTERM)."""
-    from roles.signals import stop_on_signals
 
     terminate = asyncio.Event()
     stop_on_signals(terminate)
@@ -52,7 +57,6 @@ async def host(role: str, runs: list[SweepRun], cfgs: dict[str, TrinityConfig]) 
 async def run_one(role: str, cfg: TrinityConfig, runner: Any, terminate: asyncio.Event) -> int:
     """One run's ``role`` in this process, as its own role process would walk it; 1 when it
     failed (logged with its traceback: the other runs go on), else its exit code."""
-    from roles.stages import run_stages
 
     structlog.contextvars.bind_contextvars(run=cfg.name)  # this task's log lines name the run
     try:
@@ -75,7 +79,6 @@ async def _runners(role: str, runs: list[SweepRun], cfgs: dict[str, TrinityConfi
         return {r.name: functools.partial(run_trainer, shared=base) for r in runs}, []
     from roles.explorer.engines.shared import create_shared
     from roles.explorer.main import run_explorer
-    from roles.placement import device_plan
 
     first = cfgs[runs[0].name]
     plan = device_plan([first])
@@ -90,12 +93,8 @@ def main(role: str, sweep_file: str) -> int:
     that cannot be reached ends it as it ends a role (``roles.cli``: 1 to retry, 2 not)."""
     import logging
 
-    from roles.checks import preflight
-    from roles.cpu_tuning import tune_process
-    from roles.logs import setup_logging
-    from roles.placement import device_plan, take_devices
-    from roles.sweep.launch import load_runs, read_sweep
-    from schemas.loader import ConfigError
+    from roles.launch.checks import preflight
+    from roles.tools.sweep.launch import load_runs, read_sweep
 
     config, dotenv, runs = read_sweep(sweep_file)
     cfgs = {n: lc.config for n, lc in load_runs(config, dotenv, runs).items()}

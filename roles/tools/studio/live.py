@@ -15,7 +15,11 @@ from functools import lru_cache
 from typing import Any
 
 from bus import BusError, inspect_run
+from bus.connection import connect, jetstream
 from bus.publish import H_ERROR
+from bus.subjects import names
+from roles.runtime.monitor import metric_record
+from schemas import codec
 from schemas.config import NatsConfig
 from schemas.data import Experience
 
@@ -100,7 +104,6 @@ def experience_view(e: Experience, step: int, tok: Any) -> dict[str, Any]:
 
 async def bus_runs(url: str) -> list[str]:
     """The ids of every run with streams on the bus at ``url`` ([] when it is unreachable)."""
-    from bus.connection import connect, jetstream
 
     try:
         nc = await asyncio.wait_for(connect(NatsConfig(url=url, connect_wait=2.0), name="trinity-studio"), 6.0)
@@ -120,9 +123,8 @@ async def bus_runs(url: str) -> list[str]:
 
 def _as_file_record(kind: str, x: Any) -> dict[str, Any]:
     """A bus record in the shape its monitor file has: ``metrics.jsonl`` lines are
-    :func:`roles.monitor.metric_record`; ``sync_events.jsonl`` lines the event's fields, as the
+    :func:`roles.runtime.monitor.metric_record`; ``sync_events.jsonl`` lines the event's fields, as the
     synchronizer writes them."""
-    from roles.monitor import metric_record
 
     return metric_record(x) if kind == "metrics" else dataclasses.asdict(x)
 
@@ -133,9 +135,6 @@ async def bus_records(url: str, run_id: str, kind: str, from_seq: int = 1) -> tu
     limits retention), so nothing is acknowledged and no role's consumer is touched."""
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
-    from bus.connection import connect, jetstream
-    from bus.subjects import names
-    from schemas import codec
 
     cfg = NatsConfig(url=url, connect_wait=2.0)
     nc = await asyncio.wait_for(connect(cfg, name="trinity-studio"), 6.0)

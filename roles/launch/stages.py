@@ -31,14 +31,15 @@ from typing import Any
 
 import structlog
 
-from roles.cpu_tuning import share_cpu, tuning_on
-from roles.signals import (
+import bus
+from roles.runtime.cpu_tuning import share_cpu, tuning_on
+from roles.runtime.signals import (
     ignore_signals_from_now,
     stop_on_signals,
     until_done_or_bus_gone,
     until_stopped,
 )
-from roles.verdicts import RunFailed
+from roles.runtime.verdicts import RunFailed
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.modes import MODES
@@ -106,13 +107,13 @@ async def _watch_done(state: object, key: str, stop: asyncio.Event, terminate: a
 async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner,
                      terminate: asyncio.Event | None = None) -> int:
     """Walk the stages as ``role`` (see the module doc); 0 when all are done or on SIGTERM
-    (or the death of the ``trinity run`` that started this process: ``roles/signals.py``).
+    (or the death of the ``trinity run`` that started this process: ``roles/runtime/signals.py``).
     ``terminate``: the process's own stop event when it hosts several runs (a sweep's
     shared trainer or explorer): it handles the signals, and one run that finishes must not
     make the process deaf to them. Once stopping, a NATS server that stays unreachable is not
-    waited for (:func:`roles.signals.until_done_or_bus_gone`)."""
+    waited for (:func:`roles.runtime.signals.until_done_or_bus_gone`)."""
     from bus.connection import connected
-    from roles.settings import session_start
+    from roles.runtime.settings import session_start
 
     since = session_start()
     name = process_name(role)
@@ -128,7 +129,6 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner,
 async def _run_stages(role: str, stages: list[TrinityConfig], runner: Runner, terminate: asyncio.Event,
                       name: str, since: float, own_signals: bool) -> int:
     """:func:`run_stages`'s work: say "running", walk the stages, finish together."""
-    import bus
 
     await _say_exit(stages[-1], name, "running")
     renew = asyncio.create_task(_renew_marker(stages[-1], name)) if _leased(name) else None
@@ -146,7 +146,6 @@ async def _run_stages(role: str, stages: list[TrinityConfig], runner: Runner, te
 
 async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminate: asyncio.Event) -> int:
     """The stages as ``role``: 0 when SIGTERM ends it, -1 when every stage was walked."""
-    import bus
 
     prev: TrinityConfig | None = None
     for raw in stages:
@@ -198,8 +197,8 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
 
 
 async def _record_failure(state: Any, role: str, failure: RunFailed) -> None:
-    """Put ``run.failed`` (see ``roles/verdicts.py``). Best effort and bounded: the process
-    exits :data:`~roles.verdicts.RUN_FAILED_EXIT` with the cause on stderr either way."""
+    """Put ``run.failed`` (see ``roles/runtime/verdicts.py``). Best effort and bounded: the process
+    exits :data:`~roles.runtime.verdicts.RUN_FAILED_EXIT` with the cause on stderr either way."""
     log.error("run_failed", role=role, cause=failure.cause)
     try:
         await asyncio.wait_for(state.put(keys.RUN_FAILED, RunFailure(role, failure.cause, time.time())), 10.0)
@@ -229,7 +228,6 @@ def _marker(name: str, state: str) -> ExitMarker:
 
 async def _renew_marker(cfg: TrinityConfig, name: str) -> None:
     """Keep this process's leased "running" marker fresh until cancelled."""
-    import bus
 
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")
     try:
@@ -244,7 +242,6 @@ async def _renew_marker(cfg: TrinityConfig, name: str) -> None:
 
 async def _say_exit(cfg: TrinityConfig, name: str, state: str) -> None:
     """Set this process's exit marker in the last stage's bucket (see ``schemas/keys.py``)."""
-    import bus
 
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")
     try:
@@ -278,7 +275,6 @@ async def finish_together(cfg: TrinityConfig, name: str, since: float, terminate
     work is done either way) until every role process has said so since ``since``, then ignore
     SIGTERM: from here on the process only disconnects and exits 0. Markers older than
     ``since`` are a previous session's and do not count."""
-    import bus
 
     nc = await bus.connect(cfg.nats, name=f"{name}-exit")
     try:
@@ -306,7 +302,6 @@ async def _wait_for_all(state: Any, since: float, mode: str) -> None:
 async def until_finished(stages: list[TrinityConfig], since: float) -> None:
     """Return once the last stage is done and every role process has said "done" since
     ``since``: what ``trinity server --until-done`` waits for before it stops the server."""
-    import bus
 
     cfg = stages[-1]
     nc = await bus.connect(cfg.nats, name="server-until-done")
@@ -320,8 +315,8 @@ async def until_finished(stages: list[TrinityConfig], since: float) -> None:
 
 def _print_summary(stages: list[TrinityConfig]) -> None:
     """The eval summary ``trinity run`` prints at the end, when no ``trinity run`` does (honcho)."""
-    from roles.monitor import summary
-    from roles.settings import SUPERVISED_ENV
+    from roles.runtime.monitor import summary
+    from roles.runtime.settings import SUPERVISED_ENV
 
     if not os.environ.get(SUPERVISED_ENV):
         lines = summary(stages)

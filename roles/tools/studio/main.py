@@ -1,4 +1,4 @@
-"""``trinity studio``: serve the app (``roles/studio/app.py``) until Ctrl-C."""
+"""``trinity studio``: serve the app (``roles/tools/studio/app.py``) until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from roles.studio.app import make_app
+from roles.tools.studio.app import make_app
 
 
 def is_loopback(host: str) -> bool:

@@ -20,7 +20,7 @@ Three cut-offs, each decided here from what one role saw (no I/O, so each is tes
   trained (it holds version 0 and the trainer has trained no step): waiting on would only
   repeat the timeout.
 
-The role raises :class:`RunFailed` with one line naming the cause; ``roles/stages.py`` records
+The role raises :class:`RunFailed` with one line naming the cause; ``roles/launch/stages.py`` records
 it as ``run.failed`` (:class:`schemas.state.RunFailure`) in the stage's KV bucket and the
 process exits :data:`RUN_FAILED_EXIT`. ``trinity run`` does not restart a role that exits so
 (the same experience would fail again): it stops every role, prints its summary and the cause

@@ -27,8 +27,8 @@ from typing import Any
 from aiohttp import web
 
 from bus import BusError
-from roles.runrecord import renamed_to
-from roles.studio import builder, jobs, live
+from roles.launch.runrecord import renamed_to
+from roles.tools.studio import builder, jobs, live
 
 STATIC = Path(__file__).parent / "static"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")

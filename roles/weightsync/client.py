@@ -47,7 +47,7 @@ import structlog
 
 import bus
 from bus.server import free_port
-from roles.verdicts import RunFailed, nothing_trained
+from roles.runtime.verdicts import RunFailed, nothing_trained
 from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
@@ -451,7 +451,7 @@ class ExplorerSyncClient(_Side):
     async def timed_out(self, what: str, version: int, step: int, missing: list[str]) -> None:
         """As every side's timeout, except that a wait for weights that timed out with nothing
         trained (this explorer on the starting weights, the trainer at no step) ends the run
-        (:class:`roles.verdicts.RunFailed`): waiting on would only time out again."""
+        (:class:`roles.runtime.verdicts.RunFailed`): waiting on would only time out again."""
         if what == "waiting for weights" and nothing_trained(self.version, await self.state.model_version("trainer")):
             log.error("sync_timeout", what=what, version=version, missing=missing, nothing_trained=True)
             await self.event("timeout", version, step, missing=missing, info={"what": what})

@@ -18,7 +18,7 @@ What it does, in order:
    (with the dead letters, if any) and exit 0. A role that keeps dying, or exits 2 (its config
    failed to load or a pre-start check failed: a restart cannot help), stops the run with its
    last output and exit code 1. A role that exits 3 found that the run cannot succeed
-   (``roles/verdicts.py``: a step's worth of groups dead-lettered for one reason, a trainer
+   (``roles/runtime/verdicts.py``: a step's worth of groups dead-lettered for one reason, a trainer
    short of its steps, a wait for weights with nothing trained): the run stops, prints its
    summary and, as its last line, the cause (``run.failed`` in KV), and exits 1.
    Exit codes of a role: 0 done, 2 config/pre-start, 3 the run cannot succeed, anything else
@@ -42,17 +42,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from roles.checks import preflight
-from roles.monitor import summary
-from roles.owner import JobLock, RunLease, lock_job
-from roles.runrecord import RunRecord, job_dir_of
-from roles.verdicts import RUN_FAILED_EXIT
+import bus
+from bus.server import default_store_dir, ensure_server
+from roles.launch.checks import preflight
+from roles.launch.owner import JobLock, RunLease, lock_job
+from roles.launch.runrecord import RunRecord, job_dir_of
+from roles.launch.stages import roles_needed
+from roles.runtime.monitor import read_metrics, summary
+from roles.runtime.placement import child_env, describe, device_plan, trainer_ranks
+from roles.runtime.settings import SESSION_START_ENV, SUPERVISED_ENV, load
+from roles.runtime.verdicts import RUN_FAILED_EXIT
+from roles.trainer.main import require_engine_for
+from schemas import keys
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
 
 if TYPE_CHECKING:
     from bus.server import EmbeddedServer
-    from roles.placement import DevicePlan
+    from roles.runtime.placement import DevicePlan
 
 #: Seconds a role gets between SIGTERM and SIGKILL when the run stops.
 STOP_GRACE = 30.0
@@ -105,8 +112,6 @@ class Progress:
 
     async def refresh(self, nc: object) -> None:
         """Which stages are done: their ``run.done`` key in KV (what the roles go by)."""
-        import bus
-        from schemas import keys
 
         js = bus.jetstream(nc, self.stages[0].nats)
         for i, s in enumerate(self.stages):
@@ -117,7 +122,6 @@ class Progress:
                 self.done.add(i)
 
     def line(self) -> str:
-        from roles.monitor import read_metrics
 
         i, s = self.current()
         last: dict[str, dict] = {}
@@ -158,7 +162,7 @@ class Supervisor:
     def __init__(self, loaded: LoadedConfig, role_args: list[str], max_restarts: int,
                  plan: DevicePlan, record: RunRecord, server: EmbeddedServer | None = None) -> None:
         self.stages = loaded.stages or [loaded.config]
-        self.plan = plan  # each role's GPUs (roles/placement.py)
+        self.plan = plan  # each role's GPUs (roles/runtime/placement.py)
         self.server = server
         self.server_restarts = 0
         self.cfg = loaded.config
@@ -187,12 +191,10 @@ class Supervisor:
         sys.stdout.flush()
 
     async def start(self, child: Child) -> None:
-        from roles.placement import child_env
-        from roles.settings import SESSION_START_ENV, SUPERVISED_ENV
 
         # unbuffered: lines arrive as they happen; no tqdm: \r progress bars garble the log;
         # CUDA_VISIBLE_DEVICES: the role's GPUs of the device plan; SUPERVISED_ENV: our pid, so
-        # the role stops if we die, even by SIGKILL (roles.signals.stop_with_supervisor)
+        # the role stops if we die, even by SIGKILL (roles.runtime.signals.stop_with_supervisor)
         env = dict(child_env(self.plan, child.role, os.environ), PYTHONUNBUFFERED="1", TQDM_DISABLE="1",
                    **{SUPERVISED_ENV: str(os.getpid()), SESSION_START_ENV: repr(self.started)})
         child.proc = await asyncio.create_subprocess_exec(
@@ -243,14 +245,13 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, interrupted.set)
-        import bus
 
         self.children = children or [Child(r) for r in roles]
         nc = await bus.connect(self.cfg.nats, name="trinity-run")
         js = bus.jetstream(nc, self.cfg.nats)
         lease = None
         try:
-            lease = await self.own(js)  # before anything is deleted or started (roles/owner.py)
+            lease = await self.own(js)  # before anything is deleted or started (roles/launch/owner.py)
             if self.fresh:
                 for s in self.stages:
                     gone = await bus.delete_run(js, s.run_id)
@@ -273,15 +274,12 @@ class Supervisor:
 
     async def dead_letters(self, js: object) -> dict[str, tuple[int, list[str]]]:
         """Every stage's dead-letter count and first reasons (``bus.dead_letters``)."""
-        import bus
 
         return {s.run_id: await bus.dead_letters(js, s.run_id) for s in self.stages}
 
     async def failure_cause(self, nc: object, child: Child) -> str:
         """Why the run failed, as the role that ended it said: its ``run.failed`` record of
         this session in a stage's KV bucket, else its last line naming it, else its exit."""
-        import bus
-        from schemas import keys
 
         async def recorded() -> str | None:
             js = bus.jetstream(nc, self.cfg.nats)
@@ -302,7 +300,6 @@ class Supervisor:
 
     async def own(self, js: object) -> RunLease:
         """Take every stage's ``run.owner`` lease; ConfigError naming the owner if another has it."""
-        import bus
 
         states = [await bus.RunState.open(js, s.run_id, s.nats.replicas) for s in self.stages]
         lease = RunLease(states, self.stages, [c.role for c in self.children])
@@ -343,7 +340,7 @@ class Supervisor:
                     self.record.role(who, "finished", c.restarts, 0)
                     continue
                 await asyncio.sleep(0.2)  # let the pump print the last lines
-                if rc == RUN_FAILED_EXIT:  # the run cannot succeed (roles/verdicts.py): no restart
+                if rc == RUN_FAILED_EXIT:  # the run cannot succeed (roles/runtime/verdicts.py): no restart
                     self.failure = await self.failure_cause(nc, c)
                     self.say(f"trinity run: {who} ended the run (exit {rc}: a restart cannot help); "
                              "stopping every role")
@@ -430,14 +427,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
-    from bus.server import default_store_dir, ensure_server
-    from roles.placement import child_env, describe, device_plan, trainer_ranks
-    from roles.settings import load
-    from roles.stages import roles_needed
 
 
     def lock(loaded: LoadedConfig) -> None:
-        """One owner per job's role: held until the run ends (roles/owner.py); the rename below
+        """One owner per job's role: held until the run ends (roles/launch/owner.py); the rename below
         happens under it, so two starts of one config cannot both pick one new name."""
         if not args.plan:  # --plan starts nothing
             stages = loaded.stages or [loaded.config]
@@ -472,7 +465,6 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
     if ranks > 1:  # on CPU, ``auto`` is the one-process PyTorch trainer
         # imported here only: torch and the trainer's modules in this supervisor made it slower
         # to take its lock (a second start raced the first) and to exit after SIGTERM
-        from roles.trainer.main import require_engine_for
 
         try:
             require_engine_for(stages[0], ranks, f"cluster.gpu_per_node gives the trainer {ranks} GPUs")

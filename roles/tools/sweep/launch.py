@@ -20,10 +20,15 @@ import sys
 import time
 from pathlib import Path
 
-from roles.owner import JobLock, lock_job
-from roles.run import Child, Progress, Supervisor
-from roles.runrecord import RunRecord
-from roles.sweep.plan import SweepRun, check_shared, expand, split_sets
+from bus.server import default_store_dir, ensure_server
+from roles.launch.checks import preflight
+from roles.launch.owner import JobLock, lock_job
+from roles.launch.run import Child, Progress, Supervisor
+from roles.launch.runrecord import RunRecord
+from roles.runtime.monitor import summary
+from roles.runtime.placement import device_plan
+from roles.runtime.settings import load
+from roles.tools.sweep.plan import SweepRun, check_shared, expand, split_sets
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
 
@@ -65,7 +70,6 @@ def read_sweep(path: str | Path) -> tuple[str | None, str, list[SweepRun]]:
 def load_runs(config: str | None, dotenv: str, runs: list[SweepRun]) -> dict[str, LoadedConfig]:
     """Every run's config, loaded as ``trinity run`` would load it; then the checks that
     they can share (``ConfigError`` naming the run and field)."""
-    from roles.settings import load
 
     loaded, problems = {}, []
     for r in runs:
@@ -128,10 +132,9 @@ def children(runs: list[SweepRun], config: str | None, dotenv: str, sweep_file: 
 
 def name_runs(args: argparse.Namespace, locks: list[JobLock]) -> tuple[TrinityConfig, list[SweepRun], Path]:
     """The sweep's base config (every run's fixed values), its runs and its folder; ``locks``
-    gets the locks it takes (roles/owner.py: on the sweep's folder, and on every run's). As ``trinity run``
+    gets the locks it takes (roles/launch/owner.py: on the sweep's folder, and on every run's). As ``trinity run``
     does, ``continue_from_checkpoint: false`` with a folder of the sweep or of one of its runs
     on disk starts a new sweep, ``<name>_<timestamp>``, named under the first lock."""
-    from roles.settings import load
 
     try:  # the values are checked before anything loads
         n = len(expand("sweep", args.overrides))
@@ -170,9 +173,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
-    from bus.server import default_store_dir, ensure_server
-    from roles.checks import preflight
-    from roles.placement import device_plan
 
     base, runs, folder = name_runs(args, locks)
     loaded = load_runs(args.config, args.dotenv, runs)
@@ -215,7 +215,6 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
 
 def print_table(cfgs: list[TrinityConfig]) -> None:
     """Each run's eval accuracy at its start and end, run after run."""
-    from roles.monitor import summary
 
     for c in cfgs:
         print(f"run {c.name}:")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roles.runrecord import RECORD, read
+from roles.launch.runrecord import RECORD, read
 from schemas.config import NAME_PART, run_id_of
 from storage.trajectories import read_step, steps
 

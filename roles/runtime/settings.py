@@ -4,7 +4,7 @@ Roles call :func:`load` with their parsed CLI arguments; it reads the same sourc
 ``trinity config`` (so what you print is what runs), fills the algorithm parts that
 ``algorithm_type`` implies from :mod:`ops.algorithms` (so a wrong part name fails before any
 process starts), points hub ids (``model_path: Org/Name``, ``path: Org/Dataset@rev``) at their
-snapshots in the Hugging Face cache (``roles/checks.py``: every process runs on, and
+snapshots in the Hugging Face cache (``roles/launch/checks.py``: every process runs on, and
 ``trinity config`` prints, local paths), and prints each warning about ignored Trinity-RFT
 sections once.
 """
@@ -16,8 +16,15 @@ import os
 import sys
 import time
 
+from ops.advantages import GROUP_ADVANTAGE_FNS
 from ops.algorithms import CONFIG_FIELDS, AlgorithmSpec, resolve
-from roles.plugins import PLUGIN_DIRS_ENV, PluginError, importable_working_dir, load_plugin_dirs
+from roles.runtime.hub_paths import resolve_hub_paths
+from roles.runtime.plugins import (
+    PLUGIN_DIRS_ENV,
+    PluginError,
+    importable_working_dir,
+    load_plugin_dirs,
+)
 from schemas.config import TrinityConfig
 from schemas.loader import DEFAULT, DERIVED, ConfigError, LoadedConfig, dotenv_value, load_config
 from schemas.modes import MODES
@@ -68,7 +75,6 @@ def serve_problems(cfg: TrinityConfig, sources: dict[str, str], user_repeat: boo
     learned, silently), and ``repeat_times`` counts one rollout per episode."""
     if not MODES[cfg.mode].serves_api:
         return []
-    from ops.advantages import GROUP_ADVANTAGE_FNS
 
     alg = cfg.algorithm
     if alg.advantage_fn in GROUP_ADVANTAGE_FNS:
@@ -88,7 +94,7 @@ def serve_problems(cfg: TrinityConfig, sources: dict[str, str], user_repeat: boo
 SUPERVISED_ENV = "TRINITY_SUPERVISED"
 #: Set by ``trinity run`` too: when its session started (``time.time()``). A role process it
 #: restarts counts its peers' exit markers from then, not from its own start: they may have
-#: said "done" before it came back (``roles/stages.py``).
+#: said "done" before it came back (``roles/launch/stages.py``).
 SESSION_START_ENV = "TRINITY_SESSION_START"
 
 
@@ -100,7 +106,7 @@ def session_start() -> float:
 
 def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
     """Load the configuration named by ``--config``/``--set``/``--dotenv`` (and the env),
-    after importing the plugin folders (``roles/plugins.py``): the names it checks include
+    after importing the plugin folders (``roles/runtime/plugins.py``): the names it checks include
     theirs."""
     dotenv = getattr(args, "dotenv", ".env")
     dirs = [os.environ.get(PLUGIN_DIRS_ENV) or dotenv_value(dotenv, PLUGIN_DIRS_ENV) or "",
@@ -118,8 +124,6 @@ def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
     )
     # From the cache only: an id not cached stays as written, and the checks of the command
     # that reads it download it or name it (printing a config must not fetch gigabytes).
-    from roles.checks import resolve_hub_paths
-
     resolve_hub_paths([loaded.config, *loaded.stages])
     # a role started by ``trinity run`` stays quiet: the supervisor printed them once already
     if not quiet and not os.environ.get(SUPERVISED_ENV):

@@ -27,7 +27,7 @@ only warns about inputs not set or not there (a config may be printed on a machi
 
 Model and dataset paths may be Hugging Face hub ids (``Org/Name[@revision]``,
 :mod:`storage.hub`). :func:`resolve_hub_paths` points them at the hub cache's snapshots: the
-config loader does it from the cache only (``roles/settings.py``: every process and
+config loader does it from the cache only (``roles/runtime/settings.py``: every process and
 ``trinity config`` see local paths), and :func:`preflight` downloads what its command reads and
 the cache lacks (unless ``HF_HUB_OFFLINE``); a hub id still unresolved is named with the
 ``hf download`` command that fixes it.
@@ -40,10 +40,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import ops
+from ops.algorithms import resolve
+from ops.rewards import check_reward_options
+from roles.runtime.hub_paths import resolve_hub_paths, stage_prefix, uses_critic
+from roles.runtime.placement import PlanError, device_plan
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError
 from schemas.modes import MODES
-from storage.hub import RepoType
+from storage.datafiles import TasksetError
+from storage.hub import RepoType, hub_origin, not_cached_message, parse_hub_id
+from storage.juicer import run_task_pipeline
+from storage.lora import LoraError, check_targets
 
 Check = Callable[[], None]
 
@@ -74,21 +82,8 @@ class Input:
     model_for: frozenset[str] = frozenset()  #: readers that load it as a model (config.json and weights)
 
 
-@dataclass
-class PathField:
-    """A config field naming a model or dataset that may be a hub id: where its resolved path
-    is written back, and who reads it (no one: resolved for display only)."""
-
-    key: str
-    owner: object
-    attr: str
-    repo_type: RepoType
-    readers: frozenset[str]
-
-
 def _dataset_kind(cfg: TrinityConfig) -> str:
     """What the trainer's file buffer reads: DPO pairs or SFT conversations."""
-    from ops.algorithms import resolve
 
     try:
         return "dpo" if resolve(cfg.algorithm.algorithm_type).schema == "dpo" else "sft"
@@ -96,104 +91,6 @@ def _dataset_kind(cfg: TrinityConfig) -> str:
         return "sft"
 
 
-def _uses_critic(cfg: TrinityConfig) -> bool:
-    """Whether the trainer loads ``model.critic_model_path`` (a critic: GAE)."""
-    from ops.algorithms import resolve
-
-    try:
-        return resolve(cfg.algorithm.algorithm_type).use_critic
-    except ValueError:  # an unknown algorithm is reported by the config loader
-        return False
-
-
-def _where(stages: list[TrinityConfig], i: int) -> str:
-    """The prefix of stage ``i``'s keys in messages (none for a config without stages)."""
-    return f"stages[{i}] ({stages[i].name.rsplit('/', 1)[-1]})." if len(stages) > 1 else ""
-
-
-def path_fields(cfg: TrinityConfig, first: bool, where: str = "") -> list[PathField]:
-    """Every field of ``cfg`` that names a model or a dataset by path, hub ids allowed.
-
-    Readers follow :func:`_inputs`: a later stage's models are its predecessor's checkpoint
-    (``roles/stages.py``), an external engine's ``model_path`` is a name on someone's server
-    (never resolved), a taskset outside an exploring mode is not read."""
-    none: frozenset[str] = frozenset()
-    ei, ti = cfg.buffer.explorer_input, cfg.buffer.trainer_input
-    explorer, buffer = frozenset({"explorer"}), frozenset({"buffer"})
-    m = cfg.model
-    out = [
-        PathField(f"{where}model.model_path", m, "model_path", "model",
-                  frozenset({"explorer", "trainer", "buffer"}) if first else none),
-        PathField(f"{where}model.critic_model_path", m, "critic_model_path", "model",
-                  frozenset({"trainer"}) if first and _uses_critic(cfg) else none),
-    ]
-    rollout = cfg.explorer.rollout_model
-    if rollout.engine_type != "external":
-        out.append(PathField(f"{where}explorer.rollout_model.model_path", rollout, "model_path",
-                             "model", explorer if first else none))
-    for j, aux in enumerate(cfg.explorer.auxiliary_models):
-        if aux.engine_type != "external":
-            out.append(PathField(f"{where}explorer.auxiliary_models[{j}].model_path", aux, "model_path",
-                                 "model", explorer if first else none))
-    for path, ts in ei.training():
-        out.append(PathField(f"{where}{path}.path", ts, "path", "dataset",
-                             explorer if MODES[cfg.mode].reads_taskset else none))
-    for j, ts in enumerate(ei.eval_tasksets):
-        out.append(PathField(f"{where}buffer.explorer_input.eval_tasksets[{j}].path", ts, "path",
-                             "dataset", explorer))
-    eb = ti.experience_buffer
-    if eb is not None and eb.storage_type == "file":
-        out.append(PathField(f"{where}buffer.trainer_input.experience_buffer.path", eb, "path",
-                             "dataset", buffer))
-    for name, b in ti.auxiliary_buffers.items():
-        out.append(PathField(f"{where}buffer.trainer_input.auxiliary_buffers.{name}.path", b, "path",
-                             "dataset", buffer))
-    return out
-
-
-def resolve_hub_paths(
-    stages: list[TrinityConfig], needs: frozenset[str] | None = None, *, download: bool = False
-) -> tuple[list[str], set[str]]:
-    """Point every path field that names a cached hub id at its snapshot folder, in place.
-
-    ``needs`` None: every field of every config (the loader: what ``trinity config`` prints and
-    every role process runs with). Otherwise only the fields an entry point reads (its
-    :data:`NEEDS`), and ``download`` fetches those the cache lacks (``HF_HUB_OFFLINE``
-    permitting). Returns ``(errors, keys)``: one line per failed download, and the config keys
-    those failures cover (:func:`preflight` does not also call them missing). An id with no
-    snapshot and no download is left as written: :func:`check_inputs` names it. One value is
-    resolved once, so fields derived from ``model.model_path`` stay equal to it."""
-    from storage.hub import HubError, offline, resolve
-
-    download = download and not offline()  # offline, an id not cached is "missing" (check_inputs)
-    errors: list[str] = []
-    failed: set[str] = set()
-    done: dict[tuple[str, str], str | None] = {}
-    for i, cfg in enumerate(stages):
-        first = i == 0 or needs is None
-        for f in path_fields(cfg, first, _where(stages, i) if needs is not None else ""):
-            value = getattr(f.owner, f.attr)
-            if not value or (needs is not None and not f.readers & needs):
-                continue
-            memo = (value, f.repo_type)
-            if memo in done:
-                if done[memo] is None and download:  # one download per id, one line per key
-                    failed.add(f.key)
-                    main = f.owner is cfg.model and f.attr == "model_path"
-                    if main or f.repo_type != "model" or value != cfg.model.model_path:  # no copy
-                        errors.append(f"{f.key}: {value}: the same download failed")
-            else:
-                try:
-                    done[memo] = resolve(value, f.key, f.repo_type, download=download)
-                except HubError as e:
-                    done[memo] = None
-                    if download:
-                        errors.append(str(e))
-                        failed.add(f.key)
-            resolved = done[memo]
-            if resolved is not None and resolved != value:
-                setattr(f.owner, f.attr, resolved)
-    return errors, failed
 
 
 def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
@@ -217,7 +114,7 @@ def _inputs(cfg: TrinityConfig, first: bool, where: str) -> list[Input]:
         out.append(Input(f"{where}model.model_path", cfg.model.model_path or None,
                          frozenset({"explorer", "trainer", "buffer"}), model_for=loads))
         critic = cfg.model.critic_model_path
-        if critic and critic != cfg.model.model_path and _uses_critic(cfg):
+        if critic and critic != cfg.model.model_path and uses_critic(cfg):
             out.append(Input(f"{where}model.critic_model_path", critic, frozenset({"trainer"}),
                              model_for=frozenset({"trainer"})))
         if local and rollout.model_path and rollout.model_path != cfg.model.model_path:
@@ -276,16 +173,13 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
     """The workflows and reward functions a stage's tasksets name (the explorer runs them),
     their selectors' settings, and its experience operators with their arguments (the buffer
     runs them): one line per unknown name, listing the valid ones, or per bad setting.
-    Algorithm parts are checked when the config loads (``roles/settings.py``); plugin folders
+    Algorithm parts are checked when the config loads (``roles/runtime/settings.py``); plugin folders
     are imported by then."""
-    import ops
 
     out = []
     ei = cfg.buffer.explorer_input
     if "explorer" in needs:
-        from ops.rewards import check_reward_options
         from roles.explorer.workflows.registry import get_workflow
-        from storage.datafiles import TasksetError
         from storage.selectors import check_selector_config
 
         named = ([(path.removeprefix("buffer.explorer_input."), ts) for path, ts in ei.training()]
@@ -380,8 +274,7 @@ def check_stage_settings(stages: list[TrinityConfig], i: int, where: str, needs:
     plan, and a trainer
     stage with ``save_hf_checkpoint: never`` that a later stage starts from (it would leave
     nothing to start from: the run would die between the stages)."""
-    from roles.monitor import monitor_args_problems
-    from roles.placement import PlanError, device_plan
+    from roles.runtime.monitor import monitor_args_problems
 
     s = stages[i]
     out = []
@@ -446,7 +339,6 @@ def check_lora(cfg: TrinityConfig, where: str) -> list[str]:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from storage.lora import LoraError, check_targets
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_path)))
@@ -498,15 +390,13 @@ def check_inputs(stages: list[TrinityConfig], entry: str) -> tuple[list[str], li
     """``(problems, missing)`` for entry point ``entry`` (a key of :data:`NEEDS`): one line per
     input it reads that cannot be used, naming its config key and the file, row or split; and
     one line per input that is not set or whose path does not exist."""
-    from storage.datafiles import TasksetError
-    from storage.hub import hub_origin, not_cached_message, parse_hub_id
 
     needs = NEEDS[entry]
     problems: list[str] = []
     missing: list[str] = []
     seen: set[str] = set()
     for i, s in enumerate(stages):
-        where = _where(stages, i)
+        where = stage_prefix(stages, i)
         if i == 0:
             missing += _missing_requirements(s, where, needs)
         elif "explorer" in needs:  # a later stage's model is its predecessor's checkpoint
@@ -555,12 +445,11 @@ def run_task_pipelines(stages: list[TrinityConfig], entry: str) -> list[str]:
         tp = s.data_processor.task_pipeline
         if tp is None or not tp.inputs or "explorer" not in NEEDS[entry] or not MODES[s.mode].reads_taskset:
             continue
-        from roles.juicer import run_task_pipeline
 
         try:
             run_task_pipeline(s)
         except ValueError as e:
-            out.append(f"{_where(stages, i)}{e}")
+            out.append(f"{stage_prefix(stages, i)}{e}")
     return out
 
 
@@ -574,7 +463,7 @@ def preflight(stages: list[TrinityConfig], entry: str = "run") -> None:
     hub_errors += run_task_pipelines(stages, entry)
     problems, missing = check_inputs(stages, entry)
     if entry != "config" and "explorer" in NEEDS[entry]:  # what this machine runs (config may be for another)
-        problems += [p for i, s in enumerate(stages) for p in cpu_tensor_parallel_problems(s, _where(stages, i))]
+        problems += [p for i, s in enumerate(stages) for p in cpu_tensor_parallel_problems(s, stage_prefix(stages, i))]
     missing = [m for m in missing if m.split(": ", 1)[0] not in failed]
     if hub_errors or problems or missing:
         raise ConfigError(hub_errors + missing + problems)
