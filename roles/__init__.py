@@ -8,7 +8,8 @@ Six floors, each importing only its own floor and those below (``tests/test_impo
    the preflight checks every entry point runs before anything starts;
 4. the four roles, ``explorer/``, ``buffer/``, ``trainer/``, ``synchronizer/``, none
    importing another: they talk over the bus;
-5. ``weightsync/``: how weights move from trainer to explorer, the library both ends run;
+5. ``weightsync/``: how weights move from trainer to explorer, the library both ends run
+   (when: ``client``; how: a sender/receiver pair per ``sync_method``);
 6. ``runtime/``: what every role process uses: its configuration, logs, metrics, signals,
    device plan, plugins and the cut-offs that end a run that cannot succeed.
 

@@ -23,7 +23,7 @@ batches of ``buffer.batch_size`` tasks, waits for the weights the step needs, qu
 with that version as ``min_version``, and the step ends when its tasks are done, whoever ran
 them. An explorer that holds older weights than an order's ``min_version`` loads the newest
 offered checkpoint before running it (under a broadcast it pulls the trainer's weights:
-``roles/weightsync/client.py``).
+``roles/weightsync/broadcast.py``).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def _machines() -> list[str]:
     """Each end's memory of its broadcast group: its states and the moves between them."""
     out = ["", "## Weight sync states (`roles/weightsync/states.py`)", "",
            "What each end of a weight sync remembers of its broadcast group (the KV records above",
-           "carry the conversation; `roles/weightsync/client.py` makes the moves). A move its",
+           "carry the conversation; `roles/weightsync/broadcast.py` makes the moves). A move its",
            "table does not hold raises `IllegalMove`.", ""]
     for name, (moves, start) in MACHINES.items():
         out += [f"### {name}: {_summary(type(start))}", "", f"Starts in `{start.value}`.", "",

@@ -1260,10 +1260,11 @@ def probe_buffer(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def probe_sync(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
     """When and how weights move: the trainer's sync client (plan, receivers, bucket size)."""
-    from roles.weightsync.client import TrainerSyncClient
+    from roles.weightsync.broadcast import bucket_bytes, receivers
+    from schemas.state import SyncPlan
 
-    tc = TrainerSyncClient(cfg, None, None, None)
-    return {"plan": plain(tc.plan), "receivers": tc.receivers, "bucket": tc.bucket_bytes("nccl")}
+    plan = SyncPlan.from_config(cfg.synchronizer)
+    return {"plan": plain(plan), "receivers": receivers(cfg), "bucket": bucket_bytes(cfg, "nccl")}
 
 
 def probe_placement(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:

@@ -231,8 +231,8 @@ async def test_a_helper_that_joins_mid_sync_gets_a_group_of_its_own(nats_cfg, ru
         assert await asyncio.wait_for(leader.before_step(1, [leader_engine]), GUARD) == 1
         await asyncio.wait_for(offering, GUARD)
     assert helper_engine.holds(1) and leader_engine.holds(1)
-    assert set(trainer.helpers) == {"explorer-helper"}
-    assert trainer.helpers["explorer-helper"][0] is not trainer.sender
+    assert set(trainer.weights.helpers) == {"explorer-helper"}
+    assert trainer.weights.helpers["explorer-helper"][0] is not trainer.weights.sender
     assert _path(logs, "helper") == ["joined->joined"]
     assert _path(logs, "explorer") == ["joined->joined"]
     assert _path(logs, "trainer") == ["form->forming", "connected->formed"]
@@ -253,7 +253,7 @@ async def test_a_pull_lost_with_its_trainer_is_served_by_the_next(nats_cfg, run_
         pulling = asyncio.create_task(helper.catch_up([engine], 1))
         await helper.state.wait(lambda: helper.state.get(keys.SYNC_PULL_PREFIX + "explorer-helper"), GUARD)
         trainer, weights = await _trainer_at_version_1(cfg)  # the restarted one
-        await asyncio.wait_for(trainer.serve_pulls(weights), GUARD)
+        await asyncio.wait_for(trainer.weights.serve_pulls(weights), GUARD)
         assert await asyncio.wait_for(pulling, GUARD) == 1
     assert engine.holds(1)
     assert not _timeouts(logs), _timeouts(logs)

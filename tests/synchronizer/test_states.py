@@ -74,7 +74,7 @@ def test_a_receive_cancelled_mid_broadcast_leaves_no_unretrieved_exception():
     import gc
     import time
 
-    from roles.weightsync.client import _receive
+    from roles.weightsync.broadcast import _receive
 
     class Blocked:
         async def receive_weights(self) -> int:
