@@ -259,7 +259,7 @@ def planned_groups(cfg: Any) -> list[list[str]]:
 
 def _load(path: Path) -> list[Any]:
     """The stages of a config as the roles will run them."""
-    from roles.runtime.settings import load
+    from roles.runtime.config import load
 
     ns = argparse.Namespace(config=str(path), overrides=[], dotenv=str(path.parent / "no.env"))
     loaded = load(ns, quiet=True)

@@ -1,7 +1,7 @@
 """The ``trinity`` command line: one subcommand per process or tool.
 
 Every subcommand that needs a configuration takes the same options (``--config``, ``--set``,
-``--dotenv``) and loads it through :func:`roles.runtime.settings.load`, so ``trinity config`` shows
+``--dotenv``) and loads it through :func:`roles.runtime.config.load`, so ``trinity config`` shows
 exactly what a role would run with.
 """
 
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from roles.launch.checks import check_inputs
-    from roles.runtime.settings import load
+    from roles.runtime.config import load
 
     loaded = load(args)
     problems, missing = check_inputs(loaded.stages or [loaded.config], "config")
@@ -146,7 +146,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     from bus.server import serve_forever
     from roles.launch.checks import preflight
     from roles.launch.stages import until_finished
-    from roles.runtime.settings import load
+    from roles.runtime.config import load
 
     loaded = load(args)
     cfg = loaded.config
@@ -179,7 +179,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from bus import BusConnectError, BusError, inspect_run, render_text
     from roles.launch.checks import preflight
     from roles.launch.runrecord import inspected_stage, latest_name
-    from roles.runtime.settings import load
+    from roles.runtime.config import load
 
     loaded = load(args)
     newer = latest_name(loaded.config)
@@ -263,8 +263,8 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
 
     from roles.launch.checks import preflight
     from roles.launch.stages import run_stages, runner_for
+    from roles.runtime.config import load
     from roles.runtime.logs import setup_logging
-    from roles.runtime.settings import load
 
     loaded = load(args)
     cfg = loaded.config
@@ -343,7 +343,7 @@ def cmd_debug(args: argparse.Namespace) -> int:
     """``trinity debug --module workflow``: run a workflow on a few tasks, dump experiences;
     ``--module inference_model``: serve the model for them (roles/explorer/debug.py)."""
     from roles.launch.checks import preflight
-    from roles.runtime.settings import load
+    from roles.runtime.config import load
 
     cfg = load(args).config
     preflight([cfg], "debug")  # before the workflow's engines start (an HF error otherwise)

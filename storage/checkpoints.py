@@ -764,7 +764,7 @@ def resume_point(
     where it got, not go back to the model or to ``resume_from_path`` and redo (or lose) the
     steps since: the modes choose where a run starts. So when the job's latest checkpoint was
     committed by this session (``trainer_meta.json`` names the session and that step, see
-    :func:`roles.runtime.settings.session_start`), it is resumed in every mode. The step must match
+    :func:`roles.runtime.config.session_start`), it is resumed in every mode. The step must match
     too: the meta file is written just before the commit, and a crash between the two leaves
     a meta of this session beside a latest checkpoint of an older run."""
     job = Path(job)

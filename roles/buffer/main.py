@@ -17,7 +17,7 @@ import structlog
 
 import bus
 from bus.rpc import Message
-from roles.runtime.settings import algorithm_spec
+from roles.runtime.config import algorithm_spec
 from roles.runtime.verdicts import RunFailed, streak_limit
 from schemas import codec, keys
 from schemas.config import ExperienceBufferConfig, TrinityConfig

@@ -155,7 +155,7 @@ async def debug_workflow(cfg: TrinityConfig, n_tasks: int | None = None) -> dict
 
 
 def main(cfg: TrinityConfig, output_file: str | None, module: str = "workflow") -> int:
-    """``cfg`` was loaded by :func:`roles.runtime.settings.load`, which imported the plugin folders
+    """``cfg`` was loaded by :func:`roles.runtime.config.load`, which imported the plugin folders
     (``TRINITY_PLUGIN_DIRS`` and ``--plugin-dir``)."""
     if module == "inference_model":
         asyncio.run(serve_inference_model(cfg))

@@ -48,9 +48,9 @@ from roles.explorer.lease import (
 from roles.explorer.queue import TaskQueue, TaskWorker
 from roles.explorer.runner import RunnerPool, TaskResult
 from roles.explorer.workflows.registry import reads_prompt
+from roles.runtime.config import algorithm_spec
 from roles.runtime.monitor import Monitor
 from roles.runtime.placement import device_plan
-from roles.runtime.settings import algorithm_spec
 from roles.runtime.signals import until_stopped
 from roles.weightsync.client import ExplorerSyncClient
 from schemas import keys

@@ -27,7 +27,7 @@ only warns about inputs not set or not there (a config may be printed on a machi
 
 Model and dataset paths may be Hugging Face hub ids (``Org/Name[@revision]``,
 :mod:`storage.hub`). :func:`resolve_hub_paths` points them at the hub cache's snapshots: the
-config loader does it from the cache only (``roles/runtime/settings.py``: every process and
+config loader does it from the cache only (``roles/runtime/config.py``: every process and
 ``trinity config`` see local paths), and :func:`preflight` downloads what its command reads and
 the cache lacks (unless ``HF_HUB_OFFLINE``); a hub id still unresolved is named with the
 ``hf download`` command that fixes it.
@@ -173,7 +173,7 @@ def check_names(cfg: TrinityConfig, where: str, needs: frozenset[str]) -> list[s
     """The workflows and reward functions a stage's tasksets name (the explorer runs them),
     their selectors' settings, and its experience operators with their arguments (the buffer
     runs them): one line per unknown name, listing the valid ones, or per bad setting.
-    Algorithm parts are checked when the config loads (``roles/runtime/settings.py``); plugin folders
+    Algorithm parts are checked when the config loads (``roles/runtime/config.py``); plugin folders
     are imported by then."""
 
     out = []

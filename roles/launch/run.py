@@ -48,9 +48,9 @@ from roles.launch.checks import preflight
 from roles.launch.owner import JobLock, RunLease, lock_job
 from roles.launch.runrecord import RunRecord, job_dir_of
 from roles.launch.stages import roles_needed
+from roles.runtime.config import SESSION_START_ENV, SUPERVISED_ENV, load
 from roles.runtime.monitor import read_metrics, summary
 from roles.runtime.placement import child_env, describe, device_plan, trainer_ranks
-from roles.runtime.settings import SESSION_START_ENV, SUPERVISED_ENV, load
 from roles.runtime.verdicts import RUN_FAILED_EXIT
 from roles.trainer.main import require_engine_for
 from schemas import keys

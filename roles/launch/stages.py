@@ -113,7 +113,7 @@ async def run_stages(role: str, stages: list[TrinityConfig], runner: Runner,
     make the process deaf to them. Once stopping, a NATS server that stays unreachable is not
     waited for (:func:`roles.runtime.signals.until_done_or_bus_gone`)."""
     from bus.connection import connected
-    from roles.runtime.settings import session_start
+    from roles.runtime.config import session_start
 
     since = session_start()
     name = process_name(role)
@@ -315,8 +315,8 @@ async def until_finished(stages: list[TrinityConfig], since: float) -> None:
 
 def _print_summary(stages: list[TrinityConfig]) -> None:
     """The eval summary ``trinity run`` prints at the end, when no ``trinity run`` does (honcho)."""
+    from roles.runtime.config import SUPERVISED_ENV
     from roles.runtime.monitor import summary
-    from roles.runtime.settings import SUPERVISED_ENV
 
     if not os.environ.get(SUPERVISED_ENV):
         lines = summary(stages)

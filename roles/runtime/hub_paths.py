@@ -1,6 +1,6 @@
 """Model and dataset paths that may be Hugging Face hub ids, pointed at the hub cache.
 
-Why below the roles (``runtime``): the config loader (:mod:`roles.runtime.settings`) resolves
+Why below the roles (``runtime``): the config loader (:mod:`roles.runtime.config`) resolves
 every id the cache holds, so each process and ``trinity config`` see local paths; the preflight
 checks (:mod:`roles.launch.checks`) resolve what their command reads, downloading what the cache
 lacks. One list of the fields (:func:`path_fields`) serves both.

@@ -1,7 +1,7 @@
 """User code the configuration names: plugin folders, loaded before the config is resolved.
 
 ``TRINITY_PLUGIN_DIRS`` (folders separated by ``:``): every ``*.py`` in them is imported once
-per process, by every entry point that loads a configuration (``roles/runtime/settings.py``), before
+per process, by every entry point that loads a configuration (``roles/runtime/config.py``), before
 the algorithm is resolved and the names are checked. So a file there may register anything a
 configuration names by string, and ``trinity config`` accepts it exactly where the roles use it:
 

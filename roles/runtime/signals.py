@@ -59,14 +59,14 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 def supervisor_pid() -> int | None:
     """The pid of the ``trinity run`` (or ``trinity sweep``) that started this process, which
-    puts it in ``TRINITY_SUPERVISED`` (:data:`roles.runtime.settings.SUPERVISED_ENV`); None for a
+    puts it in ``TRINITY_SUPERVISED`` (:data:`roles.runtime.config.SUPERVISED_ENV`); None for a
     process started otherwise (honcho, by hand, a test).
 
     Why only those: a role started alone belongs to whoever started it (``nohup trinity
     explorer &`` must outlive its shell, and honcho's own ``nats`` line outlives honcho, so its
     roles can still finish the run); ``trinity run``'s roles cannot go on without it, as their
     nats-server dies with it."""
-    from roles.runtime.settings import SUPERVISED_ENV
+    from roles.runtime.config import SUPERVISED_ENV
 
     value = os.environ.get(SUPERVISED_ENV, "")
     return int(value) if value.isdigit() and int(value) > 1 else None

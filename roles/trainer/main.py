@@ -24,8 +24,8 @@ import torch
 
 import bus
 from ops.algorithms import AlgorithmSpec
+from roles.runtime.config import algorithm_spec, session_start
 from roles.runtime.monitor import Monitor
-from roles.runtime.settings import algorithm_spec, session_start
 from roles.runtime.signals import to_thread_to_end
 from roles.runtime.verdicts import RunFailed, short_of_steps
 from roles.weightsync.client import TrainerSyncClient

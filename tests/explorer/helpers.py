@@ -55,7 +55,7 @@ def write_config(
 
 
 def load(path: Path, *overrides: str) -> Any:
-    from roles.runtime.settings import load as load_settings
+    from roles.runtime.config import load as load_settings
 
     ns = argparse.Namespace(config=str(path), overrides=list(overrides), dotenv=str(path) + ".noenv")
     return load_settings(ns, quiet=True).config

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from roles.runtime import signals
-from roles.runtime.settings import SUPERVISED_ENV
+from roles.runtime.config import SUPERVISED_ENV
 
 
 async def test_a_stop_waits_for_the_work_while_the_bus_is_there():

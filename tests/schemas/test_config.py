@@ -222,7 +222,7 @@ def test_set_override_syntax_errors():
 
 
 def test_algorithm_parts_resolved_from_ops_in_roles_settings(tmp_path):
-    from roles.runtime.settings import resolve_algorithm
+    from roles.runtime.config import resolve_algorithm
 
     p = write(
         tmp_path, "algorithm: {algorithm_type: grpo, policy_loss_fn_args: {clip_range: 0.1}}\n"
@@ -242,7 +242,7 @@ def test_exponent_floats_read_as_numbers_as_omegaconf_reads_them(tmp_path):
     """Upstream's DAPO writes ``clip_ratio_c: 1.0e6``: PyYAML (YAML 1.1) reads a string, and a
     free-form part setting kept it (refused now: not a number); Trinity-RFT's OmegaConf and
     YAML 1.2 read a float. From the file and from --set alike."""
-    from roles.runtime.settings import resolve_algorithm
+    from roles.runtime.config import resolve_algorithm
 
     p = write(tmp_path, "algorithm: {algorithm_type: ppo, policy_loss_fn_args: {clip_ratio_c: 1.0e6}}\n"
                         "trainer: {max_token_len_per_gpu: 1e4}\n")
@@ -254,7 +254,7 @@ def test_exponent_floats_read_as_numbers_as_omegaconf_reads_them(tmp_path):
 
 
 def test_stage_switching_algorithm_drops_global_parts(tmp_path):
-    from roles.runtime.settings import resolve_algorithm
+    from roles.runtime.config import resolve_algorithm
 
     p = write(
         tmp_path,

@@ -241,11 +241,11 @@ def _write_adapter(model: Path, folder: Path) -> None:
 
 
 def load(raw: dict[str, Any], where: Path) -> Any:
-    """Load ``raw`` as a user's YAML file is loaded (``roles.runtime.settings.load`` without its
+    """Load ``raw`` as a user's YAML file is loaded (``roles.runtime.config.load`` without its
     plugin folders and hub look-ups: the algorithm resolver, then ``derive()``). The file is
     written and read with libyaml's safe dumper and loader: the same YAML, several times
     faster than the pure-Python ones (hundreds of configurations are loaded here)."""
-    from roles.runtime.settings import resolve_algorithm
+    from roles.runtime.config import resolve_algorithm
     from schemas.loader import load_config
 
     p = where / "config.yaml"
@@ -1347,8 +1347,8 @@ def _part(fn: Callable[[], Any]) -> Any:
 
 def probe_misc(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
     """The resolved algorithm every role runs, and the monitor's check of its arguments."""
+    from roles.runtime.config import algorithm_spec
     from roles.runtime.monitor import monitor_args_problems
-    from roles.runtime.settings import algorithm_spec
 
     return {"algorithm": plain(algorithm_spec(cfg)), "monitor_problems": monitor_args_problems(cfg.monitor),
             "run_id": cfg.run_id}

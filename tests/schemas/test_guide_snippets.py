@@ -73,7 +73,7 @@ def test_guide_snippet_loads(tmp_path, monkeypatch, section, text):
         if rel in text:
             (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / rel).write_text(yaml.safe_dump(body))
-    from roles.runtime.settings import resolve_algorithm
+    from roles.runtime.config import resolve_algorithm
 
     env = {name: str(tmp_path / name.lower()) for name in re.findall(r"oc\.env:(\w+)", text)}
     lines = [line for line in text.splitlines() if line.strip() != "..."]

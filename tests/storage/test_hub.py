@@ -233,7 +233,7 @@ def no_trinity_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("no_trinity_env")
 def test_loading_a_config_points_every_hub_id_at_the_cache(cached: dict[str, Path], tmp_path: Path) -> None:
     from roles.launch.checks import check_inputs
-    from roles.runtime.settings import load
+    from roles.runtime.config import load
 
     loaded = load(load_args(write_config(tmp_path), tmp_path), quiet=True)
     model, gsm8k, sft = (str(cached[k].resolve()) for k in ("model", "gsm8k", "sft"))
@@ -256,7 +256,7 @@ def test_loading_a_config_points_every_hub_id_at_the_cache(cached: dict[str, Pat
 @pytest.mark.usefixtures("no_trinity_env")
 def test_preflight_names_an_uncached_id_with_its_key(cached: dict[str, Path], tmp_path: Path) -> None:
     from roles.launch.checks import preflight
-    from roles.runtime.settings import load
+    from roles.runtime.config import load
 
     loaded = load(load_args(write_config(tmp_path, model="Org/Missing"), tmp_path), quiet=True)
     assert loaded.config.model.model_path == "Org/Missing"  # left as written, for the message

@@ -18,7 +18,7 @@ import torch
 
 
 def _cfg(path: str, method: str):
-    from roles.runtime.settings import load
+    from roles.runtime.config import load
 
     class A:
         config = path

@@ -95,7 +95,7 @@ def test_kl_penalty_makes_group_advantages_wait_for_the_trainer():
 def test_veRL_critic_section_loads_with_warnings_for_its_veRL_only_keys(tmp_path, tiny_model):
     import argparse
 
-    from roles.runtime.settings import load as load_settings
+    from roles.runtime.config import load as load_settings
 
     path = write_config(tmp_path / "c.yaml", model={"model_path": str(tiny_model)},
                         critic={"strategy": "fsdp", "optim": {"lr": 3e-6, "total_training_steps": -1},

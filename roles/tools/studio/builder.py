@@ -198,7 +198,7 @@ def check(doc: dict[str, Any]) -> dict[str, Any]:
     """Load ``doc`` (a config as YAML would give it) exactly as ``trinity config`` does:
     ``{ok, problems: [{field, message}], warnings, yaml, resolved}``."""
     from roles.launch.checks import check_inputs
-    from roles.runtime.settings import load
+    from roles.runtime.config import load
 
     text = yaml.safe_dump(doc, sort_keys=False)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:

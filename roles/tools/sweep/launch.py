@@ -25,9 +25,9 @@ from roles.launch.checks import preflight
 from roles.launch.owner import JobLock, lock_job
 from roles.launch.run import Child, Progress, Supervisor
 from roles.launch.runrecord import RunRecord
+from roles.runtime.config import load
 from roles.runtime.monitor import summary
 from roles.runtime.placement import device_plan
-from roles.runtime.settings import load
 from roles.tools.sweep.plan import SweepRun, check_shared, expand, split_sets
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError, LoadedConfig
