@@ -18,6 +18,7 @@ import structlog
 import bus
 from bus.rpc import Message
 from roles.runtime.config import algorithm_spec
+from roles.runtime.role import HEARTBEAT_S, Heartbeat, RoleBus, role_bus
 from roles.runtime.verdicts import RunFailed, streak_limit
 from schemas import codec, keys
 from schemas.config import ExperienceBufferConfig, TrinityConfig
@@ -132,12 +133,22 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
     """Serve until ``stop`` (set by the stage walker: SIGTERM, or the stage done); True: the
     buffer has no work of its own that could be left unfinished."""
     service = await asyncio.to_thread(build_service, cfg)  # tokenizer loads must not stall the loop
-    nc = await bus.connect(cfg.nats, name="buffer")
-    js = bus.jetstream(nc, cfg.nats)
-    await bus.ensure_streams(js, cfg.nats, cfg.run_id)
+    try:
+        async with role_bus(cfg, "buffer") as rb, Heartbeat(rb.state, "buffer") as beat:
+            await _serve(cfg, service, rb, beat, stop)
+    finally:
+        if service.mirror is not None:
+            await asyncio.to_thread(service.mirror.close)
+        if service.store is not None:
+            service.store.close()
+    return True
+
+
+async def _serve(cfg: TrinityConfig, service: BufferService, rb: RoleBus, beat: Heartbeat, stop: asyncio.Event) -> None:
+    """The buffer's loop over its bus: the batch RPCs, the experience consumer, tidying and
+    metrics until ``stop``."""
+    nc, js, pub, state = rb.nc, rb.js, rb.pub, rb.state
     names = bus.names(cfg.run_id)
-    pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
-    state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
 
     async def on_batch(m: Message) -> bytes:
         req = codec.decode(m.data, BatchRequest)
@@ -157,7 +168,7 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
     if service.store is not None:
         consumer = await bus.Consumer(nc, cfg.nats, cfg.run_id, "exp", "buffer", expect=ExperienceGroup).start()
     log.info("buffer_started", run=cfg.run_id, main="file" if service.main_file else "replay")
-    last_beat, last_tidy = 0.0, time.monotonic()
+    last_report, last_tidy = 0.0, time.monotonic()
     try:
         while not stop.is_set():
             if consumer is None:
@@ -182,10 +193,10 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
             if time.monotonic() - last_tidy > TIDY_S:
                 last_tidy = time.monotonic()
                 await tidy(cfg, service, js, state)
-            if time.monotonic() - last_beat > 2.0:
-                last_beat = time.monotonic()
+            if time.monotonic() - last_report > HEARTBEAT_S:
+                last_report = time.monotonic()
                 ready = service.store.count_ready() if service.store is not None else 0
-                await state.heartbeat("buffer", stored=service.stored, ready=ready)
+                beat.says(stored=service.stored, ready=ready)
                 await pub.publish_event(Metric(role="buffer", step=0, kind="buffer", values={
                     "stored": float(service.stored), "ready": float(ready), "groups_in": float(service.groups_in),
                     "quarantined": float(service.quarantined),
@@ -198,9 +209,3 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
             await s.unsubscribe()
         if consumer is not None:
             await consumer.close()
-        await bus.disconnect(nc)
-        if service.mirror is not None:
-            await asyncio.to_thread(service.mirror.close)
-        if service.store is not None:
-            service.store.close()
-    return True

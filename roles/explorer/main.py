@@ -51,6 +51,7 @@ from roles.explorer.workflows.registry import reads_prompt
 from roles.runtime.config import algorithm_spec
 from roles.runtime.monitor import Monitor
 from roles.runtime.placement import device_plan
+from roles.runtime.role import HEARTBEAT_S, open_bus
 from roles.runtime.signals import until_stopped
 from roles.weightsync.client import ExplorerSyncClient
 from schemas import keys
@@ -71,7 +72,6 @@ log = logging.getLogger("trinity.explorer")
 CURSOR_KEY = keys.EXPLORER_CURSOR
 #: KV key set once the taskset is exhausted and every group is stored on the stream.
 FINISHED_KEY = keys.EXPLORER_FINISHED
-HEARTBEAT_SECONDS = 5.0
 #: KV key where the explorer announces its OpenAI API: ``{"url": ..., "model": ...}``.
 API_KEY = keys.EXPLORER_API
 
@@ -221,10 +221,8 @@ class Explorer:
     async def _open_bus(self) -> SyncClient:
         """Streams, publisher, run state and the sync client; announce the API if any."""
         cfg = self.cfg
-        js = bus.jetstream(self.nc, cfg.nats)
-        await bus.ensure_streams(js, cfg.nats, cfg.run_id)
-        self.pub = bus.Publisher(self.nc, cfg.nats, cfg.run_id)
-        self.state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
+        rb = await open_bus(cfg, self.nc)
+        self.pub, self.state = rb.pub, rb.state
         if self.api is not None:
             await self.state.put(API_KEY, ApiAddress(url=self.api.url, model=self.api.model_name))
         return self.sync or await make_sync(cfg, self.nc, self.state, self.pub)
@@ -591,7 +589,7 @@ class Explorer:
                 await self.state.heartbeat(self.beat_name, step=self.step, state="running",
                                            model_version=self.engines[0].model_version,
                                            failed_tasks=len(self.stats.failed))
-            await asyncio.sleep(HEARTBEAT_SECONDS)
+            await asyncio.sleep(HEARTBEAT_S)
 
 
 async def run_explorer(cfg: TrinityConfig, stop: asyncio.Event,

@@ -25,6 +25,7 @@ from pathlib import Path
 import structlog
 
 import bus
+from roles.runtime.role import Heartbeat, RoleBus, role_bus
 from roles.weightsync.client import OFFER
 from schemas import keys
 from schemas.config import TrinityConfig
@@ -58,12 +59,15 @@ def missing_roles(heartbeats: dict[str, dict], now: float, stale_after: float) -
 
 async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
     """Referee until ``stop`` (set by the stage walker: SIGTERM, or the stage done)."""
+    async with role_bus(cfg, "synchronizer") as rb, Heartbeat(rb.state, "synchronizer"):
+        await _referee(cfg, rb, stop)
+    return True
+
+
+async def _referee(cfg: TrinityConfig, rb: RoleBus, stop: asyncio.Event) -> None:
+    """Publish the plan, log every sync event, and call out an offer nobody took in time."""
     plan = SyncPlan.from_config(cfg.synchronizer)
-    nc = await bus.connect(cfg.nats, name="synchronizer")
-    js = bus.jetstream(nc, cfg.nats)
-    await bus.ensure_streams(js, cfg.nats, cfg.run_id)
-    state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
-    pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
+    nc, state, pub = rb.nc, rb.state, rb.pub
     await state.put(keys.SYNC_PLAN, plan)
     mon = Path(cfg.checkpoint_job_dir) / "monitor"
     mon.mkdir(parents=True, exist_ok=True)
@@ -79,7 +83,6 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
                         for d in items:
                             f.write(json.dumps(_jsonable(d.obj), default=str) + "\n")
                     await consumer.ack(items)
-            await state.heartbeat("synchronizer")
             offer = await state.get(OFFER)
             now = time.time()
             if offer is not None and offer.seq not in flagged and overdue(
@@ -96,5 +99,3 @@ async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
                                                       missing=missing), kind="ctl")
     finally:
         await events.close()
-        await bus.disconnect(nc)
-    return True

@@ -26,6 +26,7 @@ import bus
 from ops.algorithms import AlgorithmSpec
 from roles.runtime.config import algorithm_spec, session_start
 from roles.runtime.monitor import Monitor
+from roles.runtime.role import Heartbeat, RoleBus, role_bus
 from roles.runtime.signals import to_thread_to_end
 from roles.runtime.verdicts import RunFailed, short_of_steps
 from roles.weightsync.client import TrainerSyncClient
@@ -403,11 +404,14 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event,
     """The trainer's bus loop (rank 0 alone talks to the bus). ``turn``: held for each step
     (a sweep's runs take turns on the cores they share)."""
 
-    nc = await bus.connect(cfg.nats, name="trainer")
-    js = bus.jetstream(nc, cfg.nats)
-    await bus.ensure_streams(js, cfg.nats, cfg.run_id)
-    pub = bus.Publisher(nc, cfg.nats, cfg.run_id)
-    state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
+    async with role_bus(cfg, "trainer") as rb, Heartbeat(rb.state, "trainer", step=trainer.step) as beat:
+        return await _train_on_bus(cfg, trainer, rb, beat, stop, turn)
+
+
+async def _train_on_bus(cfg: TrinityConfig, trainer: Trainer, rb: RoleBus, beat: Heartbeat, stop: asyncio.Event,
+                        turn: asyncio.Lock | None) -> bool:
+    """:func:`_lead_run`'s loop: a batch, a step, its metrics, checkpoints and weight sync."""
+    nc, pub, state = rb.nc, rb.pub, rb.state
     sync = TrainerSyncClient(cfg, nc, state, pub)
     await sync.start()
     n = cfg.buffer.train_batch_size  # resolved by schemas/derive.py
@@ -428,7 +432,7 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event,
     try:
         while not stop.is_set() and not done:
             step = trainer.step + 1
-            await state.heartbeat("trainer", step=trainer.step)
+            beat.says(step=trainer.step)
             fetch, sent_at = prefetch or (fetch_batch(nc, cfg.run_id, step, n, trainer.step, read_timeout),
                                           nc.stats["reconnects"])
             prefetch = None
@@ -480,7 +484,6 @@ async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event,
             _discard(prefetch[0])
         monitor.close()
         await sync.close()
-        await bus.disconnect(nc)
     return done
 
 
