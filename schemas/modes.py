@@ -15,9 +15,9 @@ from typing import Literal
 
 #: How the explorer's engines get newer weights in a mode. ``live``: the trainer of the same
 #: stage offers them after its steps (NCCL/gloo broadcast or checkpoints: the synchronizer's
-#: plan). ``follow``: it loads the checkpoints a ``train`` run beside it writes. ``each``: it
+#: plan). ``watch``: it loads the checkpoints a ``train`` run beside it writes. ``each``: it
 #: evaluates every saved checkpoint in turn (bench). ``none``: no explorer runs.
-WeightSource = Literal["live", "follow", "each", "none"]
+WeightSource = Literal["live", "watch", "each", "none"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("colocate", _ALL, "explorer", "live", reads_taskset=True, makes_experience=True),
     Mode("train", ("buffer", "trainer"), "trainer", "none", reads_taskset=False, makes_experience=False,
          own_done_key=True),
-    Mode("explore", ("explorer",), "explorer", "follow", reads_taskset=True, makes_experience=True,
+    Mode("explore", ("explorer",), "explorer", "watch", reads_taskset=True, makes_experience=True,
          own_done_key=True),
     Mode("bench", ("explorer",), "explorer", "each", reads_taskset=False, makes_experience=False,
          own_done_key=True),

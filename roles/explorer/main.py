@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import bus
+from roles.explorer.checkpoint_watch import CheckpointWatcher, NoSync
 from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
 from roles.explorer.eval import evaluate, group_metrics
 from roles.explorer.feedback import FeedbackInbox
-from roles.explorer.follow import CheckpointFollower, NoSync
 from roles.explorer.lease import (
     JOIN_KEY,
     LEASE_S,
@@ -95,12 +95,12 @@ class SyncClient(Protocol):
 
 
 async def make_sync(cfg: TrinityConfig, nc: Any, state: bus.RunState, pub: bus.Publisher) -> SyncClient:
-    """The synchronizer's client; in ``explore`` mode a follower of the trainer's checkpoints
-    (``roles/explorer/follow.py``: a ``train`` run beside it writes them); :class:`NoSync` in
+    """The synchronizer's client; in ``explore`` mode a watcher of the trainer's checkpoints
+    (``roles/explorer/checkpoint_watch.py``: a ``train`` run beside it writes them); :class:`NoSync` in
     ``bench`` mode, which loads every checkpoint itself (:meth:`Explorer.bench`)."""
     weights = MODES[cfg.mode].weights
-    if weights == "follow":
-        return CheckpointFollower(cfg)
+    if weights == "watch":
+        return CheckpointWatcher(cfg)
     if weights == "each":
         return NoSync()
     return ExplorerSyncClient(cfg, nc, state, pub)

@@ -466,7 +466,7 @@ async def _train_on_bus(cfg: TrinityConfig, trainer: Trainer, rb: RoleBus, beat:
                 prefetch = (asyncio.ensure_future(fetch_batch(nc, cfg.run_id, step + 1, n, trainer.step, read_timeout)),
                             nc.stats["reconnects"])
                 await sync.after_step(step, trainer)
-            elif not done and await explorer_follows(cfg, state, step):
+            elif not done and await explorer_watches(cfg, state, step):
                 await sync.offer(step, trainer)  # weights on disk for an explore run beside this one
         if done:
             if saved != trainer.step or not trainer.has_hf_checkpoint():
@@ -487,20 +487,20 @@ async def _train_on_bus(cfg: TrinityConfig, trainer: Trainer, rb: RoleBus, beat:
     return done
 
 
-#: Seconds since its last heartbeat within which an explorer counts as following.
-FOLLOWER_AGE_S = 30.0
+#: Seconds since its last heartbeat within which an explorer counts as watching.
+WATCHER_AGE_S = 30.0
 
 
-async def explorer_follows(cfg: TrinityConfig, state: Any, step: int) -> bool:
+async def explorer_watches(cfg: TrinityConfig, state: Any, step: int) -> bool:
     """``mode: train`` under ``sync_method: checkpoint``, at a sync step, with a live explorer
     on this run: an ``explore`` run beside this one loads the weights this step writes
-    (``roles/explorer/follow.py``). Without one, nothing is written (an SFT stage would leave
+    (``roles/explorer/checkpoint_watch.py``). Without one, nothing is written (an SFT stage would leave
     a weights folder per step)."""
     s = cfg.synchronizer
     if MODES[cfg.mode].explores or s.sync_method != "checkpoint" or step % (s.trainer_sync_interval or s.sync_interval):
         return False
     beats = await state.heartbeats()
-    return any((name.startswith("explorer") or name == cfg.explorer.name) and v["age"] < FOLLOWER_AGE_S
+    return any((name.startswith("explorer") or name == cfg.explorer.name) and v["age"] < WATCHER_AGE_S
                for name, v in beats.items())
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.explorer.follow import newest_weights
+from roles.explorer.checkpoint_watch import newest_weights
 from storage import checkpoints as ckpt
 
 from .helpers import tiny_run_config, trained_exactly_once, trinity

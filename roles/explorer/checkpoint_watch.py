@@ -1,7 +1,7 @@
 """The explorer's sync clients when no synchronizer runs: :class:`NoSync` (``bench`` mode,
-``trinity debug``, tests of the explorer alone) and :class:`CheckpointFollower`.
+``trinity debug``, tests of the explorer alone) and :class:`CheckpointWatcher`.
 
-``mode: explore`` under ``sync_method: checkpoint`` follows a trainer's checkpoints on disk.
+``mode: explore`` under ``sync_method: checkpoint`` watches a trainer's checkpoints on disk.
 
 Why: Trinity-RFT's decoupled set-up runs a ``train`` run and an ``explore`` run on one job
 (same ``checkpoint_root_dir``, ``project`` and ``name``). No synchronizer referees between
@@ -60,7 +60,7 @@ class NoSync:
         return None
 
 
-class CheckpointFollower(NoSync):
+class CheckpointWatcher(NoSync):
     """The explorer's sync client in ``explore`` mode (see the module doc): the newest
     checkpoint at every ``sync_interval``-th step, before a task that needs newer weights,
     and before the final evaluation; nothing else."""
