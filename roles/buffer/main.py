@@ -60,7 +60,6 @@ def build_service(cfg: TrinityConfig) -> BufferService:
         main_file = FileBuffer(eb, tok(), batch_size=n, kind=kind,
                                total_epochs=eb.total_epochs or cfg.buffer.total_epochs, max_length=max_len)
     else:
-
         eb = eb or ExperienceBufferConfig(name="experience_buffer")
         store = ReplayStore.from_config(eb, os.path.join(job, "buffer", eb.name or "experience_buffer"))
         if eb.path and "://" in eb.path:  # storage_type sql, or a queue's database URL

@@ -230,7 +230,6 @@ class Explorer:
     async def report(self, m: Metric) -> None:
         """A metric to the monitor files and the metrics subject."""
         if self.monitor is None:
-
             self.monitor = Monitor(self.cfg, "explorer")
         self.monitor.log(m)
         await self.pub.publish_event(m)

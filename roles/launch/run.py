@@ -122,7 +122,6 @@ class Progress:
                 self.done.add(i)
 
     def line(self) -> str:
-
         i, s = self.current()
         last: dict[str, dict] = {}
         for r in read_metrics(s.checkpoint_job_dir):
@@ -191,7 +190,6 @@ class Supervisor:
         sys.stdout.flush()
 
     async def start(self, child: Child) -> None:
-
         # unbuffered: lines arrive as they happen; no tqdm: \r progress bars garble the log;
         # CUDA_VISIBLE_DEVICES: the role's GPUs of the device plan; SUPERVISED_ENV: our pid, so
         # the role stops if we die, even by SIGKILL (roles.runtime.signals.stop_with_supervisor)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +55,10 @@ async def role_bus(cfg: TrinityConfig, name: str) -> AsyncIterator[RoleBus]:
 
 class Heartbeat:
     """``heartbeat.<name>`` every :data:`HEARTBEAT_S` while in its ``async with``, saying what
-    the role last told it (``said`` at first, then :meth:`says`), or what ``info`` returns at each beat."""
+    the role last told it (``said`` at first, then :meth:`says`)."""
 
-    def __init__(self, state: bus.RunState, name: str, info: Callable[[], dict[str, Any]] | None = None,
-                 **said: Any) -> None:
-        self.state, self.name, self.info = state, name, info
+    def __init__(self, state: bus.RunState, name: str, **said: Any) -> None:
+        self.state, self.name = state, name
         self.said: dict[str, Any] = said
         self._task: asyncio.Task[None] | None = None
 
@@ -69,7 +68,7 @@ class Heartbeat:
 
     async def beat(self) -> None:
         """One beat now (best effort: ``RunState.heartbeat`` skips one the server misses)."""
-        await self.state.heartbeat(self.name, **self.said, **(self.info() if self.info else {}))
+        await self.state.heartbeat(self.name, **self.said)
 
     async def _run(self) -> None:
         while True:

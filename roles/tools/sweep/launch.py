@@ -173,7 +173,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
-
     base, runs, folder = name_runs(args, locks)
     loaded = load_runs(args.config, args.dotenv, runs)
     cfgs = [lc.config for lc in loaded.values()]
