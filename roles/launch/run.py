@@ -309,9 +309,8 @@ class Supervisor:
         renews the run's ownership: if another process took it, this run stops."""
         try:
             return await self._watch(interrupted, nc, lease)
-        finally:
-            lease.cancel()
-            await asyncio.gather(lease, return_exceptions=True)
+        finally:  # not cancel-and-await: a cancel that lands as a renewal's KV write ends is
+            await bus.stop_tasks(lease)  # dropped on 3.11, and the run never ended (bus/retry.py)
 
     async def _watch(self, interrupted: asyncio.Event, nc: object, lease: asyncio.Task) -> int:
         last_line = 0.0

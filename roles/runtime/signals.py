@@ -148,11 +148,8 @@ def run_role(main: Coroutine[Any, Any, T]) -> T:
     try:
         return loop.run_until_complete(main)
     finally:
-        try:
-            left = asyncio.all_tasks(loop)
-            for task in left:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        try:  # cancelled until they end (bus.stop_tasks): on 3.11 a single cancel can be lost
+            loop.run_until_complete(bus.stop_tasks(*asyncio.all_tasks(loop)))
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             asyncio.set_event_loop(None)
@@ -160,16 +157,31 @@ def run_role(main: Coroutine[Any, Any, T]) -> T:
 
 
 def stacks_on_sigusr1() -> None:
-    """SIGUSR1 prints every thread's Python stack to stderr (a role's lines in the run's log)
-    and the process goes on.
+    """SIGUSR1 prints every thread's Python stack to stderr (a role's lines in the run's log),
+    then every asyncio task's, and the process goes on.
 
     Why: a run that seems stuck can be asked where each process is (``kill -USR1 <pid>``),
     and the tests ask every process of a run that outlived its timeout before they kill it, so
-    a hang seen once in CI says where it was."""
+    a hang seen once in CI says where it was. The threads' stacks alone say "in the event
+    loop" of a process whose awaits hang: the tasks' say which await."""
     import faulthandler
 
     with contextlib.suppress(AttributeError, ValueError, RuntimeError):  # no SIGUSR1 (Windows)
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        signal.signal(signal.SIGUSR1, _print_tasks)  # runs after faulthandler's dump (chain)
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
+
+
+def _print_tasks(signum: int, frame: object) -> None:
+    """Every task of the event loop running in this (the main) thread, with its stack."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop running here: the threads' stacks said it all
+        return
+    tasks = asyncio.all_tasks(loop)
+    print(f"asyncio: {len(tasks)} tasks", file=sys.stderr)
+    for task in tasks:
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
 
 
 def exit_now(code: int) -> NoReturn:
