@@ -504,7 +504,7 @@ class ExplorerDone:
                 f.seek(max(self.offset - 64, 0))
                 data = f.read()
                 self.offset += len(data) - min(self.offset, 64)
-                self.done = b"taskset exhausted after step" in data
+                self.done = b"waiting_for_final_weights" in data
         return self.done
 
 

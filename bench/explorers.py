@@ -93,7 +93,7 @@ def measure(work: Path, model: Path, data: Path, a: argparse.Namespace, explorer
             hlog = work / f"{name}-helper.log"
             helper = trinity("explorer", "--config", str(cfg), "--set", "nats.embedded=false", log=hlog,
                              threads=a.threads)
-            while "joins run" not in hlog.read_text(errors="replace"):
+            while "explorer_joins_run" not in hlog.read_text(errors="replace"):
                 if helper.poll() is not None:
                     raise SystemExit(hlog.read_text()[-3000:])
                 time.sleep(0.2)

@@ -259,7 +259,7 @@ def launch_trainer_ranks(stages: list[Any], plan: Any) -> None:
 def _run_role(role: str, args: argparse.Namespace) -> int:
     """Run one role process through every stage of the experiment (``roles/launch/stages.py``)
     until it is done or signalled; logs go to the terminal and ``<job_dir>/log/<role>.log``."""
-    import logging
+    import structlog
 
     from roles.launch.checks import preflight
     from roles.launch.stages import run_stages, runner_for
@@ -289,13 +289,13 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
     from roles.runtime.signals import exit_now, run_role
     from roles.runtime.verdicts import RUN_FAILED_EXIT, RunFailed
 
-    log = logging.getLogger(f"trinity.{role}")
+    log = structlog.get_logger(f"trinity.{role}")
     try:
         code = run_role(run_stages(role, stages, runner_for(role)))
     # 2: a wrong token or TLS file, or a pre-start check that needs the run (an explorer
     # joining it: ConfigError); 1: no server (yet)
     except (BusConnectError, ConfigError) as e:
-        log.error("%s failed: %s", role, e)
+        log.error("role_failed", role=role, error=str(e))
         print(f"trinity {role}: {e}", file=sys.stderr, flush=True)
         return connect_exit_code(e)
     except RunFailed as e:  # the run cannot succeed: trinity run stops it instead of restarting this role
@@ -306,7 +306,7 @@ def _run_role(role: str, args: argparse.Namespace) -> int:
         # the pre-start checks above. Past them, an error is a bug or a broken input met late
         # (a value on the bus, a file that changed): the role resumes from its checkpoint and
         # the bus, and --max-restarts bounds an error that comes back every time.
-        log.exception("%s failed mid-run (exit 1: trinity run restarts it)", role)
+        log.exception("role_failed_mid_run", role=role, why="exit 1: trinity run restarts it")
         return 1
     exit_now(code)  # the work is over: see exit_now for why not a normal return
 

@@ -18,7 +18,7 @@ import structlog
 import bus
 from bus.rpc import Message
 from roles.runtime.config import algorithm_spec
-from roles.runtime.role import HEARTBEAT_S, Heartbeat, RoleBus, role_bus
+from roles.runtime.role import HEARTBEAT_S, RoleContext
 from roles.runtime.verdicts import RunFailed, streak_limit
 from schemas import codec, keys
 from schemas.config import ExperienceBufferConfig, TrinityConfig
@@ -128,13 +128,13 @@ async def tidy(cfg: TrinityConfig, service: BufferService, js: Any, state: bus.R
         log.info("tidied", forgotten_groups=forgotten, purged=purged)
 
 
-async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
-    """Serve until ``stop`` (set by the stage walker: SIGTERM, or the stage done); True: the
-    buffer has no work of its own that could be left unfinished."""
-    service = await asyncio.to_thread(build_service, cfg)  # tokenizer loads must not stall the loop
+async def run_buffer(ctx: RoleContext) -> bool:
+    """Serve until ``ctx.stop`` (set by the stage walker: SIGTERM, or the stage done); True:
+    the buffer has no work of its own that could be left unfinished."""
+    service = await asyncio.to_thread(build_service, ctx.cfg)  # tokenizer loads must not stall the loop
     try:
-        async with role_bus(cfg, "buffer") as rb, Heartbeat(rb.state, "buffer") as beat:
-            await _serve(cfg, service, rb, beat, stop)
+        ctx.beat.as_("buffer")
+        await _serve(ctx, service)
     finally:
         if service.mirror is not None:
             await asyncio.to_thread(service.mirror.close)
@@ -143,10 +143,10 @@ async def run_buffer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
     return True
 
 
-async def _serve(cfg: TrinityConfig, service: BufferService, rb: RoleBus, beat: Heartbeat, stop: asyncio.Event) -> None:
+async def _serve(ctx: RoleContext, service: BufferService) -> None:
     """The buffer's loop over its bus: the batch RPCs, the experience consumer, tidying and
-    metrics until ``stop``."""
-    nc, js, pub, state = rb.nc, rb.js, rb.pub, rb.state
+    metrics until ``ctx.stop``."""
+    cfg, nc, js, pub, state, stop, beat, log = ctx.cfg, ctx.nc, ctx.js, ctx.pub, ctx.state, ctx.stop, ctx.beat, ctx.log
     names = bus.names(cfg.run_id)
 
     async def on_batch(m: Message) -> bytes:

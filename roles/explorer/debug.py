@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
-from roles.explorer.main import (
+from roles.explorer.core import (
     make_pool,
     served_model_name,
     start_auxiliary_apis,
     stop_auxiliary_apis,
 )
+from roles.explorer.engines import RolloutEngine, create_auxiliary, create_engines
 from roles.explorer.workflows.registry import reads_prompt
 from schemas.config import TrinityConfig
 from schemas.data import Experience

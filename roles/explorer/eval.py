@@ -10,9 +10,10 @@ mean, the number of failed tasks.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from typing import Any
+
+import structlog
 
 from roles.explorer.runner import RunnerPool, TaskResult
 from roles.explorer.workflows.registry import reads_prompt
@@ -20,7 +21,7 @@ from schemas.config import TrinityConfig
 from schemas.data import Metric
 from storage.tasksets import TaskReader
 
-log = logging.getLogger("trinity.explorer.eval")
+log = structlog.get_logger(__name__)
 
 
 def group_metrics(results: list[TaskResult], detailed: bool = False) -> dict[str, float]:
@@ -132,8 +133,7 @@ async def evaluate(
         values["model_version"] = float(min(e.model_version for e in pool.engines))
         values["final"] = 1.0 if final else 0.0
         m = Metric(role="explorer", step=step, kind="eval", values=values, taskset=reader.name)
-        log.info("eval step=%d taskset=%s %s", step, reader.name,
-                 " ".join(f"{k}={v:.4g}" for k, v in values.items()))
+        log.info("eval", step=step, taskset=reader.name, **{k: round(v, 4) for k, v in values.items()})
         if publish is not None:
             await publish(m)
         metrics.append(m)

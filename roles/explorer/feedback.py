@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import defaultdict
 from typing import Any
+
+import structlog
 
 import bus
 from schemas import codec
 from schemas.data import TaskFeedback
 from storage.scheduler import TaskScheduler
 
-log = logging.getLogger("trinity.explorer")
+log = structlog.get_logger(__name__)
 
 
 class FeedbackInbox:
@@ -57,7 +58,7 @@ class FeedbackInbox:
             if self.track_kept:
                 self.kept[fb.group_id] = fb.kept
         except codec.CodecError as e:  # one unreadable report must not stop the run
-            log.error("feedback_unreadable seq=%d error=%s", seq, e)
+            log.error("feedback_unreadable", seq=seq, error=str(e))
             self.pending.append((seq, None))  # type: ignore[arg-type]
 
     def apply(self, scheduler: TaskScheduler) -> int:
@@ -74,7 +75,7 @@ class FeedbackInbox:
         self.pending.clear()
         for name, (indices, values) in by_set.items():
             if not scheduler.feedback(name, indices, values):
-                log.warning("feedback for unknown taskset %r (%d rows) ignored", name, len(indices))
+                log.warning("feedback_for_unknown_taskset_ignored", taskset=name, rows=len(indices))
         self.applied += n
         return n
 

@@ -26,7 +26,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import itertools
-import logging
 import os
 import time
 import traceback
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import structlog
 
 from roles.explorer.engines.base import RolloutEngine
 from roles.explorer.workflows.base import ModelHandle, Workflow
@@ -41,7 +41,7 @@ from roles.explorer.workflows.registry import get_workflow
 from schemas.config import ExplorerConfig
 from schemas.data import Experience, ExperienceGroup, Task, group_id
 
-log = logging.getLogger("trinity.explorer.runner")
+log = structlog.get_logger(__name__)
 #: Most sync workflows running at once (threads are started as needed, so a high bound
 #: costs nothing until used; a hung workflow's abandoned thread holds one).
 WORKFLOW_THREADS = 512
@@ -128,19 +128,19 @@ class RunnerPool:
             return self.timeout
         return dynamic_timeout(self.timeout, self._success_seconds[-1000:], dt.ratio)
 
-    def state_line(self) -> str:
+    def state(self) -> dict[str, Any]:
         """Busy runners, the longest-running tasks, successes and failures (one log line)."""
         now = time.monotonic()
         running = sorted(((now - t0, tid) for tid, t0 in self._running.values()), reverse=True)
-        longest = ", ".join(f"{tid} {age:.0f}s" for age, tid in running[:3])
-        return (f"runners busy={len(running)}/{self.size} succeeded={self.succeeded} failed={self.failed} "
-                f"timeout={self.current_timeout():.0f}s" + (f" longest: {longest}" if longest else ""))
+        return {"busy": f"{len(running)}/{self.size}", "succeeded": self.succeeded, "failed": self.failed,
+                "timeout_s": round(self.current_timeout()),
+                "longest": ", ".join(f"{tid} {age:.0f}s" for age, tid in running[:3]) or None}
 
     async def report_state(self, interval: float) -> None:
-        """Log :meth:`state_line` every ``interval`` seconds (runs until cancelled)."""
+        """Log :meth:`state` every ``interval`` seconds (runs until cancelled)."""
         while True:
             await asyncio.sleep(interval)
-            log.info("%s", self.state_line())
+            log.info("runners", **self.state())
 
     @property
     def size(self) -> int:
@@ -242,14 +242,11 @@ class RunnerPool:
                 raise
             except Exception as e:  # noqa: BLE001 - a workflow may raise anything
                 err = f"{type(e).__name__}: {e}"
-                log.debug("workflow traceback task=%s\n%s", part.task.task_id, traceback.format_exc())
+                log.debug("workflow_traceback", task_id=part.task.task_id, traceback=traceback.format_exc())
             finally:
                 self._running.pop(id(part), None)
                 self._slots.put_nowait(engine)
-            log.warning(
-                "workflow failed task_id=%s attempt=%d/%d error=%s",
-                part.task.task_id, attempt, tries, err,
-            )
+            log.warning("workflow_failed", task_id=part.task.task_id, attempt=f"{attempt}/{tries}", error=err)
         return err, tries
 
     # -- one task ----------------------------------------------------------------------
@@ -273,7 +270,7 @@ class RunnerPool:
         errors = [e for e, _ in results if e]
         if errors:
             self.failed += 1
-            log.error("task failed task_id=%s error=%s", task.task_id, errors[0])
+            log.error("task_failed", task_id=task.task_id, error=errors[0])
             return TaskResult(task, error=errors[0], attempts=attempts, seconds=time.monotonic() - t0)
         gid = group_id(task)
         exps: list[Experience] = []
@@ -291,7 +288,7 @@ class RunnerPool:
                 await self.score_with_teacher(exps)
             except Exception as e:  # noqa: BLE001 - an engine may raise anything
                 self.failed += 1
-                log.error("task failed task_id=%s error=teacher: %s", task.task_id, e)
+                log.error("task_failed", task_id=task.task_id, error=f"teacher: {e}")
                 return TaskResult(task, error=f"teacher: {type(e).__name__}: {e}", attempts=attempts)
         version = min(e.model_version for e in exps)
         group = ExperienceGroup(
@@ -302,7 +299,7 @@ class RunnerPool:
             group.validate()
         except ValueError as e:
             self.failed += 1
-            log.error("task failed task_id=%s error=invalid experiences: %s", task.task_id, e)
+            log.error("task_failed", task_id=task.task_id, error=f"invalid experiences: {e}")
             return TaskResult(task, error=f"invalid experiences: {e}", attempts=attempts)
         self.succeeded += 1
         return TaskResult(task, group=group, attempts=attempts, seconds=time.monotonic() - t0)

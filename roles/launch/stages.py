@@ -33,6 +33,7 @@ import structlog
 
 import bus
 from roles.runtime.cpu_tuning import share_cpu, tuning_on
+from roles.runtime.role import RoleContext, role_context
 from roles.runtime.signals import (
     ignore_signals_from_now,
     stop_on_signals,
@@ -47,7 +48,8 @@ from schemas.state import ExitMarker, RunFailure, StageDone
 
 log = structlog.get_logger(__name__)
 
-Runner = Callable[[TrinityConfig, asyncio.Event], Awaitable[bool]]
+#: A role's work for one stage (``roles/runtime/role.py``): True when it got to its end.
+Runner = Callable[[RoleContext], Awaitable[bool]]
 
 #: Seconds a role process whose work is over waits for the others to say they are done before
 #: it exits anyway (a role that died and was not restarted never says so).
@@ -153,47 +155,54 @@ async def _walk(role: str, stages: list[TrinityConfig], runner: Runner, terminat
             return 0
         cfg = chain(raw, prev)
         prev = cfg
-        nc = await bus.connect(cfg.nats, name=f"{role}-stages")
+        nc = await bus.connect(cfg.nats, name=process_name(role))
         try:
-            js = bus.jetstream(nc, cfg.nats)
-            await bus.ensure_streams(js, cfg.nats, cfg.run_id)
-            state = await bus.RunState.open(js, cfg.run_id, cfg.nats.replicas)
-            done_key = keys.run_done(cfg.mode)
-            if await state.get(done_key):
-                log.info("stage_already_done", stage=cfg.name)
-                continue
-            if role in MODES[cfg.mode].roles:
-                log.info("stage_start", stage=cfg.name, mode=cfg.mode, model=cfg.model.model_path)
-                if role == "trainer" and tuning_on(cfg.cluster.cpu_tuning, cfg.cluster.gpu_per_node):
-                    share_cpu(cfg.mode)
-                stop = asyncio.Event()
-                watcher = asyncio.create_task(_watch_done(state, done_key, stop, terminate))
-                try:
-                    completed = await runner(cfg, stop)
-                except RunFailed as e:  # said in the stage's bucket, for trinity run and inspect
-                    await _record_failure(state, role, e)
-                    raise
-                finally:
-                    # ended before the connection it reads closes (below): a watcher left
-                    # mid-read would fail on the closed connection with nobody to hear it.
-                    # ``stop`` first: the loop ends by itself even if a cancel is lost
-                    stop.set()
-                    await bus.stop_tasks(watcher)
-                if terminate.is_set():
-                    return 0
-                if completed and role == MODES[cfg.mode].finisher:
-                    await state.put(done_key, StageDone(role, time.time()))
-                    log.info("stage_done", stage=cfg.name)
-                    continue
-            else:
-                log.info("stage_idle", stage=cfg.name, mode=cfg.mode)
-            while not await state.get(done_key):
-                if terminate.is_set():
-                    return 0
-                await asyncio.sleep(0.5)
+            async with role_context(cfg, role, nc) as ctx:
+                code = await _stage(role, ctx, runner, terminate)
         finally:
             await bus.disconnect(nc)
+        if code is not None:
+            return code
     return -1  # every stage walked: finish together (run_stages)
+
+
+async def _stage(role: str, ctx: RoleContext, runner: Runner, terminate: asyncio.Event) -> int | None:
+    """One stage as ``role``: work it (its mode needs the role) or idle, until it is done;
+    0 when SIGTERM ends it, None to go on to the next."""
+    cfg, state = ctx.cfg, ctx.state
+    done_key = keys.run_done(cfg.mode)
+    if await state.get(done_key):
+        log.info("stage_already_done", stage=cfg.name)
+        return None
+    if role in MODES[cfg.mode].roles:
+        log.info("stage_start", stage=cfg.name, mode=cfg.mode, model=cfg.model.model_path)
+        if role == "trainer" and tuning_on(cfg.cluster.cpu_tuning, cfg.cluster.gpu_per_node):
+            share_cpu(cfg.mode)
+        watcher = asyncio.create_task(_watch_done(state, done_key, ctx.stop, terminate))
+        try:
+            completed = await runner(ctx)
+        except RunFailed as e:  # said in the stage's bucket, for trinity run and inspect
+            await _record_failure(state, role, e)
+            raise
+        finally:
+            # ended before the connection it reads closes: a watcher left mid-read would
+            # fail on the closed connection with nobody to hear it. ``stop`` first: the
+            # loop ends by itself even if a cancel is lost
+            ctx.stop.set()
+            await bus.stop_tasks(watcher)
+        if terminate.is_set():
+            return 0
+        if completed and role == MODES[cfg.mode].finisher:
+            await state.put(done_key, StageDone(role, time.time()))
+            log.info("stage_done", stage=cfg.name)
+            return None
+    else:
+        log.info("stage_idle", stage=cfg.name, mode=cfg.mode)
+    while not await state.get(done_key):
+        if terminate.is_set():
+            return 0
+        await asyncio.sleep(0.5)
+    return None
 
 
 async def _record_failure(state: Any, role: str, failure: RunFailed) -> None:

@@ -16,7 +16,6 @@ it is down (or restarted) weights still move; only the timeout reports pause.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import time
@@ -25,10 +24,9 @@ from pathlib import Path
 import structlog
 
 import bus
-from roles.runtime.role import Heartbeat, RoleBus, role_bus
+from roles.runtime.role import RoleContext
 from roles.weightsync.client import OFFER
 from schemas import keys
-from schemas.config import TrinityConfig
 from schemas.data import SyncEvent
 from schemas.state import Offer, SyncPlan
 
@@ -57,17 +55,12 @@ def missing_roles(heartbeats: dict[str, dict], now: float, stale_after: float) -
     return out or ["explorer"]
 
 
-async def run_synchronizer(cfg: TrinityConfig, stop: asyncio.Event) -> bool:
-    """Referee until ``stop`` (set by the stage walker: SIGTERM, or the stage done)."""
-    async with role_bus(cfg, "synchronizer") as rb, Heartbeat(rb.state, "synchronizer"):
-        await _referee(cfg, rb, stop)
-    return True
-
-
-async def _referee(cfg: TrinityConfig, rb: RoleBus, stop: asyncio.Event) -> None:
-    """Publish the plan, log every sync event, and call out an offer nobody took in time."""
+async def run_synchronizer(ctx: RoleContext) -> bool:
+    """Referee until ``ctx.stop`` (set by the stage walker: SIGTERM, or the stage done):
+    publish the plan, log every sync event, and call out an offer nobody took in time."""
+    cfg, nc, state, pub, stop, log = ctx.cfg, ctx.nc, ctx.state, ctx.pub, ctx.stop, ctx.log
+    ctx.beat.as_("synchronizer")
     plan = SyncPlan.from_config(cfg.synchronizer)
-    nc, state, pub = rb.nc, rb.state, rb.pub
     await state.put(keys.SYNC_PLAN, plan)
     mon = Path(cfg.checkpoint_job_dir) / "monitor"
     mon.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ import bus
 from ops.algorithms import AlgorithmSpec
 from roles.runtime.config import algorithm_spec, session_start
 from roles.runtime.monitor import Monitor
-from roles.runtime.role import Heartbeat, RoleBus, role_bus
+from roles.runtime.role import RoleContext
 from roles.runtime.signals import to_thread_to_end
 from roles.runtime.verdicts import RunFailed, short_of_steps
 from roles.weightsync.client import TrainerSyncClient
@@ -380,11 +380,11 @@ def _discard(task: asyncio.Future) -> None:
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
-async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event, shared: SharedBase | None = None) -> bool:
+async def run_trainer(ctx: RoleContext, shared: SharedBase | None = None) -> bool:
     """Train until the input is exhausted or ``total_steps``; True when it got there (False:
-    stopped early by ``stop``, which the stage walker sets on SIGTERM). ``shared``: this
+    stopped early by ``ctx.stop``, which the stage walker sets on SIGTERM). ``shared``: this
     run is one of a sweep's, training on the base they share (``roles/trainer/shared.py``)."""
-    trainer = await asyncio.to_thread(Trainer, cfg, shared)
+    trainer = await asyncio.to_thread(Trainer, ctx.cfg, shared)
     if trainer.dp is not None and not trainer.dp.leader:
         log.info("trainer_follower_started", rank=trainer.dp.rank, world=trainer.dp.world, step=trainer.step)
         done = await asyncio.to_thread(trainer.follow)
@@ -392,26 +392,18 @@ async def run_trainer(cfg: TrinityConfig, stop: asyncio.Event, shared: SharedBas
         return done
     # An error here ends this process, and its closed sockets fail the followers' next
     # collective: telling them to stop could meet them inside another collective.
-    done = await _lead_run(cfg, trainer, stop, shared.turn if shared is not None else None)
+    ctx.beat.as_("trainer", step=trainer.step)  # rank 0 alone talks to the bus
+    done = await _train_on_bus(ctx, trainer, shared.turn if shared is not None else None)
     if trainer.dp is not None:
         await asyncio.to_thread(trainer.stop_followers, done)
     trainer.engine.close()
     return done
 
 
-async def _lead_run(cfg: TrinityConfig, trainer: Trainer, stop: asyncio.Event,
-                    turn: asyncio.Lock | None = None) -> bool:
-    """The trainer's bus loop (rank 0 alone talks to the bus). ``turn``: held for each step
-    (a sweep's runs take turns on the cores they share)."""
-
-    async with role_bus(cfg, "trainer") as rb, Heartbeat(rb.state, "trainer", step=trainer.step) as beat:
-        return await _train_on_bus(cfg, trainer, rb, beat, stop, turn)
-
-
-async def _train_on_bus(cfg: TrinityConfig, trainer: Trainer, rb: RoleBus, beat: Heartbeat, stop: asyncio.Event,
-                        turn: asyncio.Lock | None) -> bool:
-    """:func:`_lead_run`'s loop: a batch, a step, its metrics, checkpoints and weight sync."""
-    nc, pub, state = rb.nc, rb.pub, rb.state
+async def _train_on_bus(ctx: RoleContext, trainer: Trainer, turn: asyncio.Lock | None) -> bool:
+    """Rank 0's loop: a batch, a step, its metrics, checkpoints and weight sync. ``turn``:
+    held for each step (a sweep's runs take turns on the cores they share)."""
+    cfg, nc, pub, state, stop, beat, log = ctx.cfg, ctx.nc, ctx.pub, ctx.state, ctx.stop, ctx.beat, ctx.log
     sync = TrainerSyncClient(cfg, nc, state, pub)
     await sync.start()
     n = cfg.buffer.train_batch_size  # resolved by schemas/derive.py

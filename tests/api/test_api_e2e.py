@@ -81,7 +81,7 @@ def test_openai_workflow_trains_with_grpo(tmp_path, tiny_model, arith):
     out, _ = p.communicate(timeout=900)
     text = out.decode()
     assert p.returncode == 0, text[-4000:]
-    assert "openai_api listening" in text
+    assert "openai_api_listening" in text
     trained_exactly_once(tmp_path / "ckpt/t/r", steps=2, per_step=3 * 4)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import structlog.testing
 import torch
 
 from roles.explorer.engines.base import Limits
@@ -284,19 +284,16 @@ class Hangs(Workflow):
 
 
 async def _explore_in_process(cfg, engine):
-    import bus
-    from roles.explorer.main import Explorer, NoSync
+    from roles.explorer.core import Explorer, NoSync
+    from roles.explorer.explore import explore
+    from roles.runtime.role import connected_context
 
-    nc = await bus.connect(cfg.nats, name="explorer-test")
-    try:
-        ex = Explorer(cfg, [engine], nc, sync=NoSync())
-        return await ex.explore()
-    finally:
-        await nc.close()
+    async with connected_context(cfg, "explorer") as ctx:
+        return await explore(Explorer(ctx, [engine], sync=NoSync()))
 
 
 async def test_failing_workflow_is_counted_and_others_published(
-    tmp_path, tiny_model, arith, hf_engine, nats_server, caplog
+    tmp_path, tiny_model, arith, hf_engine, nats_server
 ) -> None:
     from tests.conftest import nats_settings
 
@@ -305,12 +302,13 @@ async def test_failing_workflow_is_counted_and_others_published(
                         extra={"buffer.explorer_input.default_workflow_type": "flaky_every_third",
                                "explorer.max_retry_times": 1})
     cfg = load(path)
-    caplog.set_level(logging.WARNING)
-    stats = await _explore_in_process(cfg, hf_engine)
+    with structlog.testing.capture_logs() as logs:
+        stats = await _explore_in_process(cfg, hf_engine)
     assert stats.steps == 2 and stats.published == 4
     assert sorted(t for t, _ in stats.failed) == ["arith/2", "arith/5"]
     assert all("boom on" in err for _, err in stats.failed)
-    assert "task_id=arith/2" in caplog.text and "attempt=2/2" in caplog.text
+    assert any(e["event"] == "workflow_failed" and e["task_id"] == "arith/2" and e["attempt"] == "2/2"
+               for e in logs), logs
     groups = await read_groups(nats_settings(nats_server.url), cfg.run_id, expect=4)
     assert sorted(g.task_id for g in groups) == ["arith/0", "arith/1", "arith/3", "arith/4"]
     assert all(len(g.experiences) == 2 for g in groups)
@@ -453,29 +451,26 @@ async def test_stop_abandons_the_step_without_half_groups_or_cursor_move(
     """What SIGTERM does (its handler sets ``stop``): the step in flight gets a grace period,
     then is abandoned; finished groups are whole, the cursor stays before the step and holds
     the step's tasks, which a restart runs again (the finished groups de-duplicate)."""
-    import bus
-    from roles.explorer.main import CURSOR_KEY, Explorer, NoSync
+    from roles.explorer.core import CURSOR_KEY, Explorer, NoSync
+    from roles.explorer.explore import explore
+    from roles.runtime.role import connected_context
 
     path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url=nats_server.url,
                         batch_size=3, repeat_times=2,
                         extra={"buffer.explorer_input.default_workflow_type": "slow_second_task"})
     cfg = load(path)
-    nc = await bus.connect(cfg.nats, name="explorer-test")
-    try:
-        ex = Explorer(cfg, [hf_engine], nc, sync=NoSync(), shutdown_grace=0.5)
-        run = asyncio.create_task(ex.explore())
+    async with connected_context(cfg, "explorer") as ctx:
+        ex = Explorer(ctx, [hf_engine], sync=NoSync(), shutdown_grace=0.5)
+        run = asyncio.create_task(explore(ex))
         while ex.stats.published < 2:  # tasks 0 and 2 finish, task 1 hangs
             await asyncio.sleep(0.1)
-        ex.stop.set()
+        ctx.stop.set()
         stats = await asyncio.wait_for(run, 60)
         assert stats.interrupted and stats.steps == 0 and stats.published == 2
-        state = await bus.RunState.open(bus.jetstream(nc, cfg.nats), cfg.run_id)
-        cursor = await state.get(CURSOR_KEY)
+        cursor = await ctx.state.get(CURSOR_KEY)
         assert cursor.step == 0 and cursor.batch == [["arith", i, 0, i] for i in range(3)]
-        hb = (await state.heartbeats())["explorer"]
+        hb = (await ctx.state.heartbeats())["explorer"]
         assert hb["state"] == "stopped"
-    finally:
-        await nc.close()
     groups = await read_groups(cfg.nats, cfg.run_id, expect=2, timeout=3)
     assert sorted(g.task_id for g in groups) == ["arith/0", "arith/2"]
     assert all(len(g.experiences) == 2 for g in groups)
@@ -496,7 +491,7 @@ class SlowTaskOne(Workflow):
 
 
 def test_dynamic_timeout_and_over_rollout_minimum() -> None:
-    from roles.explorer.main import over_rollout_minimum
+    from roles.explorer.explore import over_rollout_minimum
     from roles.explorer.runner import dynamic_timeout
 
     assert dynamic_timeout(600, [], 3.0) == 600
@@ -515,7 +510,7 @@ def load_from_dict(d):
 
 
 async def test_over_rollout_goes_on_without_the_slow_task_and_publishes_it_later(
-    tmp_path, tiny_model, arith, hf_engine, nats_server, caplog
+    tmp_path, tiny_model, arith, hf_engine, nats_server
 ) -> None:
     path = write_config(tmp_path / "c.yaml", model=tiny_model, taskset=arith, nats_url=nats_server.url,
                         batch_size=3, repeat_times=2,
@@ -524,12 +519,14 @@ async def test_over_rollout_goes_on_without_the_slow_task_and_publishes_it_later
                                "explorer.over_rollout": {"ratio": 0.34, "wait_after_min": 0.2},
                                "explorer.runner_state_report_interval": 1})
     cfg = load(path)
-    caplog.set_level(logging.INFO)
-    stats = await _explore_in_process(cfg, hf_engine)
+    with structlog.testing.capture_logs() as logs:
+        stats = await _explore_in_process(cfg, hf_engine)
     # step 1 went on with tasks 0 and 2; task 1 was published later, before "finished"
     assert stats.steps == 2 and stats.published == 6 and not stats.failed
-    assert "over_rollout: step 1 goes on with 2 of 3 tasks (1 still running)" in caplog.text
-    assert "runners busy=" in caplog.text and "longest: arith/1" in caplog.text
+    went_on = [e for e in logs if e["event"] == "over_rollout_goes_on"]
+    assert went_on and {k: went_on[0][k] for k in ("step", "done", "tasks", "still_running")} == {
+        "step": 1, "done": 2, "tasks": 3, "still_running": 1}, logs
+    assert any(e["event"] == "runners" and "arith/1" in (e["longest"] or "") for e in logs), logs
     groups = await read_groups(cfg.nats, cfg.run_id, expect=6)
     assert sorted(g.task_id for g in groups) == [f"arith/{i}" for i in range(6)]
 

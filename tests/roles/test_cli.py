@@ -147,9 +147,9 @@ def test_a_role_that_fails_mid_run_exits_1_with_its_traceback(tmp_path, error):
     r = run_role("synchronizer", f"raise {error}", tmp_path)
     kind = error.split("(")[0]
     assert r.returncode == 1, r.stderr
-    assert "synchronizer failed mid-run" in r.stderr and kind in r.stderr
+    assert "role_failed_mid_run" in r.stderr and "role=synchronizer" in r.stderr and kind in r.stderr
     records = [json.loads(line) for line in next(tmp_path.glob("**/log/synchronizer.log")).read_text().splitlines()]
-    failed = [rec for rec in records if rec["event"].startswith("synchronizer failed mid-run")]
+    failed = [rec for rec in records if rec["event"] == "role_failed_mid_run"]
     assert failed and failed[0]["exception"][0]["exc_type"] == kind  # the traceback, as structured frames
     assert any(f["name"] == "stages" for f in failed[0]["exception"][0]["frames"])
 

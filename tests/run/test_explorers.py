@@ -154,7 +154,7 @@ def test_honcho_start_with_two_explorers(tmp_path, tiny_model, arith48):
     trained_exactly_once(tmp_path / "ckpt/t/r", STEPS, BATCH * REPEAT)
     for who in ("explorer.1", "explorer.2"):  # each one published groups
         lines = [line for line in out.splitlines() if re.match(rf"\S+ {re.escape(who)}\s+\|", line)]
-        done = [int(m.group(1)) for line in lines if (m := re.search(r"explorer done steps=\d+ published=(\d+)", line))]
+        done = [int(m.group(1)) for line in lines if (m := re.search(r"explorer_done .*published=(\d+)", line))]
         assert done and done[-1] > 0, f"{who} published nothing:\n" + "\n".join(lines[-30:])
 
 

@@ -962,15 +962,17 @@ def _reader(reader: Any) -> dict[str, Any]:
 async def _explore(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
     """The explorer as :func:`roles.explorer.main.run_explorer` builds it (engines, runners;
     vLLM and an external server recorded: :class:`_FakeLLM`, :class:`_FakeOpenAI`) running its
-    leader's step loop (:meth:`Explorer.run`) over the whole taskset, with the run's task queue
+    leader's step loop (:class:`roles.explorer.explore.Leader`) over the whole taskset, with the run's task queue
     and KV state in memory (:class:`_Queue`, :class:`_KV`) and its evaluations recorded; then
     an evaluation (:func:`roles.explorer.eval.evaluate`) and, when the explorer serves its
     OpenAI API, an agent's requests."""
     import openai
 
-    from roles.explorer import main as explorer_main
+    from roles.explorer import core
+    from roles.explorer import explore as explore_mod
     from roles.explorer.engines import vllm as vllm_mod
     from roles.explorer.eval import eval_readers, evaluate
+    from roles.runtime.role import Heartbeat, RoleContext
 
     out: dict[str, Any] = {}
     engines: list[Any] = []
@@ -982,13 +984,16 @@ async def _explore(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]
             engines, auxiliary = await _engines(cfg)
             out["engines"] = [_engine(e) for e in engines]
             out["auxiliary"] = [[_engine(e) for e in es] for es in auxiliary]
-            explorer = explorer_main.Explorer(cfg, engines, nc=None, sync=explorer_main.NoSync(),
-                                              auxiliary=auxiliary)
+            kv = _KV()
+            ctx = RoleContext(cfg, nc=None, js=None, pub=_Pub(), state=kv, stop=asyncio.Event(),
+                              beat=Heartbeat(kv), log=None)
+            explorer = core.Explorer(ctx, engines, sync=core.NoSync(), auxiliary=auxiliary)
+            explorer.beat(cfg.explorer.name)  # as the leader beats
             pool = explorer.pool
             out["pool"] = {"size": pool.size, "timeout": pool.timeout, "teacher": pool.teacher,
                            "env": {k: os.environ.get(k) for k in cfg.explorer.env_vars}}
-            out["explorer"] = {"name": explorer.me.split("-")[0], "beat": explorer.beat_name}
-            sync = await explorer_main.make_sync(cfg, None, None, None)
+            out["explorer"] = {"name": explorer.me.split("-")[0], "beat": ctx.beat.name}
+            sync = await core.make_sync(cfg, None, None, None)
             out["sync_client"] = {"kind": type(sync).__name__, "plan": plain(getattr(sync, "plan", None)),
                                   "interval": getattr(sync, "interval", None)}
             if cfg.buffer.explorer_input.training():
@@ -1002,12 +1007,13 @@ async def _explore(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]
                 async def no_report(metric: Any) -> None:
                     return None
 
-                m.setattr(explorer_main, "evaluate", record_eval)
-                m.setattr(explorer_main, "TaskQueue", lambda nc, cfg, pub: queue)
-                explorer.state, explorer.pub, explorer.report = _KV(), _Pub(), no_report
-                stats = await explorer.run(explorer_main.NoSync())
+                m.setattr(explore_mod, "evaluate", record_eval)
+                m.setattr(core, "evaluate", record_eval)
+                m.setattr(explore_mod, "TaskQueue", lambda nc, cfg, pub: queue)
+                explorer.report = no_report
+                stats = await explore_mod.Leader(explorer).run(core.NoSync())
                 out["run"] = {"steps": stats.steps, "evals": evals, "failed": stats.failed,
-                              "cursor": plain(explorer.state.values.get(explorer_main.CURSOR_KEY)),
+                              "cursor": plain(kv.values.get(core.CURSOR_KEY)),
                               "tasks": [[t["task_id"] for t in step] for step in queue.steps]}
                 out["tasks"] = queue.steps[0] if queue.steps else []
                 out["split"] = [p.repeat for p in pool.split(queue.first[0].task)] if queue.first else []
@@ -1109,7 +1115,7 @@ async def _agent_requests(explorer: Any) -> dict[str, Any]:
     call asked for with two choices and a large ``max_tokens``, then the model list."""
     import httpx
 
-    from roles.explorer.main import stop_auxiliary_apis
+    from roles.explorer.core import stop_auxiliary_apis
 
     url = await explorer.start_api()
     try:
@@ -1197,9 +1203,10 @@ def _result(r: Any) -> dict[str, Any]:
 def probe_explorer(cfg: TrinityConfig, mp: pytest.MonkeyPatch) -> dict[str, Any]:
     """The explorer at work on this machine (:func:`_explore`), what it shares with the other
     explorers of a run, and the vLLM engine arguments a GPU machine would use."""
+    from roles.explorer.core import served_model_name
     from roles.explorer.engines import vllm as vllm_mod
+    from roles.explorer.explore import over_rollout_minimum
     from roles.explorer.lease import join_fingerprint
-    from roles.explorer.main import over_rollout_minimum, served_model_name
 
     out = run(_explore(cfg, mp))
     out["over_rollout_minimum"] = over_rollout_minimum(8, cfg)

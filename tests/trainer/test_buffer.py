@@ -11,6 +11,7 @@ import pytest
 
 import bus
 from roles.buffer.main import run_buffer
+from roles.runtime.role import connected_context
 from roles.trainer.main import fetch_batch
 from schemas import codec
 from schemas.config import TrinityConfig
@@ -47,9 +48,14 @@ def _cfg(tmp_path, nats_cfg, run_id, **kw) -> TrinityConfig:
     return cfg
 
 
+async def _buffer(cfg, stop):
+    async with connected_context(cfg, "buffer", stop) as ctx:
+        return await run_buffer(ctx)
+
+
 async def _with_buffer(cfg, body):
     stop = asyncio.Event()
-    task = asyncio.create_task(run_buffer(cfg, stop))
+    task = asyncio.create_task(_buffer(cfg, stop))
     nc = await bus.connect(cfg.nats, name="test-trainer")
     try:
         loop = asyncio.get_running_loop()

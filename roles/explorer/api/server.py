@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import logging
 import os
 import socket
 import time
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import structlog
 from aiohttp import web
 
 from roles.explorer.api.episodes import Call, EpisodeBook
@@ -54,7 +54,7 @@ from roles.explorer.engines.base import EngineError, RolloutEngine, Sample
 from schemas.config import OpenAIApiConfig
 from schemas.data import ExperienceGroup
 
-log = logging.getLogger("trinity.explorer.api")
+log = structlog.get_logger(__name__)
 
 #: Publishes a closed episode's group and waits until it is stored; True if the bus already
 #: had that group id (an episode id used twice in one run).
@@ -116,7 +116,7 @@ class ApiServer:
         host = self.cfg.host if self.cfg.host not in ("0.0.0.0", "::", "") else socket.getfqdn()
         self.url = f"http://{host}:{port}"
         self._expiry = asyncio.create_task(self._expire_loop())
-        log.info("openai_api listening url=%s/v1 model=%s", self.url, self.model_name)
+        log.info("openai_api_listening", url=f"{self.url}/v1", model=self.model_name)
         return self.url
 
     async def stop(self) -> None:
@@ -132,8 +132,8 @@ class ApiServer:
             for ep in self.book.expire():
                 self.stats.episodes_expired += 1
                 self.stats.calls_expired += len(ep.calls)
-                log.warning("episode_expired episode=%s calls=%d (no reward within %gs: dropped, "
-                            "not trained)", ep.id, len(ep.calls), self.cfg.episode_timeout)
+                log.warning("episode_expired", episode=ep.id, calls=len(ep.calls),
+                            why=f"no reward within {self.cfg.episode_timeout:g}s: dropped, not trained")
 
     # -- middlewares ---------------------------------------------------------------------------
 
@@ -145,7 +145,7 @@ class ApiServer:
         except ApiError as e:
             self.stats.errors += 1
             if e.status >= 500:
-                log.error("api_error %s %s: %s", request.method, request.path, e.message)
+                log.error("api_error", method=request.method, path=request.path, error=e.message)
             return web.json_response(e.body(), status=e.status, dumps=_dumps)
         except web.HTTPException as e:  # aiohttp's own: unknown route, body too large, ...
             self.stats.errors += 1
@@ -250,8 +250,7 @@ class ApiServer:
                                 "run (its first group is the one kept)", "episode_id",
                            "episode_closed")
         self.stats.episodes_closed += 1
-        log.info("episode_closed episode=%s experiences=%d reward=%g", eid, len(group.experiences),
-                 req.reward)
+        log.info("episode_closed", episode=eid, experiences=len(group.experiences), reward=req.reward)
         return web.json_response({"episode_id": eid, "group_id": group.group_id,
                                   "experiences": len(group.experiences), "stored": True},
                                  dumps=_dumps)

@@ -91,8 +91,6 @@ async def _runners(role: str, runs: list[SweepRun], cfgs: dict[str, TrinityConfi
 def main(role: str, sweep_file: str) -> int:
     """The process: load every run (exit 2 naming what is wrong), then :func:`host`. A bus
     that cannot be reached ends it as it ends a role (``roles.cli``: 1 to retry, 2 not)."""
-    import logging
-
     from roles.launch.checks import preflight
     from roles.tools.sweep.launch import load_runs, read_sweep
 
@@ -118,5 +116,5 @@ def main(role: str, sweep_file: str) -> int:
     except ConfigError:
         raise  # exit 2 (roles.cli): restarting cannot help
     except Exception:  # noqa: BLE001 - mid-run: exit 1 with the traceback; the sweep restarts it
-        logging.getLogger(f"trinity.{role}").exception("sweep %s failed mid-run (exit 1: restarted)", role)
+        log.exception("sweep_failed_mid_run", role=role, why="exit 1: the sweep restarts it")
         return 1
