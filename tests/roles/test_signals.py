@@ -81,46 +81,41 @@ def test_orphaned_when_the_supervisor_or_the_parent_is_gone():
     assert signals.orphaned(os.getppid(), 2**30)  # past any pid_max: no such process
 
 
-def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on():
-    """What the run tests send a run that outlived its timeout (``tests/run/helpers.py``)."""
+def _sigusr1_in(body: str) -> str:
+    """Run ``body`` in a Python process that called ``stacks_on_sigusr1`` and must print
+    "still here" last, exit 0; its stderr (where the stacks go)."""
     import subprocess
     import sys
 
-    code = ("import os, signal, threading, time\n"
-            "from roles.runtime.signals import stacks_on_sigusr1\n"
-            "stacks_on_sigusr1()\n"
-            "threading.Thread(target=time.sleep, args=(5,), daemon=True, name='sleeper').start()\n"
-            "os.kill(os.getpid(), signal.SIGUSR1)\n"
-            "print('still here', flush=True)\n")
+    code = "from roles.runtime.signals import stacks_on_sigusr1\nstacks_on_sigusr1()\n" + body
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert out.returncode == 0, out.stderr
     assert out.stdout == "still here\n"
-    assert "Current thread 0x" in out.stderr and "\nThread 0x" in "\n" + out.stderr, out.stderr  # both
+    return out.stderr
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_process_goes_on():
+    """What the run tests send a run that outlived its timeout (``tests/run/helpers.py``)."""
+    err = _sigusr1_in("import os, signal, threading, time\n"
+                      "threading.Thread(target=time.sleep, args=(5,), daemon=True, name='sleeper').start()\n"
+                      "os.kill(os.getpid(), signal.SIGUSR1)\n"
+                      "print('still here', flush=True)\n")
+    assert "Current thread 0x" in err and "\nThread 0x" in "\n" + err, err  # both
 
 
 def test_sigusr1_also_prints_every_asyncio_task_with_the_await_it_waits_on():
     """A supervisor hung at its end showed only "in asyncio.run": the tasks say which await."""
-    import subprocess
-    import sys
-
-    code = ("import asyncio, os, signal\n"
-            "from roles.runtime.signals import stacks_on_sigusr1\n"
-            "stacks_on_sigusr1()\n"
-            "async def renew_forever():\n"
-            "    await asyncio.sleep(60)\n"
-            "async def main():\n"
-            "    t = asyncio.create_task(renew_forever())\n"
-            "    await asyncio.sleep(0.1)\n"
-            "    os.kill(os.getpid(), signal.SIGUSR1)\n"
-            "    await asyncio.sleep(0.2)\n"
-            "    t.cancel()\n"
-            "    print('still here', flush=True)\n"
-            "asyncio.run(main())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == "still here\n"
-    assert "Current thread 0x" in out.stderr, out.stderr  # the threads first
-    assert "asyncio: 2 tasks" in out.stderr and "renew_forever" in out.stderr, out.stderr
-
+    err = _sigusr1_in("import asyncio, os, signal\n"
+                      "async def renew_forever():\n"
+                      "    await asyncio.sleep(60)\n"
+                      "async def main():\n"
+                      "    t = asyncio.create_task(renew_forever())\n"
+                      "    await asyncio.sleep(0.1)\n"
+                      "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+                      "    await asyncio.sleep(0.2)\n"
+                      "    t.cancel()\n"
+                      "    print('still here', flush=True)\n"
+                      "asyncio.run(main())\n")
+    assert "Current thread 0x" in err, err  # the threads first
+    assert "asyncio: 2 tasks" in err and "renew_forever" in err, err
