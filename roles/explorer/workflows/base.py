@@ -215,6 +215,8 @@ class Workflow:
         self.auxiliary_models = auxiliary_models or []
         self.repeat_times = task.repeat_times
         self.args = dict(task.workflow_args)
+        # a stdlib logger, unlike ours (structlog): upstream's workflows call it with %-style
+        # arguments (``self.logger.info("... %s", x)``); its lines land in the same role log
         self.logger = logging.getLogger(f"trinity.workflow.{type(self).__name__}")
         problems = self.check_args(self.args)
         if problems:  # a row's own workflow_args, or a workflow the config check did not see
