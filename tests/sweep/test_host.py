@@ -24,10 +24,10 @@ async def test_a_failing_run_leaves_the_others_running(tmp_path, nats_cfg):
         await bus.delete_run(js, c.run_id)
     b_ran = asyncio.Event()
 
-    async def broken(cfg, stop):
+    async def broken(ctx):
         raise RuntimeError("run a's explorer broke")
 
-    async def fine(cfg, stop):
+    async def fine(ctx):
         await asyncio.sleep(0.5)  # still working when a fails
         b_ran.set()
         return True
