@@ -11,9 +11,10 @@
   ``Consumer``, as the buffer reads them) with 1..8 explorer processes publishing at once.
   On 2 cores the publishers share them with the consumer and nats-server: the curve says
   whether more publishers cost throughput (contention), not what a node with more cores gets.
-* ``sync``: a full weight sync (``WeightSender`` -> ``WeightReceiver`` over gloo, trainer
-  process to explorer process) against the parameter count, beside a memory copy of the same
-  bytes in the same run. Target: time linear in bytes, at >= 0.5 of memcpy's rate.
+* ``sync``: a full weight sync, trainer process to explorer process, against the parameter
+  count: through shared memory (``sync_method: memory``) and over gloo (``nccl``'s CPU
+  backend), beside a memory copy of the same bytes in the same run. Target: the memory sync's
+  time linear in bytes, at >= 0.5 of memcpy's rate (it copies twice).
 * ``memory``: every role's resident memory through a ``--minutes`` GRPO run (the quickstart's
   task and model, the transformers engine), sampled every 10 s. Target: after warm-up (the
   first fifth), no role grows by more than 5%.
@@ -271,20 +272,26 @@ def sync(sizes_m: list[float]) -> dict[str, float]:
     rows = []
     for want in sizes_m:
         (_, nbytes, s, r, c), = ws.measure(want, ["float32"], 0, 2, "gloo")
+        (_, _, ms, mc), = ws.measure_memory(want, ["float32"], 3)
         m = nbytes / 4 / 1e6  # the model's real size: the smallest shape has ~32M (its embedding)
-        rows.append((m, nbytes, s, r, c))
-        print(f"  {m:5.0f}M params ({nbytes / 1e9:.2f} GB): sync {s:.3f} s ({nbytes / 1e9 / s:.2f} GB/s), raw broadcast "
-              f"{r:.3f} s, memcpy {c:.3f} s ({nbytes / 1e9 / c:.2f} GB/s): sync at {c / s:.2f} of memcpy", flush=True)
-    chart(DOCS / "scaling-sync.svg", "Weight sync over gloo (float32), trainer -> explorer process",
-          "parameters (millions)", "seconds", {"full sync": [(m, s) for m, _, s, _, _ in rows],
-                                                "one raw broadcast": [(m, r) for m, _, _, r, _ in rows],
-                                                "memcpy of the same bytes": [(m, c) for m, _, _, _, c in rows]})
+        rows.append((m, nbytes, s, r, c, ms, mc))
+        gb = nbytes / 1e9
+        print(f"  {m:5.0f}M params ({gb:.2f} GB): gloo {s:.3f} s ({gb / s:.2f} GB/s, {c / s:.2f} of memcpy), "
+              f"raw broadcast {r:.3f} s; memory {ms:.3f} s ({gb / ms:.2f} GB/s, {mc / ms:.2f} of memcpy); "
+              f"memcpy {c:.3f} s ({gb / c:.2f} GB/s)", flush=True)
+    chart(DOCS / "scaling-sync.svg", "Weight sync (float32), trainer -> explorer process",
+          "parameters (millions)", "seconds", {"sync_method: memory": [(row[0], row[5]) for row in rows],
+                                                "nccl (gloo on CPU)": [(row[0], row[2]) for row in rows],
+                                                "one raw gloo broadcast": [(row[0], row[3]) for row in rows],
+                                                "memcpy of the same bytes": [(row[0], row[4]) for row in rows]})
     out: dict[str, float] = {}
-    for m, _, s, _, c in rows:
-        out[f"sync of {m:.0f}M params, s"] = round(s, 3)
-        out[f"sync of {m:.0f}M params / memcpy (rate)"] = round(c / s, 2)
-    per_gb = [s / (nbytes / 1e9) for _, nbytes, s, _, _ in rows]
-    out["sync s per GB, largest / smallest size"] = round(per_gb[-1] / per_gb[0], 2)
+    for m, _, s, _, c, ms, mc in rows:
+        out[f"memory sync of {m:.0f}M params, s"] = round(ms, 3)
+        out[f"memory sync of {m:.0f}M params / memcpy (rate)"] = round(mc / ms, 2)
+        out[f"gloo sync of {m:.0f}M params, s"] = round(s, 3)
+        out[f"gloo sync of {m:.0f}M params / memcpy (rate, for information)"] = round(c / s, 2)
+    per_gb = [row[5] / (row[1] / 1e9) for row in rows]
+    out["memory sync s per GB, largest / smallest size"] = round(per_gb[-1] / per_gb[0], 2)
     return out
 
 
@@ -345,7 +352,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=30.0)
     a = ap.parse_args()
     targets = {"replay": "put and take at the largest size >= 0.8 of their rate at 10k; heap flat",
-               "bus": None, "sync": "a full sync at >= 0.5 of memcpy's rate, time linear in bytes",
+               "bus": None, "sync": "a memory sync at >= 0.5 of memcpy's rate, time linear in bytes",
                "memory": "no role's resident memory growing > 5% after warm-up"}
     for part in a.only.split(","):
         print(f"{part}:", flush=True)

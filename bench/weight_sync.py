@@ -6,7 +6,9 @@ process, over gloo (CPU) or NCCL (GPU), next to two limits measured in the same 
 Prints, per dtype: the full sync (``WeightSender.send`` -> ``WeightReceiver.receive``: the
 metadata once, then every tensor), one raw ``broadcast`` of a single flat tensor of the same
 bytes on the same group (the transport's limit), and a plain memory copy of those bytes. The
-target is a sync at >= 0.7 of the raw broadcast.
+target is a sync at >= 0.7 of the raw broadcast. Then the same weights through shared memory
+(``sync_method: memory``: the trainer writes them, the explorer copies them out), against a
+memory copy; target >= 0.5 of memcpy (it copies twice).
 """
 
 from __future__ import annotations
@@ -121,6 +123,74 @@ def measure(params_m: float, dtypes: list[str], bucket_bytes: int, repeats: int,
     return rows
 
 
+def _memory_peer(role: str, shapes, dtype: str, repeats: int, to_reader, to_writer, q) -> None:
+    """One end of ``sync_method: memory``: the trainer writes its slot, the explorer copies
+    it out into tensors of its own (as an engine's ``update_weights`` does), one thread each."""
+    from storage.shared_weights import SharedSlot, SharedWeights
+
+    torch.set_num_threads(1)
+    dt = getattr(torch, dtype)
+    if role == "trainer":
+        slot = SharedSlot("bench")
+        named = [(n, torch.randn(s, dtype=dt)) for n, s in shapes]
+        for i in range(repeats):
+            to_writer.get()  # the reader is ready
+            t0 = time.perf_counter()
+            slot.write(named, i, i + 1)
+            to_reader.put((slot.path, i, i + 1, time.perf_counter() - t0))
+        to_writer.get()  # the reader is done with the slot
+        slot.close()
+        return
+    own = {n: torch.empty(s, dtype=dt) for n, s in shapes}
+    syncs = []
+    for _ in range(repeats):
+        to_writer.put("ready")
+        path, version, seq, wrote = to_reader.get()
+        t0 = time.perf_counter()
+        with SharedWeights(path, version, seq) as w:
+            for n, t in w.tensors:
+                own[n].copy_(t)
+            assert w.intact()
+        syncs.append(wrote + time.perf_counter() - t0)
+    to_writer.put("done")
+    nbytes = sum(t.numel() * t.element_size() for t in own.values())
+    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    copies = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        copies.append(time.perf_counter() - t0)
+    q.put((dtype, nbytes, min(syncs), min(copies)))
+
+
+def measure_memory(params_m: float, dtypes: list[str], repeats: int) -> list[tuple[str, int, float, float]]:
+    """Per dtype: (dtype, bytes, full sync s, memcpy s), best of ``repeats`` (the first sync
+    also allocates the slot's pages), through shared memory between two fresh processes."""
+    shapes = model_shapes(params_m)
+    ctx = mp.get_context("spawn")
+    rows = []
+    for dt in dtypes:
+        q, to_reader, to_writer = ctx.Queue(), ctx.Queue(), ctx.Queue()
+        procs = [ctx.Process(target=_memory_peer, args=(r, shapes, dt, repeats, to_reader, to_writer, q))
+                 for r in ("trainer", "explorer")]
+        for p in procs:
+            p.start()
+        while True:
+            try:
+                rows.append(q.get(timeout=1))
+                break
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    for p in procs:
+                        p.kill()
+                    raise RuntimeError(f"a peer failed (exit codes {dead}); its error is above") from None
+        for p in procs:
+            p.join(60)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params-m", type=float, default=100.0, help="model size in millions of parameters")
@@ -155,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"{dt}: sync / raw broadcast (rate ratio)"] = round(r / s, 2)
     record("weight_sync", figures, target="a sync at >= 0.7 of the raw broadcast",
            met=all(r / s >= 0.7 for _, _, s, r, _ in rows))
+    mem = measure_memory(a.params_m, dtypes, a.repeats)
+    print(f"sync_method: memory (shared memory, one thread each side), best of {a.repeats}")
+    print(f"{'dtype':9} {'GB':>6} | {'sync s':>7} {'GB/s':>6} | {'memcpy s':>8} {'GB/s':>6} | sync/memcpy")
+    for dt, nbytes, s, c in mem:
+        gb = nbytes / 1e9
+        print(f"{dt:9} {gb:6.3f} | {s:7.3f} {gb / s:6.2f} | {c:8.3f} {gb / c:6.2f} | {c / s:.2f}")
+    record("weight_sync_memory", {f"{dt}: memory sync / memcpy (rate ratio)": round(c / s, 2) for dt, _, s, c in mem},
+           target="a sync at >= 0.5 of memcpy", met=all(c / s >= 0.5 for _, _, s, c in mem))
     return 0
 
 

@@ -94,16 +94,6 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 }
 VLLM_ENGINE_PATHS = ("explorer.rollout_model.engine_type", "explorer.auxiliary_models[].engine_type")
 
-#: Trinity-RFT's values of a setting that trinity does not have yet, per ``section.field``, and
-#: why: the loader's refusal says it beside the values it takes.
-NOT_YET_VALUES: dict[str, dict[str, str]] = {
-    "synchronizer.sync_method": {
-        "memory": "Trinity-RFT's weights through memory, for trainer and engine on one GPU: not built yet; "
-                  "nccl broadcasts them (gloo on CPU), checkpoint loads the trainer's saved model",
-    },
-}
-
-
 #: Why veRL's ``ppo_mini_batch_size`` is not read (the FAQ's batch-size answer): in Trinity-RFT
 #: it is overridden by ``buffer.train_batch_size``, one optimizer update per batch. Reading it
 #: into trinity's ``trainer.ppo_mini_batch_size`` made a migrated config take several updates
@@ -170,6 +160,10 @@ VERL_FIELDS: dict[str, str] = {
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "trainer.max_token_len_per_gpu",
     "actor_rollout_ref.actor.grad_clip": "trainer.grad_clip",
     "actor_rollout_ref.actor.optim.lr": "algorithm.optimizer.lr",
+    # the memory settings a GPU user sets to fit a model (FSDP's offloads are ZeRO's here)
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "trainer.deepspeed.gradient_checkpointing",
+    "actor_rollout_ref.actor.fsdp_config.param_offload": "trainer.deepspeed.offload_param",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "trainer.deepspeed.offload_optimizer",
     # veRL's trainer section (the guide's veRL block; the FAQ's OOM answer names
     # trainer.ppo_max_token_len_per_gpu)
     "trainer.ppo_max_token_len_per_gpu": "trainer.max_token_len_per_gpu",
@@ -185,6 +179,16 @@ VERL_FIELDS: dict[str, str] = {
     "explorer.rollout_model.tool_call_parser": "explorer.openai_api.tool_call_parser",
     "explorer.rollout_model.reasoning_parser": "explorer.openai_api.reasoning_parser",
 }
+
+#: veRL's memory switches for the entropy that trinity always has on (``ops/logits.py``: the
+#: entropy and log-probs are computed a block of rows at a time, and backward recomputes each
+#: block's softmax instead of keeping it): ``true`` is dropped quietly, ``false`` warned.
+for _key in ("entropy_from_logits_with_chunking", "entropy_checkpointing"):
+    for _at in ("", "trainer.trainer_config."):
+        IGNORED_PATHS[f"{_at}actor_rollout_ref.actor.{_key}"] = (
+            "trinity always computes the entropy a block of rows at a time and recomputes it in "
+            "backward (ops/logits.py); false changes nothing")
+        IGNORED_QUIET_VALUES[f"{_at}actor_rollout_ref.actor.{_key}"] = True
 
 #: Fields trinity accepts (Trinity-RFT configs set them) but that change nothing here, with why.
 #: ``[]`` stands for any list item, ``{}`` for any dict key. A source setting one of them to
@@ -1038,9 +1042,11 @@ class CriticConfig(Section):
 
 
 class SynchronizerConfig(Section):
-    sync_method: Literal["nccl", "checkpoint"] = "nccl"
+    sync_method: Literal["nccl", "checkpoint", "memory"] = "nccl"
     """``nccl``: broadcast weights over torch.distributed (NCCL on GPU, gloo on CPU);
-    ``checkpoint``: the explorer loads the trainer's saved model."""
+    ``checkpoint``: the explorer loads the trainer's saved model; ``memory``: trainer and
+    explorer on one machine, the weights copied through shared memory (on GPU through the
+    host's: CUDA IPC is not built yet)."""
     sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = "fixed"
     """Who decides when weights move."""
     sync_interval: int = Field(1, ge=1)

@@ -36,7 +36,6 @@ from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource
 from schemas.config import (
     IGNORED_PATHS,
     IGNORED_QUIET_VALUES,
-    NOT_YET_VALUES,
     RENAMED_VALUES,
     VERL_FIELDS,
     VLLM_ENGINE_PATHS,
@@ -464,9 +463,6 @@ def _explain(
                 model = _model_at(loc[:-1], root)
                 field = model.model_fields.get(str(loc[-1])) if model else None
                 why = f" ({field.description.strip()})" if field is not None and field.description else ""
-            if e["type"] == "literal_error" and len(loc) >= 2 and isinstance(value, str):
-                not_yet = NOT_YET_VALUES.get(f"{loc[-2]}.{loc[-1]}", {}).get(value.lower())
-                why = f" ({not_yet})" if not_yet else why
             problems.append(f"{full}: got {shown}{where}; expected {msg[0].lower() + msg[1:]}{why}")
     return problems
 

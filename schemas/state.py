@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from schemas.config import SynchronizerConfig
 
 EXIT_STATES = ("running", "done")
-SYNC_METHODS = ("nccl", "checkpoint")
+SYNC_METHODS = ("nccl", "checkpoint", "memory")
 
 
 def _check(owner: str, ok: bool, what: str) -> None:
@@ -261,7 +261,8 @@ class SyncPlan:
 @dataclass(slots=True)
 class Offer:
     """``sync.offer``: weights of ``version`` are ready, as an HF folder at ``path``
-    (``checkpoint``) or over the broadcast group (``nccl``: gloo on CPU). ``seq`` counts the
+    (``checkpoint``), in the trainer's shared-memory file at ``path`` (``memory``), or over the
+    broadcast group (``nccl``: gloo on CPU). ``seq`` counts the
     trainer's offers; ``ts`` tells one offer from another (an explorer marks one whose load failed)."""
 
     version: int
@@ -272,7 +273,7 @@ class Offer:
 
     def validate(self) -> None:
         _check("Offer.method", self.method in SYNC_METHODS, f"one of {SYNC_METHODS}, got {self.method!r}")
-        _check("Offer.path", self.method != "checkpoint" or bool(self.path), "a checkpoint offer needs a path")
+        _check("Offer.path", self.method == "nccl" or bool(self.path), f"a {self.method} offer needs a path")
 
 
 @dataclass(slots=True)

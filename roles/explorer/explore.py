@@ -82,7 +82,7 @@ async def explore(ex: Explorer) -> ExplorerStats:
     sync = await ex.open()
     lease = Lease(ex.state, ex.me)
     leading = await lease.try_take()
-    if not leading and cfg.synchronizer.sync_method != "checkpoint" and MODES[cfg.mode].weights == "live":
+    if not leading and cfg.synchronizer.sync_method == "nccl" and MODES[cfg.mode].weights == "live":
         # a lease nobody renews is this role's predecessor's, killed on another host before
         # it could give it up (under a broadcast a run mostly has one explorer): it expires
         # within LEASE_S; a renewed one is a live leader's, which this process assists

@@ -32,6 +32,7 @@ from roles.runtime.verdicts import RunFailed, nothing_trained
 from roles.weightsync.base import Receiver, Sender, Side, SyncTimeout, WeightsFailed
 from roles.weightsync.broadcast import BroadcastReceiver, BroadcastSender
 from roles.weightsync.checkpoint import CheckpointReceiver, CheckpointSender
+from roles.weightsync.memory import MemoryReceiver, MemorySender
 from roles.weightsync.policy import explorer_requests, required_version, trainer_offers
 from schemas import keys
 from schemas.config import TrinityConfig
@@ -47,8 +48,10 @@ GO_ON = "go on"
 TRAINER_FINISHED = keys.TRAINER_FINISHED
 
 #: How weights move, by ``synchronizer.sync_method``: the trainer's end and the explorer's.
-SENDERS: dict[str, type[Sender]] = {"checkpoint": CheckpointSender, "nccl": BroadcastSender}
-RECEIVERS: dict[str, type[Receiver]] = {"checkpoint": CheckpointReceiver, "nccl": BroadcastReceiver}
+SENDERS: dict[str, type[Sender]] = {"checkpoint": CheckpointSender, "nccl": BroadcastSender,
+                                    "memory": MemorySender}
+RECEIVERS: dict[str, type[Receiver]] = {"checkpoint": CheckpointReceiver, "nccl": BroadcastReceiver,
+                                        "memory": MemoryReceiver}
 
 
 class TrainerSyncClient(Side):

@@ -127,11 +127,11 @@ def test_train_mode_saves_every_save_interval_and_prunes(tmp_path, tiny_model, a
 
 
 @pytest.mark.parametrize("engine,sync_method", [("transformers", "nccl"), ("vllm", "nccl"),
-                                                 ("transformers", "checkpoint")])
+                                                 ("transformers", "checkpoint"), ("transformers", "memory")])
 def test_lora_run_syncs_only_the_adapter_and_saves_both_layouts(tmp_path, tiny_model, arith, engine, sync_method):
-    # a broadcast moves the adapter alone (the transformers engine wraps its model in it,
-    # vLLM serves it as a LoRA request); a checkpoint sync (as an external engine) gets the
-    # merged model, with one warning
+    # a broadcast, or shared memory, moves the adapter alone (the transformers engine wraps
+    # its model in it, vLLM serves it as a LoRA request); a checkpoint sync (as an external
+    # engine) gets the merged model, with one warning
     if engine == "vllm":
         pytest.importorskip("vllm")
     lora = {"lora_rank": 8, "lora_alpha": 16, "target_modules": "all-linear"}
@@ -151,7 +151,8 @@ def test_lora_run_syncs_only_the_adapter_and_saves_both_layouts(tmp_path, tiny_m
         assert "lora_merged_sync" in text
         assert [e["model_version"] for e in events if e["kind"] == "loaded"] == [1, 2, 3]
         return
-    sent = [e["info"]["bytes"] for e in events if e["kind"] == "weights_sent"]
+    moved = "weights_ready" if sync_method == "memory" else "weights_sent"
+    sent = [e["info"]["bytes"] for e in events if e["kind"] == moved]
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     full = sum(t.numel() * 4 for t in model.state_dict().values())
     # rank 8 on every linear layer of a 2-layer, 128-wide model: A (8 x in) and B (out x 8)

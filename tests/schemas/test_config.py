@@ -473,13 +473,12 @@ def test_tinker_is_refused_as_a_remote_service_and_its_off_switch_ignored():
     assert any("model.tinker" in w for w in load(None, ["model.tinker={enable: false}"]).warnings)
 
 
-def test_a_trinity_rft_value_not_built_yet_is_refused_saying_why(tmp_path):
-    """sync_method: memory (upstream's name, its one-GPU sync) is refused with the reason and
-    what to use, not only the list of values trinity takes."""
-    p = write(tmp_path, "synchronizer: {sync_method: memory}\n")
-    with pytest.raises(ConfigError, match=r"synchronizer\.sync_method: got 'memory'.*'nccl' or 'checkpoint' "
-                                          r"\(Trinity-RFT's weights through memory.*not built yet"):
-        load(p)
+def test_sync_method_memory_loads_as_upstream_writes_it(tmp_path):
+    """sync_method: memory (upstream's name, its one-GPU sync): weights through shared memory
+    (roles/weightsync/memory.py); a value trinity lacks still names the ones it takes."""
+    assert load(write(tmp_path, "synchronizer: {sync_method: memory}\n")).config.synchronizer.sync_method == "memory"
+    with pytest.raises(ConfigError, match=r"synchronizer\.sync_method: got 'ipc'.*'nccl', 'checkpoint' or 'memory'"):
+        load(write(tmp_path, "synchronizer: {sync_method: ipc}\n"))
 
 
 def test_set_reaches_into_a_list_item_by_index(tmp_path):
@@ -500,3 +499,32 @@ def test_set_reaches_into_a_list_item_by_index(tmp_path):
     with pytest.raises(ConfigError, match=r"explorer.auxiliary_models.-1: explorer.auxiliary_models is a list; "
                                           r"name an item by its index from 0"):
         load(p, overrides=["explorer.auxiliary_models.-1.model_path=x"])
+
+
+@pytest.mark.parametrize("root", ["", "trainer: {trainer_config: "])
+@pytest.mark.parametrize(("verl", "ours", "value"), [
+    ("model: {enable_gradient_checkpointing: false}", "trainer.deepspeed.gradient_checkpointing", False),
+    ("actor: {fsdp_config: {param_offload: true}}", "trainer.deepspeed.offload_param", True),
+    ("actor: {fsdp_config: {optimizer_offload: true}}", "trainer.deepspeed.offload_optimizer", True),
+])
+def test_verl_memory_settings_reach_ours(tmp_path, root, verl, ours, value):
+    """The settings a GPU user sets to fit a model (the FAQ's out-of-memory answer) are read
+    into trinity's, at the top level or in Trinity-RFT's inline veRL block, never dropped."""
+    text = f"{root}{{actor_rollout_ref: {{{verl}}}}}" + ("}" if root else "")
+    loaded = load(write(tmp_path, text + "\n"))
+    node = loaded.config
+    for part in ours.split("."):
+        node = getattr(node, part)
+    assert node is value
+    assert "as " in loaded.sources[ours] and "actor_rollout_ref" in loaded.sources[ours]
+    assert not [w for w in loaded.warnings if "actor_rollout_ref" in w], loaded.warnings
+
+
+@pytest.mark.parametrize("key", ["entropy_from_logits_with_chunking", "entropy_checkpointing"])
+def test_verl_entropy_memory_switches_are_always_on_here(tmp_path, key):
+    """trinity computes the entropy in blocks and recomputes it in backward (ops/logits.py):
+    veRL's switch for it set true asks for what is done (quiet), false is named in a warning."""
+    on = load(write(tmp_path, f"actor_rollout_ref: {{actor: {{{key}: true}}}}\n"))
+    assert not [w for w in on.warnings if key in w], on.warnings
+    off = load(write(tmp_path, f"actor_rollout_ref: {{actor: {{{key}: false}}}}\n"))
+    assert [w for w in off.warnings if key in w and "ops/logits.py" in w], off.warnings

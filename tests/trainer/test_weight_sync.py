@@ -66,7 +66,7 @@ def test_broadcast_and_checkpoint_into_engine(tmp_path, nats_cfg, run_id, tiny_m
             if p.poll() is None:
                 p.kill()
     results = json.loads((tmp_path / "explorer.json").read_text())
-    assert [(r["version"], r["engine_version"]) for r in results] == [(1, 1), (2, 2)]
+    assert [(r["version"], r["engine_version"]) for r in results] == [(1, 1), (2, 2), (3, 3)]
     for r in results:
         got = r["logprobs"]
         want = _hf_logprobs(tiny_model, tmp_path / f"weights_v{r['version']}.pt", r["tokens"], r["prompt_length"])

@@ -196,6 +196,17 @@ class RolloutEngine(abc.ABC):
     async def load_checkpoint(self, path: str, version: int) -> None:
         """Load a Hugging Face folder's weights (the ``checkpoint`` sync method)."""
 
+    async def load_shared(self, path: str, version: int, seq: int) -> None:
+        """Load ``version`` of the trainer's offer ``seq`` from its shared-memory slot at
+        ``path`` (the ``memory`` sync method, ``storage/shared_weights.py``); TornRead when
+        the slot held other weights or changed while read."""
+        from storage.shared_weights import SharedWeights, TornRead
+
+        with SharedWeights(path, version, seq) as w:
+            await self.update_weights(w.tensors, version)
+            if not w.intact():
+                raise TornRead(f"{self.name}: {path} was rewritten while version {version} was read")
+
     async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
         """Join the synchronizer's broadcast group (ranks ``rank_offset..+tp-1``)."""
         raise EngineError(f"{self.name}: weight broadcast is not supported by this engine")

@@ -286,6 +286,15 @@ class VLLMEngine(RolloutEngine):
             raise EngineError(f"{self.name}: loading {path} failed: {e}") from e
         await self._after_load(version)
 
+    async def load_shared(self, path: str, version: int, seq: int) -> None:
+        """Each worker copies the weights out of the trainer's slot itself (no temporary
+        folder); the LoRA adapter, as :meth:`update_weights` serves it."""
+        if self.lora is not None:
+            await super().load_shared(path, version, seq)
+            return
+        await self.llm.collective_rpc("trinity_load_shared", args=(path, int(version), int(seq)))
+        await self._after_load(version)
+
     async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
         await self.llm.collective_rpc(
             "trinity_init_weight_group", args=(dict(rdv), int(rank_offset), float(timeout))

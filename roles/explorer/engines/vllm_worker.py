@@ -61,6 +61,17 @@ class TrinityWorkerExtension:
         self.reload_weights(weights_iterator=with_tied_head(self, named), is_checkpoint_format=True)
         return int(version)
 
+    def trinity_load_shared(self, path: str, version: int, seq: int) -> int:
+        """Load ``version`` of offer ``seq`` from the trainer's shared-memory slot at ``path``
+        (``storage/shared_weights.py``); TornRead when it changed while read."""
+        from storage.shared_weights import SharedWeights, TornRead
+
+        with SharedWeights(path, version, seq) as w:
+            self.reload_weights(weights_iterator=with_tied_head(self, w.tensors), is_checkpoint_format=True)
+            if not w.intact():
+                raise TornRead(f"{path} was rewritten while version {version} was read")
+        return int(version)
+
     def trinity_load_folder(self, path: str) -> int:
         """Load every ``*.safetensors`` of ``path`` (a checkpoint or a temp folder); returns
         the number of tensors."""
