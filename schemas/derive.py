@@ -435,10 +435,16 @@ def _synchronizer(d: _Derivation) -> None:
     for attr in ("explorer_sync_interval", "trainer_sync_interval"):
         if getattr(sy, attr) is None:
             d.put(sy, attr, sy.sync_interval, f"synchronizer.{attr}")
-    if sy.sync_method == "nccl" and MODES[cfg.mode].weights != "live":
+    if cfg.mode == "colocate" and sy.sync_method == "nccl":  # one device: no broadcast group
+        if d.user_set("synchronizer.sync_method"):
+            d.warnings.append("synchronizer.sync_method 'nccl' cannot join two processes on one device "
+                              "(NCCL refuses two ranks on one GPU); mode 'colocate' uses 'memory'")
+        d.put(sy, "sync_method", "memory", "synchronizer.sync_method")
+    if sy.sync_method in ("nccl", "memory") and MODES[cfg.mode].weights != "live":
         if d.user_set("synchronizer.sync_method"):
             d.warnings.append(
-                f"synchronizer.sync_method 'nccl' needs trainer and explorer together; mode {cfg.mode!r} uses 'checkpoint'"
+                f"synchronizer.sync_method {sy.sync_method!r} needs trainer and explorer together; "
+                f"mode {cfg.mode!r} uses 'checkpoint'"
             )
         d.put(sy, "sync_method", "checkpoint", "synchronizer.sync_method")
 

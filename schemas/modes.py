@@ -2,8 +2,8 @@
 
 Trinity-RFT's modes: ``both`` (explore and train together), ``train`` (train on stored data),
 ``explore`` (roll out into the experience stream), ``bench`` (evaluate checkpoints), ``serve``
-(an OpenAI API whose episodes are trained on), ``colocate`` (both on the same GPUs; the device
-plan refuses it). Why one table: the roles, the pre-start checks and the device plan each
+(an OpenAI API whose episodes are trained on), ``colocate`` (both on the same devices, weights
+through shared memory; on GPUs planned, not started yet). Why one table: the roles, the pre-start checks and the device plan each
 asked "does this mode explore?" with their own inline tuple of mode names, and the tuples
 disagreed at the edges.
 """

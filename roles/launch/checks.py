@@ -44,7 +44,7 @@ import ops
 from ops.algorithms import resolve
 from ops.rewards import check_reward_options
 from roles.runtime.hub_paths import resolve_hub_paths, stage_prefix, uses_critic
-from roles.runtime.placement import PlanError, device_plan
+from roles.runtime.placement import PlanError, colocated_on_gpu, device_plan
 from schemas.config import TrinityConfig
 from schemas.loader import ConfigError
 from schemas.modes import MODES
@@ -280,10 +280,13 @@ def check_stage_settings(stages: list[TrinityConfig], i: int, where: str, needs:
     out = []
     if i == 0 and needs & {"explorer", "trainer"}:  # global sections: stages do not override them
         out += monitor_args_problems(s.monitor)
-        try:  # every GPU process's share (colocate and plans that do not fit are refused)
+        try:  # every GPU process's share (plans that do not fit are refused)
             device_plan(stages)
         except PlanError as e:
             out.append(str(e))
+        why = colocated_on_gpu(stages)  # planned, not startable yet
+        if why:
+            out.append(why)
     if (i + 1 < len(stages) and MODES[s.mode].trains
             and s.trainer.save_hf_checkpoint == "never"):
         nxt = stages[i + 1].name.rsplit("/", 1)[-1]

@@ -97,11 +97,8 @@ def device_plan(stages: Sequence[TrinityConfig]) -> DevicePlan:
     trainer the rest. Raises :class:`PlanError` naming the fields when it does not fit."""
     cfg = stages[0]
     c = cfg.cluster
-    if cfg.mode == "colocate" or any(s.mode == "colocate" for s in stages):
-        raise PlanError(
-            "mode: colocate (trainer and rollout engine taking turns on one GPU with vLLM's sleep "
-            "mode) is not implemented; use mode: both with cluster.gpu_per_node >= 2 (on a CPU "
-            "machine, mode: both already shares the cores)")
+    if any(s.mode == "colocate" for s in stages):
+        return _colocated(stages)
     explorer_cfgs = [s for s in stages if MODES[s.mode].explores]
     has_trainer = any(MODES[s.mode].trains for s in stages)
     # the stage whose explorer needs the most GPUs decides the explorer's share
@@ -122,7 +119,53 @@ def device_plan(stages: Sequence[TrinityConfig]) -> DevicePlan:
         for node in sorted({n for n, _ in free}):
             gpus = tuple(g for n, g in free if n == node)
             placements.append(Placement(f"trainer: {len(gpus)} rank(s)", "trainer", node, gpus))
-    return DevicePlan(c.node_num, c.gpu_per_node, tuple(placements), world)
+    plan = DevicePlan(c.node_num, c.gpu_per_node, tuple(placements), world)
+    _memory_sync_on_one_node(plan, stages)
+    return plan
+
+
+def _colocated(stages: Sequence[TrinityConfig]) -> DevicePlan:
+    """``mode: colocate``: the trainer and the rollout engines on the same GPUs of one node, the
+    engines taking ``gpu_memory_utilization`` of each and the trainer the rest (on CPU they
+    share the cores, as in mode both)."""
+    cfg = stages[0]
+    c = cfg.cluster
+    if c.node_num != 1:
+        raise PlanError(f"mode: colocate runs the trainer and the engines on one node; cluster.node_num: {c.node_num}")
+    if any(s.synchronizer.sync_method == "nccl" for s in stages):
+        raise PlanError("synchronizer.sync_method: nccl cannot join two processes on one device "
+                        "(NCCL refuses two ranks on one GPU) in mode: colocate; use memory or checkpoint")
+    if c.gpu_per_node == 0:
+        return DevicePlan(1, 0, (), 0)
+    explorer = _place_explorer(cfg, [(0, g) for g in range(c.gpu_per_node)])
+    used = tuple(sorted({g for p in explorer for g in p.gpus}))
+    share = cfg.explorer.rollout_model.gpu_memory_utilization
+    trainer = Placement(f"trainer: {len(used)} rank(s), the {1 - share:.0%} of memory the engines leave "
+                        f"(explorer.rollout_model.gpu_memory_utilization: {share:g})", "trainer", 0, used)
+    return DevicePlan(1, c.gpu_per_node, (*explorer, trainer), 0)
+
+
+def colocated_on_gpu(stages: Sequence[TrinityConfig]) -> str | None:
+    """Why a colocated run cannot start on GPUs yet (None: it can, or is not colocated)."""
+    if any(s.mode == "colocate" for s in stages) and stages[0].cluster.gpu_per_node > 0:
+        return ("mode: colocate on GPUs needs the rollout engine to give its memory back while the "
+                "trainer steps (vLLM's sleep mode): not built yet (trinity run --plan shows what it "
+                "will run); on a CPU machine (cluster.gpu_per_node: 0) it runs")
+    return None
+
+
+def _memory_sync_on_one_node(plan: DevicePlan, stages: Sequence[TrinityConfig]) -> None:
+    """``sync_method: memory`` moves weights through the trainer's memory: its rank 0 and
+    every rollout engine must be on one node."""
+    if not any(s.synchronizer.sync_method == "memory" and MODES[s.mode].weights == "live" for s in stages):
+        return
+    trainer = plan.nodes("trainer")[:1]
+    engines = sorted({p.node for p in plan.of("rollout engine")})
+    if trainer and any(n != trainer[0] for n in engines):
+        raise PlanError(
+            f"synchronizer.sync_method: memory needs the trainer and the rollout engines on one node; "
+            f"the device plan puts the trainer on node {trainer[0]} and the engines on node(s) "
+            f"{', '.join(map(str, engines))} (cluster.node_num: {plan.node_num}): use nccl")
 
 
 def _weight_sync_world(stages: Sequence[TrinityConfig]) -> int:
@@ -260,6 +303,8 @@ def describe(plan: DevicePlan, stages: Sequence[TrinityConfig], roles: Sequence[
                      f"{os.environ.get('TRINITY_WEIGHT_SYNC_HOST', '127.0.0.1')} (TRINITY_WEIGHT_SYNC_HOST)")
     elif any(s.synchronizer.sync_method == "checkpoint" for s in stages):
         lines.append("weight sync: checkpoints on disk (synchronizer.sync_method: checkpoint)")
+    if any(s.synchronizer.sync_method == "memory" for s in stages):
+        lines.append("weight sync: the trainer's shared memory, on its machine (synchronizer.sync_method: memory)")
     return lines
 
 

@@ -107,8 +107,25 @@ def test_a_killed_role_costs_seconds_not_a_sync_timeout(tmp_path, tiny_model, ar
     trainer's newest weights on the way to the version it needs. A buffer killed while it
     served a batch request cost the request's timeout; the trainer now asks again once the
     buffer's heartbeat shows a new process."""
+    _kill_mid_run(tmp_path, tiny_model, arith, role, {"synchronizer.sync_timeout": 120})
+
+
+@pytest.mark.parametrize("role", ["trainer", "explorer"])
+def test_colocated_memory_sync_trains_and_a_killed_side_costs_seconds(tmp_path, tiny_model, arith, role):
+    """``mode: colocate`` on CPU with ``sync_method: memory`` (its default there): a killed
+    trainer takes its memory files with it (the explorer's load of its last offer fails at
+    once, reported, and the restarted trainer offers afresh); a restarted explorer loads the
+    trainer's current offer."""
+    text = _kill_mid_run(tmp_path, tiny_model, arith, role,
+                         {"synchronizer.sync_timeout": 120, "synchronizer.sync_method": "memory", "mode": "colocate"})
+    assert "method=memory" in text and "method=nccl" not in text, text[-4000:]
+
+
+def _kill_mid_run(tmp_path, tiny_model, arith, role: str, extra: dict) -> str:
+    """SIGKILL ``role`` after train step 3 of a run with ``extra`` settings: the run ends well,
+    no wait ran out after the kill, every experience trained once. The run's log."""
     cfg = tiny_run_config(tmp_path / "c.yaml", model=tiny_model, data=arith, port=free_port(),
-                          stages=False, extra={"synchronizer.sync_timeout": 120})
+                          stages=False, extra=extra)
     job, log = tmp_path / "ckpt/t/r", tmp_path / "run.log"
     with running("run", "--config", str(cfg), log=log) as p:
         wait_for("train step 3", lambda: any(e["step"] >= 3 for e in steps_log(job)), p, log=log)
@@ -124,6 +141,7 @@ def test_a_killed_role_costs_seconds_not_a_sync_timeout(tmp_path, tiny_model, ar
     # may have finished before it came back (it waited FINISH_WAIT for them before)
     assert "exit_without_them" not in text, text[-4000:]
     _trained_exactly_once(job)
+    return text
 
 
 FAILING_LOSS = '''

@@ -97,8 +97,13 @@ def test_plans_that_do_not_fit_are_refused_naming_the_fields():
         device_plan([cfg(cluster={"gpu_per_node": 1})])
     with pytest.raises(PlanError, match=r"explorer: 4 GPU\(s\).*tensor_parallel_size.*cluster.gpu_per_node: 2"):
         device_plan([cfg(explorer={"rollout_model": {"engine_num": 2, "tensor_parallel_size": 2}})])
-    with pytest.raises(PlanError, match="mode: colocate .* not implemented"):
+    with pytest.raises(PlanError, match="sync_method: nccl cannot join two processes on one device"):
         device_plan([cfg(mode="colocate")])
+    with pytest.raises(PlanError, match="mode: colocate runs the trainer and the engines on one node"):
+        device_plan([cfg(mode="colocate", cluster={"gpu_per_node": 1, "node_num": 2},
+                         synchronizer={"sync_method": "memory"})])
+    with pytest.raises(PlanError, match="sync_method: memory needs the trainer and the rollout engines on one node"):
+        device_plan([cfg(cluster={"gpu_per_node": 1, "node_num": 2}, synchronizer={"sync_method": "memory"})])
     with pytest.raises(PlanError, match="CUDA_VISIBLE_DEVICES=3 names 1 GPU"):
         visible_devices(device_plan([cfg()]), "trainer", "3")
 
@@ -126,8 +131,16 @@ def test_trinity_run_plan_on_the_seed_gsm8k_config_starts_nothing():
     assert "weight sync: nccl group of 2" in r.stdout and "nats://127.0.0.1:4222" in r.stdout
     bad = _cli("run", "--config", str(GSM8K), "--plan", "--set", "cluster.gpu_per_node=1", env={})
     assert bad.returncode == 2 and "cluster.gpu_per_node: 1" in bad.stderr
-    coloc = _cli("run", "--config", str(GSM8K), "--plan", "--set", "mode=colocate", env={})
-    assert coloc.returncode == 2 and "mode: colocate" in coloc.stderr
+    # one GPU: trainer and engine both on GPU 0, the engine's share and the trainer's
+    coloc = _cli("run", "--config", str(GSM8K), "--plan", "--set", "mode=colocate",
+                 "--set", "cluster.gpu_per_node=1", env={})
+    assert coloc.returncode == 0, coloc.stderr
+    rows = {line.split()[0]: line for line in coloc.stdout.splitlines() if line.startswith("  ")}
+    assert "rollout engine 0 (vllm, tp 1) on GPU 0" in rows["explorer"], coloc.stdout
+    assert "on GPU 0" in rows["trainer"] and "memory the engines leave" in rows["trainer"], coloc.stdout
+    assert "synchronizer.sync_method: memory" in coloc.stdout
+    started = _cli("run", "--config", str(GSM8K), "--set", "mode=colocate", "--set", "cluster.gpu_per_node=1", env={})
+    assert started.returncode == 2 and "not built yet" in started.stderr, started.stderr
     # upstream's 8-GPU layouts give the trainer several GPUs: one PyTorch process cannot use
     # them, refused before anything starts (it was refused by the trainer, the engine loading;
     # --plan draws the layout up for GPU nodes, and shows it)
