@@ -106,10 +106,16 @@ def measure(params_m: float, dtypes: list[str], bucket_bytes: int, repeats: int,
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_peer, args=(r, rdv, shapes, dtypes, bucket_bytes, repeats, q)) for r in (0, 1)]
+    return _collect(procs, q, len(dtypes))
+
+
+def _collect(procs: list, q, n: int) -> list:
+    """Start ``procs`` and return the ``n`` rows they put on ``q``; a peer that dies ends the
+    bench instead of hanging it."""
     for p in procs:
         p.start()
-    rows = []
-    while len(rows) < len(dtypes):  # a peer that dies ends the bench instead of hanging it
+    rows: list = []
+    while len(rows) < n:
         try:
             rows.append(q.get(timeout=1))
         except queue.Empty:
@@ -174,20 +180,7 @@ def measure_memory(params_m: float, dtypes: list[str], repeats: int) -> list[tup
         q, to_reader, to_writer = ctx.Queue(), ctx.Queue(), ctx.Queue()
         procs = [ctx.Process(target=_memory_peer, args=(r, shapes, dt, repeats, to_reader, to_writer, q))
                  for r in ("trainer", "explorer")]
-        for p in procs:
-            p.start()
-        while True:
-            try:
-                rows.append(q.get(timeout=1))
-                break
-            except queue.Empty:
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    for p in procs:
-                        p.kill()
-                    raise RuntimeError(f"a peer failed (exit codes {dead}); its error is above") from None
-        for p in procs:
-            p.join(60)
+        rows += _collect(procs, q, 1)
     return rows
 
 

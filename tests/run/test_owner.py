@@ -173,7 +173,8 @@ def test_a_twin_sweep_is_refused_before_it_starts_anything(tmp_path, tiny_model,
                           stages=False, extra={"model.lora_configs": [lora]})
     sweep = ("sweep", "--config", str(cfg), "--set", "algorithm.optimizer.lr=1e-4,1e-3")
     folder = tmp_path / "ckpt/t/s-sweep"
-    with running(*sweep, log=tmp_path / "first.log", timeout=5) as first:
+    # (after the SIGTERM below the first has a minute to end: its exit is not what this tests)
+    with running(*sweep, log=tmp_path / "first.log", timeout=60) as first:
         wait_for("the first sweep's lock", lambda: _lock_holder(folder) == first.pid, first, log=tmp_path / "first.log")
         second = trinity(*sweep)
         out, _ = second.communicate(timeout=120)
