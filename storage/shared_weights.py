@@ -128,12 +128,13 @@ class SharedWeights:
                            "another machine or as another user") from e
         try:
             self.head = self._read_header()
-            meta = json.loads(self.head[8:])["__metadata__"]
+            entries = json.loads(self.head[8:])
+            meta = entries["__metadata__"]
             if (int(meta["version"]), int(meta["seq"])) != (version, seq):
                 raise TornRead(f"{path} holds version {int(meta['version'])} of offer {int(meta['seq'])} "
                                f"(0: being written), not version {version} of offer {seq}")
             buf = _mapping(self.fd)
-            start, entries = len(self.head), json.loads(self.head[8:])
+            start = len(self.head)
             self.tensors = [(name, buf[start + e["offsets"][0]:start + e["offsets"][1]]
                              .view(getattr(torch, e["dtype"])).view(e["shape"]))
                             for name, e in entries.items() if name != "__metadata__"]
