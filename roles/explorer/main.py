@@ -52,7 +52,8 @@ async def run_explorer(ctx: RoleContext, engines: list[RolloutEngine] | None = N
     aux_gpus = [plan.engine_devices(plan.of(f"auxiliary {i} engine"))
                 for i in range(len(cfg.explorer.auxiliary_models))] if plan.gpu_per_node else None
     if engines is None:
-        engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model, adapter_sync(cfg), gpus)
+        engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model, adapter_sync(cfg), gpus,
+                                       colocated=cfg.mode == "colocate")
     auxiliary: list[list[RolloutEngine]] = []
     try:
         auxiliary = await create_auxiliary(cfg.explorer.auxiliary_models, cfg.model.external_model, aux_gpus)

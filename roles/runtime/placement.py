@@ -125,9 +125,10 @@ def device_plan(stages: Sequence[TrinityConfig]) -> DevicePlan:
 
 
 def _colocated(stages: Sequence[TrinityConfig]) -> DevicePlan:
-    """``mode: colocate``: the trainer and the rollout engines on the same GPUs of one node, the
-    engines taking ``gpu_memory_utilization`` of each and the trainer the rest (on CPU they
-    share the cores, as in mode both)."""
+    """``mode: colocate``: the trainer and the rollout engines on the same GPUs of one node. A
+    vLLM engine takes ``gpu_memory_utilization`` of each and the trainer the rest; a
+    transformers engine holds its weights and gives each batch's cache back after it (the
+    trainer has the rest between batches). On CPU they share the cores, as in mode both."""
     cfg = stages[0]
     c = cfg.cluster
     if c.node_num != 1:
@@ -139,18 +140,27 @@ def _colocated(stages: Sequence[TrinityConfig]) -> DevicePlan:
         return DevicePlan(1, 0, (), 0)
     explorer = _place_explorer(cfg, [(0, g) for g in range(c.gpu_per_node)])
     used = tuple(sorted({g for p in explorer for g in p.gpus}))
-    share = cfg.explorer.rollout_model.gpu_memory_utilization
-    trainer = Placement(f"trainer: {len(used)} rank(s), the {1 - share:.0%} of memory the engines leave "
-                        f"(explorer.rollout_model.gpu_memory_utilization: {share:g})", "trainer", 0, used)
+    m = cfg.explorer.rollout_model
+    if m.engine_type == "transformers":
+        share = "the memory the engines' weights leave (a transformers engine frees each batch's cache after it)"
+    else:
+        share = (f"the {1 - m.gpu_memory_utilization:.0%} of memory the engines leave "
+                 f"(explorer.rollout_model.gpu_memory_utilization: {m.gpu_memory_utilization:g})")
+    trainer = Placement(f"trainer: {len(used)} rank(s), {share}", "trainer", 0, used)
     return DevicePlan(1, c.gpu_per_node, (*explorer, trainer), 0)
 
 
 def colocated_on_gpu(stages: Sequence[TrinityConfig]) -> str | None:
-    """Why a colocated run cannot start on GPUs yet (None: it can, or is not colocated)."""
-    if any(s.mode == "colocate" for s in stages) and stages[0].cluster.gpu_per_node > 0:
-        return ("mode: colocate on GPUs needs the rollout engine to give its memory back while the "
-                "trainer steps (vLLM's sleep mode): not built yet (trinity run --plan shows what it "
-                "will run); on a CPU machine (cluster.gpu_per_node: 0) it runs")
+    """Why a colocated run cannot start on GPUs yet (None: it can, or is not colocated): a
+    vLLM engine would hold its share of the GPU while the trainer steps (its sleep mode is not
+    wired here); a transformers engine gives each batch's memory back (``HFEngine``)."""
+    if stages[0].cluster.gpu_per_node == 0:
+        return None
+    for s in stages:
+        if s.mode == "colocate" and s.explorer.rollout_model.engine_type == "vllm":
+            return ("mode: colocate on GPUs with explorer.rollout_model.engine_type: vllm needs vLLM to "
+                    "give its memory back while the trainer steps (its sleep mode): not wired yet; "
+                    "engine_type: transformers colocates (each batch's cache is freed after it)")
     return None
 
 

@@ -1,7 +1,7 @@
 """Train engines behind one interface: log-probs of a batch, backward, optimizer step,
 weights for a sync, save and load.
 
-``TorchEngine`` is plain PyTorch (the CPU default; also fine on one GPU). The DeepSpeed ZeRO
+``TorchEngine`` is plain PyTorch (the CPU default; on a GPU it trains there too). The DeepSpeed ZeRO
 engine (``deepspeed_engine.py``) has the same methods, so the step logic in ``step.py`` never
 asks which one it drives.
 """
@@ -85,6 +85,12 @@ def attn_implementation() -> str | None:
     if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return None
+
+
+def train_device() -> torch.device:
+    """Where this process trains: its first visible GPU (the device plan narrowed
+    ``CUDA_VISIBLE_DEVICES`` to the trainer's), else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, gradient_checkpointing: bool = False,

@@ -47,7 +47,7 @@ from storage import checkpoints as ckpt
 from storage import lora
 from storage.trajectories import keep_trajectories
 
-from .engine import TorchEngine, TrainEngine, config_overrides, load_model
+from .engine import TorchEngine, TrainEngine, config_overrides, load_model, train_device
 from .ranks import STOP, DataParallel
 from .shared import SharedBase
 from .step import StepRunner, batch_metrics
@@ -113,8 +113,10 @@ def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str,
         raise ValueError(f"trainer.trainer_type: {kind!r} is not available here (pytorch, deepspeed)")
 
     def load(path: str) -> Any:
+        # on a GPU the model goes to this process's first visible one (the device plan set
+        # CUDA_VISIBLE_DEVICES); the optimizer is made after, over the moved parameters
         return load_model(path, gradient_checkpointing=cfg.trainer.deepspeed.gradient_checkpointing and torch.cuda.is_available(),
-                          overrides=config_overrides(cfg.model))
+                          overrides=config_overrides(cfg.model)).to(train_device())
 
     model = shared.model_for(cfg, load) if shared is not None else load(model_path)
     if cfg.model.lora_configs:
@@ -193,7 +195,7 @@ class Trainer:
         if self.spec.use_reference and lora.is_lora(self.engine.model):
             ref = lora.AdapterOff(self.engine.model)  # the base model: no second copy
         elif self.spec.use_reference:
-            ref = load_model(cfg.model.model_path, overrides=config_overrides(cfg.model)).eval()
+            ref = load_model(cfg.model.model_path, overrides=config_overrides(cfg.model)).to(train_device()).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
         critic = None
@@ -267,6 +269,10 @@ class Trainer:
     def _train(self, exps: list[Any], step: int) -> dict[str, float]:
         metrics = self.runner.run(exps, step, dp=self.dp)
         metrics.update(batch_metrics(exps, step))
+        if torch.cuda.is_available():
+            metrics["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            if self.cfg.mode == "colocate":  # the engine on this GPU generates in what the step leaves
+                torch.cuda.empty_cache()
         self.step = step
         self.consumed += len(exps)
         if self.engine.rank == 0:

@@ -140,7 +140,12 @@ def test_trinity_run_plan_on_the_seed_gsm8k_config_starts_nothing():
     assert "on GPU 0" in rows["trainer"] and "memory the engines leave" in rows["trainer"], coloc.stdout
     assert "synchronizer.sync_method: memory" in coloc.stdout
     started = _cli("run", "--config", str(GSM8K), "--set", "mode=colocate", "--set", "cluster.gpu_per_node=1", env={})
-    assert started.returncode == 2 and "not built yet" in started.stderr, started.stderr
+    assert started.returncode == 2 and "engine_type: vllm" in started.stderr and "not wired yet" in started.stderr, started.stderr
+    # the transformers engine colocates on a GPU: it frees each batch's cache for the trainer
+    hf = _cli("run", "--config", str(GSM8K), "--plan", "--set", "mode=colocate", "--set", "cluster.gpu_per_node=1",
+              "--set", "explorer.rollout_model.engine_type=transformers", env={})
+    rows = {line.split()[0]: line for line in hf.stdout.splitlines() if line.startswith("  ")}
+    assert hf.returncode == 0 and "frees each batch's cache" in rows["trainer"], hf.stdout + hf.stderr
     # upstream's 8-GPU layouts give the trainer several GPUs: one PyTorch process cannot use
     # them, refused before anything starts (it was refused by the trainer, the engine loading;
     # --plan draws the layout up for GPU nodes, and shows it)

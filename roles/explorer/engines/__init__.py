@@ -11,13 +11,15 @@ from schemas.config import ExternalModelConfig, InferenceModelConfig, LoraConfig
 
 async def create_engines(
     cfg: InferenceModelConfig, external: ExternalModelConfig | None = None, lora: LoraConfig | None = None,
-    gpus: Sequence[tuple[int, ...]] | None = None,
+    gpus: Sequence[tuple[int, ...]] | None = None, colocated: bool = False,
 ) -> list[RolloutEngine]:
     """Start ``cfg.engine_num`` engines of ``cfg.engine_type`` (vLLM engines in parallel).
     ``lora``: the trainer's adapter (weight syncs then move the adapter alone,
     storage.lora.adapter_sync): the transformers engine wraps its model in it, vLLM serves it
     as a LoRA request. ``gpus``: each engine's GPUs as positions in this process's
-    ``CUDA_VISIBLE_DEVICES`` (the device plan, ``roles/runtime/placement.py``); None: the first."""
+    ``CUDA_VISIBLE_DEVICES`` (the device plan, ``roles/runtime/placement.py``); None: the first.
+    ``colocated``: a trainer shares their GPUs (``mode: colocate``; a transformers engine gives
+    each batch's memory back, a vLLM one is refused there before start)."""
     def mine(i: int) -> tuple[int, ...] | None:
         return tuple(gpus[i]) if gpus else None
 
@@ -28,7 +30,8 @@ async def create_engines(
     if cfg.engine_type == "transformers":
         from roles.explorer.engines.hf import HFEngine
 
-        return [await asyncio.to_thread(HFEngine, cfg, f"hf-{i}", lora, mine(i)) for i in range(cfg.engine_num)]
+        return [await asyncio.to_thread(HFEngine, cfg, f"hf-{i}", lora, mine(i), colocated)
+                for i in range(cfg.engine_num)]
     if cfg.engine_type == "external":
         from roles.explorer.engines.external import ExternalEngine
 

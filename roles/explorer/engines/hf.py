@@ -77,7 +77,9 @@ class HFEngine(ReceivesInProcess):
     """A transformers ``AutoModelForCausalLM`` behind the rollout engine interface."""
 
     def __init__(self, cfg: InferenceModelConfig, name: str = "hf-0", lora: LoraConfig | None = None,
-                 gpus: tuple[int, ...] | None = None) -> None:
+                 gpus: tuple[int, ...] | None = None, colocated: bool = False) -> None:
+        """``colocated``: a trainer steps on the same GPU (``mode: colocate``), so the memory
+        each batch's generation took goes back to the device after it."""
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -91,6 +93,7 @@ class HFEngine(ReceivesInProcess):
             dtype = torch.float32  # CPU: fp32 keeps logprobs equal to the trainer's
         # its GPU of the device plan (a position in this process's CUDA_VISIBLE_DEVICES)
         self.device = f"cuda:{gpus[0] if gpus else 0}" if torch.cuda.is_available() else "cpu"
+        self.release = colocated and self.device != "cpu"
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
             config = override_rope(AutoConfig.from_pretrained(cfg.model_path), **rope_overrides(cfg))
@@ -206,6 +209,8 @@ class HFEngine(ReceivesInProcess):
         limits = [r.max_new for r in batch for _ in range(r.n)]
         adapters = [r.adapter or BASE for r in batch for _ in range(r.n)] if self.slot_versions else None
         rows = self._generate(prompts, max(limits), batch[0].sampling, limits, adapters)
+        if self.release:
+            torch.cuda.empty_cache()
         out, i = [], 0
         for r in batch:
             out.append(rows[i:i + r.n])
