@@ -13,8 +13,9 @@
   whether more publishers cost throughput (contention), not what a node with more cores gets.
 * ``sync``: a full weight sync, trainer process to explorer process, against the parameter
   count: through shared memory (``sync_method: memory``) and over gloo (``nccl``'s CPU
-  backend), beside a memory copy of the same bytes in the same run. Target: the memory sync's
-  time linear in bytes, at >= 0.5 of memcpy's rate (it copies twice).
+  backend), beside a memory copy of the same bytes in the same run (on one thread: the target's
+  memcpy; on every core, as the sync's own copies run: printed beside). Target: the memory
+  sync's time linear in bytes, at >= 0.5 of memcpy's rate (it copies twice).
 * ``memory``: every role's resident memory through a ``--minutes`` GRPO run (the quickstart's
   task and model, the transformers engine), sampled every 10 s. Target: after warm-up (the
   first fifth), no role grows by more than 5%.
@@ -272,22 +273,23 @@ def sync(sizes_m: list[float]) -> dict[str, float]:
     rows = []
     for want in sizes_m:
         (_, nbytes, s, r, c), = ws.measure(want, ["float32"], 0, 2, "gloo")
-        (_, _, ms, mc), = ws.measure_memory(want, ["float32"], 3)
+        (_, _, ms, mc, mw), = ws.measure_memory(want, ["float32"], 3)
         m = nbytes / 4 / 1e6  # the model's real size: the smallest shape has ~32M (its embedding)
-        rows.append((m, nbytes, s, r, c, ms, mc))
+        rows.append((m, nbytes, s, r, c, ms, mc, mw))
         gb = nbytes / 1e9
         print(f"  {m:5.0f}M params ({gb:.2f} GB): gloo {s:.3f} s ({gb / s:.2f} GB/s, {c / s:.2f} of memcpy), "
-              f"raw broadcast {r:.3f} s; memory {ms:.3f} s ({gb / ms:.2f} GB/s, {mc / ms:.2f} of memcpy); "
-              f"memcpy {c:.3f} s ({gb / c:.2f} GB/s)", flush=True)
+              f"raw broadcast {r:.3f} s; memory {ms:.3f} s ({gb / ms:.2f} GB/s, {mc / ms:.2f} of memcpy, "
+              f"{mw / ms:.2f} of memcpy on every core); memcpy {c:.3f} s ({gb / c:.2f} GB/s)", flush=True)
     chart(DOCS / "scaling-sync.svg", "Weight sync (float32), trainer -> explorer process",
           "parameters (millions)", "seconds", {"sync_method: memory": [(row[0], row[5]) for row in rows],
                                                 "nccl (gloo on CPU)": [(row[0], row[2]) for row in rows],
                                                 "one raw gloo broadcast": [(row[0], row[3]) for row in rows],
                                                 "memcpy of the same bytes": [(row[0], row[4]) for row in rows]})
     out: dict[str, float] = {}
-    for m, _, s, _, c, ms, mc in rows:
+    for m, _, s, _, c, ms, mc, mw in rows:
         out[f"memory sync of {m:.0f}M params, s"] = round(ms, 3)
         out[f"memory sync of {m:.0f}M params / memcpy (rate)"] = round(mc / ms, 2)
+        out[f"memory sync of {m:.0f}M params / memcpy on every core (rate, for information)"] = round(mw / ms, 2)
         out[f"gloo sync of {m:.0f}M params, s"] = round(s, 3)
         out[f"gloo sync of {m:.0f}M params / memcpy (rate, for information)"] = round(c / s, 2)
     per_gb = [row[5] / (row[1] / 1e9) for row in rows]

@@ -7,8 +7,9 @@ Prints, per dtype: the full sync (``WeightSender.send`` -> ``WeightReceiver.rece
 metadata once, then every tensor), one raw ``broadcast`` of a single flat tensor of the same
 bytes on the same group (the transport's limit), and a plain memory copy of those bytes. The
 target is a sync at >= 0.7 of the raw broadcast. Then the same weights through shared memory
-(``sync_method: memory``: the trainer writes them, the explorer copies them out), against a
-memory copy; target >= 0.5 of memcpy (it copies twice).
+(``sync_method: memory``: the trainer writes them, the explorer copies them out, each over the
+machine's cores), against a memory copy of the same bytes on one thread (the issue's "memcpy";
+target >= 0.5: it copies twice) and, printed beside it, on every core.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from report import record  # noqa: E402  (bench/report.py)
 from bus.server import free_port  # noqa: E402
 from roles.weightsync.weights import WeightReceiver, WeightSender  # noqa: E402
 from schemas.state import Rendezvous  # noqa: E402
+from storage.shared_weights import copy_tensors  # noqa: E402
 
 
 def model_shapes(params_m: float) -> list[tuple[str, tuple[int, ...]]]:
@@ -131,7 +133,8 @@ def _collect(procs: list, q, n: int) -> list:
 
 def _memory_peer(role: str, shapes, dtype: str, repeats: int, to_reader, to_writer, q) -> None:
     """One end of ``sync_method: memory``: the trainer writes its slot, the explorer copies
-    it out into tensors of its own (as an engine's ``update_weights`` does), one thread each."""
+    it out into tensors of its own as the transformers engine's ``update_weights`` does
+    (``copy_tensors``: the machine's cores); torch itself on one thread each side."""
     from storage.shared_weights import SharedSlot, SharedWeights
 
     torch.set_num_threads(1)
@@ -154,24 +157,27 @@ def _memory_peer(role: str, shapes, dtype: str, repeats: int, to_reader, to_writ
         path, version, seq, wrote = to_reader.get()
         t0 = time.perf_counter()
         with SharedWeights(path, version, seq) as w:
-            for n, t in w.tensors:
-                own[n].copy_(t)
+            copy_tensors((own[n], t) for n, t in w.tensors)
             assert w.intact()
         syncs.append(wrote + time.perf_counter() - t0)
     to_writer.put("done")
     nbytes = sum(t.numel() * t.element_size() for t in own.values())
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
     dst = torch.empty_like(src)
-    copies = []
+    copies, wide = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         dst.copy_(src)
         copies.append(time.perf_counter() - t0)
-    q.put((dtype, nbytes, min(syncs), min(copies)))
+        t0 = time.perf_counter()
+        copy_tensors([(dst, src)])
+        wide.append(time.perf_counter() - t0)
+    q.put((dtype, nbytes, min(syncs), min(copies), min(wide)))
 
 
-def measure_memory(params_m: float, dtypes: list[str], repeats: int) -> list[tuple[str, int, float, float]]:
-    """Per dtype: (dtype, bytes, full sync s, memcpy s), best of ``repeats`` (the first sync
+def measure_memory(params_m: float, dtypes: list[str], repeats: int) -> list[tuple[str, int, float, float, float]]:
+    """Per dtype: (dtype, bytes, full sync s, memcpy s on one thread, on every core), best of
+    ``repeats`` (the first sync
     also allocates the slot's pages), through shared memory between two fresh processes."""
     shapes = model_shapes(params_m)
     ctx = mp.get_context("spawn")
@@ -219,13 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     record("weight_sync", figures, target="a sync at >= 0.7 of the raw broadcast",
            met=all(r / s >= 0.7 for _, _, s, r, _ in rows))
     mem = measure_memory(a.params_m, dtypes, a.repeats)
-    print(f"sync_method: memory (shared memory, one thread each side), best of {a.repeats}")
-    print(f"{'dtype':9} {'GB':>6} | {'sync s':>7} {'GB/s':>6} | {'memcpy s':>8} {'GB/s':>6} | sync/memcpy")
-    for dt, nbytes, s, c in mem:
+    cores = os.cpu_count()
+    print(f"sync_method: memory (shared memory, each side's copy over the {cores} cores), best of {a.repeats}")
+    print(f"{'dtype':9} {'GB':>6} | {'sync s':>7} {'GB/s':>6} | {'memcpy s':>8} {'GB/s':>6} | sync/memcpy | "
+          f"{'memcpy ' + str(cores) + ' cores s':>16} | sync/that")
+    for dt, nbytes, s, c, w in mem:
         gb = nbytes / 1e9
-        print(f"{dt:9} {gb:6.3f} | {s:7.3f} {gb / s:6.2f} | {c:8.3f} {gb / c:6.2f} | {c / s:.2f}")
-    record("weight_sync_memory", {f"{dt}: memory sync / memcpy (rate ratio)": round(c / s, 2) for dt, _, s, c in mem},
-           target="a sync at >= 0.5 of memcpy", met=all(c / s >= 0.5 for _, _, s, c in mem))
+        print(f"{dt:9} {gb:6.3f} | {s:7.3f} {gb / s:6.2f} | {c:8.3f} {gb / c:6.2f} | {c / s:11.2f} | {w:16.3f} | {w / s:.2f}")
+    figures = {}
+    for dt, _, s, c, w in mem:
+        figures[f"{dt}: memory sync / memcpy (rate ratio)"] = round(c / s, 2)
+        figures[f"{dt}: memory sync / memcpy on every core (rate ratio)"] = round(w / s, 2)
+    record("weight_sync_memory", figures, target="a sync at >= 0.5 of memcpy (one thread)",
+           met=all(c / s >= 0.5 for _, _, s, c, _ in mem))
     return 0
 
 

@@ -24,6 +24,7 @@ import json
 import os
 import struct
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -55,6 +56,55 @@ def _header(entries: dict[str, Any], version: int, seq: int) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+#: Below this many bytes a copy runs on the calling thread alone (threads cost more than they save).
+PARALLEL_MIN_BYTES = 32 * 2**20
+_CHUNK_ELEMENTS = 4 * 2**20
+
+
+def copy_tensors(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], threads: int | None = None) -> None:
+    """``dst.copy_(src)`` for each ``(dst, src)`` pair, spread over ``threads`` threads (the
+    machine's cores by default) in pieces of about equal size.
+
+    Why: a weight sync pauses the trainer while it writes and the engine while it loads, and one
+    thread's copy uses a fraction of the memory bandwidth (on these CPUs 9.5 GB/s on one core,
+    16 GB/s on two); torch releases the GIL while it copies, so Python threads run the pieces
+    side by side. torch's own intra-op threads are left as the process set them (a vLLM worker
+    pins them to cores). Copies to or from a GPU stay on the calling thread."""
+    pairs = list(pairs)
+    threads = threads or os.cpu_count() or 1
+    total = sum(d.numel() * d.element_size() for d, _ in pairs)
+    on_cpu = all(d.device.type == "cpu" and s.device.type == "cpu" for d, s in pairs)
+    with torch.no_grad():
+        if threads == 1 or total < PARALLEL_MIN_BYTES or not on_cpu:
+            for d, s in pairs:
+                d.copy_(s)
+            return
+        pieces = []  # (bytes, dst piece, src piece): contiguous tensors cut into flat pieces
+        for d, s in pairs:
+            if d.is_contiguous() and s.is_contiguous() and d.dtype == s.dtype and d.shape == s.shape:
+                fd, fs = d.view(-1), s.view(-1)
+                for i in range(0, fd.numel(), _CHUNK_ELEMENTS):
+                    piece = fd[i:i + _CHUNK_ELEMENTS]
+                    pieces.append((piece.numel() * piece.element_size(), piece, fs[i:i + _CHUNK_ELEMENTS]))
+            else:
+                pieces.append((d.numel() * d.element_size(), d, s))
+        groups: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(threads)]
+        loads = [0] * threads
+        for nbytes, d, s in sorted(pieces, key=lambda p: -p[0]):  # largest first, to the lightest group
+            g = loads.index(min(loads))
+            groups[g].append((d, s))
+            loads[g] += nbytes
+
+        def run(group: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+            with torch.no_grad():
+                for d, s in group:
+                    d.copy_(s)
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="copy") as pool:
+            for f in [pool.submit(run, g) for g in groups if g]:
+                f.result()
+
+
 class SharedSlot:
     """One memory file this process writes weights into (see the module doc)."""
 
@@ -84,10 +134,8 @@ class SharedSlot:
             self._buf = torch.from_file(f"/proc/self/fd/{self.fd}", shared=True, size=self.size, dtype=torch.uint8)
         buf, start = self._buf, len(busy)
         os.pwrite(self.fd, busy, 0)
-        with torch.no_grad():
-            for name, t in named:
-                b, e = entries[name]["offsets"]
-                buf[start + b:start + e].view(t.dtype).view(t.shape).copy_(t.detach())
+        copy_tensors((buf[start + entries[name]["offsets"][0]:start + entries[name]["offsets"][1]]
+                      .view(t.dtype).view(t.shape), t.detach()) for name, t in named)
         os.pwrite(self.fd, _header(entries, version, seq), 0)
         return sum(e["offsets"][1] - e["offsets"][0] for e in entries.values())
 

@@ -111,3 +111,20 @@ def test_a_slot_grows_for_larger_weights_and_keeps_its_pages_otherwise():
             assert [(n, float(t.sum())) for n, t in w.tensors] == [("a", 10.0)]
     finally:
         slot.close()
+
+
+def test_copy_tensors_over_threads_copies_every_byte(monkeypatch):
+    """The pieces a copy is cut into (to run on every core) cover each tensor exactly, a
+    non-contiguous destination and a dtype change included."""
+    import storage.shared_weights as sw
+
+    monkeypatch.setattr(sw, "PARALLEL_MIN_BYTES", 0)  # small tensors, the threaded path
+    monkeypatch.setattr(sw, "_CHUNK_ELEMENTS", 7)  # pieces that do not divide the tensors
+    g = torch.Generator().manual_seed(1)
+    src = [torch.randn(50, generator=g), torch.randn(6, 5, generator=g), torch.randn(4, 3, generator=g),
+           torch.randn(9, generator=g)]
+    dst = [torch.zeros(50), torch.zeros(5, 6).t(), torch.zeros(4, 3, dtype=torch.float64),
+           torch.zeros(9, dtype=torch.bfloat16)]
+    sw.copy_tensors(zip(dst, src, strict=True), threads=3)
+    for d, s in zip(dst, src, strict=True):
+        assert torch.equal(d, s.to(d.dtype))

@@ -42,6 +42,7 @@ from roles.explorer.engines.base import (
 )
 from schemas.config import InferenceModelConfig, LoraConfig
 from storage.hf_config import override_rope
+from storage.shared_weights import copy_tensors
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: The most rows (requests x their ``n``) one ``generate`` call batches.
@@ -314,9 +315,7 @@ class HFEngine(ReceivesInProcess):
                     f"{self.name}: {what}: {k} has shape {tuple(t.shape)}, "
                     f"the model's is {tuple(own[k].shape)}"
                 )
-        with torch.no_grad():
-            for k, t in state.items():
-                own[k].copy_(t.to(own[k].dtype))
+        copy_tensors((own[k], t) for k, t in state.items())
 
     async def load_checkpoint(self, path: str, version: int) -> None:
         from safetensors.torch import load_file
