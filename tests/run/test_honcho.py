@@ -2,8 +2,8 @@
 every process ``rc=0`` (the roles leave together, the NATS server once they have left it), no traceback and no
 ``Exception ignored in`` line, and the explorer prints the eval summary ``trinity run`` prints.
 
-Short settings: the quickstart's own config with 5 SFT steps and 2 GRPO steps (vLLM, gloo
-broadcast and all), its assets built by ``prepare.py`` into the test's folder. About 50 s on 2
+Short settings: the quickstart's own config with 5 SFT steps and 2 GRPO steps (vLLM, weights
+through shared memory and all), its assets built by ``prepare.py`` into the test's folder. About 50 s on 2
 cores, most of it process and vLLM start-up.
 """
 

@@ -481,6 +481,22 @@ def test_sync_method_memory_loads_as_upstream_writes_it(tmp_path):
         load(write(tmp_path, "synchronizer: {sync_method: ipc}\n"))
 
 
+def test_weights_move_through_memory_by_default_on_one_cpu_machine(tmp_path):
+    """Unasked, on one CPU machine, the weights go through shared memory (5-10x gloo's rate,
+    docs/performance.md); a method the config names is kept, GPUs and several nodes keep
+    nccl's broadcast, and a mode without live weights still loads checkpoints."""
+    def method(text: str = "", *sets: str) -> tuple[str, str]:
+        lc = load(write(tmp_path, text or "project: p\n"), overrides=list(sets))
+        return lc.config.synchronizer.sync_method, lc.sources.get("synchronizer.sync_method", "default")
+
+    assert method() == ("memory", "derived")
+    assert method("synchronizer: {sync_method: nccl}\n")[0] == "nccl"
+    assert method("", "synchronizer.sync_method=nccl")[0] == "nccl"
+    assert method("", "cluster.gpu_per_node=2")[0] == "nccl"
+    assert method("", "cluster.node_num=2")[0] == "nccl"
+    assert method("", "mode=train")[0] == "checkpoint"
+
+
 def test_set_reaches_into_a_list_item_by_index(tmp_path):
     """Trinity-RFT's configs list their judge models and stages: ``--set`` changes one field of
     one item (the rest of the item, and the other items, stay as the file has them)."""

@@ -93,6 +93,24 @@ def test_the_example_sweep_loads_and_can_share(tmp_path):
     assert cfgs[0].checkpoint_job_dir != cfgs[1].checkpoint_job_dir and cfgs[0].run_id != cfgs[1].run_id
 
 
+def test_a_sweep_that_names_no_sync_method_takes_the_broadcast_not_the_cpu_default(tmp_path):
+    """On one CPU machine an unnamed sync_method is memory; a sweep's shared engine takes each
+    run's adapter by broadcast, so its runs are pinned to nccl (every role process loads the
+    pinned overrides from the sweep file)."""
+    from pathlib import Path
+
+    from roles.tools.sweep.launch import load_runs
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "sweep" / "lora_grpo.yaml"
+    text = example.read_text().replace("sync_method: nccl, ", "")
+    assert text != example.read_text()
+    (tmp_path / "s.yaml").write_text(text)
+    runs = expand("lora_grpo", ["algorithm.optimizer.lr=1e-3,3e-3"])
+    loaded = load_runs(str(tmp_path / "s.yaml"), str(tmp_path / ".env"), runs)
+    assert [lc.config.synchronizer.sync_method for lc in loaded.values()] == ["nccl", "nccl"]
+    assert all("synchronizer.sync_method=nccl" in r.overrides for r in runs)
+
+
 def test_values_whose_tags_collide_or_are_long_get_distinct_short_names():
     """``a b`` and ``a/b`` both read ``a_b``: two runs of one name were merged (each
     experience trained twice); a 348-character value made a file name too long."""

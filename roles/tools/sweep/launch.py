@@ -30,6 +30,7 @@ from roles.runtime.monitor import summary
 from roles.runtime.placement import device_plan
 from roles.tools.sweep.plan import SweepRun, check_shared, expand, split_sets
 from schemas.config import TrinityConfig
+from schemas.derive import DERIVED
 from schemas.loader import ConfigError, LoadedConfig
 
 SWEEP_FILE = "sweep.json"
@@ -74,7 +75,12 @@ def load_runs(config: str | None, dotenv: str, runs: list[SweepRun]) -> dict[str
     loaded, problems = {}, []
     for r in runs:
         try:
-            loaded[r.name] = load(argparse.Namespace(config=config, overrides=r.overrides, dotenv=dotenv), quiet=True)
+            lc = load(argparse.Namespace(config=config, overrides=r.overrides, dotenv=dotenv), quiet=True)
+            if lc.sources.get("synchronizer.sync_method") == DERIVED and lc.config.synchronizer.sync_method == "memory":
+                # the shared engine takes each run's adapter by broadcast: not the CPU default
+                r.overrides.append("synchronizer.sync_method=nccl")
+                lc = load(argparse.Namespace(config=config, overrides=r.overrides, dotenv=dotenv), quiet=True)
+            loaded[r.name] = lc
         except ConfigError as e:
             problems += [f"run {r.name}: {p}" for p in e.problems]
     if problems:
