@@ -31,7 +31,6 @@ from .redact import NATS_SCHEMES, redact_url
 #: removed before validation with one warning each (value: why it is ignored).
 IGNORED_PATHS: dict[str, str] = {
     "ray_namespace": "trinity uses NATS subjects per experiment instead of Ray namespaces",
-    "ignore_validator_suggestions": "trinity has no GPU-memory config validator",
     "group": "experiment groups are not implemented; use project/name",
     "cod": "CoD task packing is not implemented",
     "service": "Data-Juicer runs in-process (the py-data-juicer package): there is no server to reach or start",
@@ -1287,6 +1286,9 @@ class TrinityConfig(BaseSettings):
     continue_from_checkpoint: bool = True
     """Resume from the latest checkpoint; false renames the run to ``<name>_<timestamp>``
     (how the trainer starts: ``trainer.resume_mode``)."""
+    ignore_validator_suggestions: bool = False
+    """Start even where the GPU memory estimate (``trinity run --plan``, ``ops/memory.py``)
+    says the trainer or an engine will not fit this machine's GPU: the refusal becomes a warning."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Algorithm and its parts."""
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -36,13 +36,16 @@ the cache lacks (unless ``HF_HUB_OFFLINE``); a hub id still unresolved is named 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import ops
 from ops.algorithms import resolve
+from ops.memory import GIB
 from ops.rewards import check_reward_options
+from roles.runtime.fit import fit_problems
 from roles.runtime.hub_paths import resolve_hub_paths, stage_prefix, uses_critic
 from roles.runtime.placement import PlanError, colocated_on_gpu, device_plan
 from schemas.config import TrinityConfig
@@ -467,6 +470,35 @@ def preflight(stages: list[TrinityConfig], entry: str = "run") -> None:
     problems, missing = check_inputs(stages, entry)
     if entry != "config" and "explorer" in NEEDS[entry]:  # what this machine runs (config may be for another)
         problems += [p for i, s in enumerate(stages) for p in cpu_tensor_parallel_problems(s, stage_prefix(stages, i))]
+    if entry != "config" and "trainer" in NEEDS[entry] | {"explorer"}:
+        problems += gpu_fit_problems(stages)
     missing = [m for m in missing if m.split(": ", 1)[0] not in failed]
     if hub_errors or problems or missing:
         raise ConfigError(hub_errors + missing + problems)
+
+
+def gpu_gib() -> float | None:
+    """GiB of this machine's first GPU, None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+def gpu_fit_problems(stages: list[TrinityConfig]) -> list[str]:
+    """A device plan whose trainer or engines would not fit this machine's GPUs (the estimate
+    of :mod:`roles.runtime.fit`), with the settings that would; printed as a warning instead
+    under ``ignore_validator_suggestions: true``. Nothing on a machine without a GPU."""
+    if stages[0].cluster.gpu_per_node == 0 or (size := gpu_gib()) is None:
+        return []
+    try:
+        plan = device_plan(stages)
+    except PlanError:
+        return []  # check_stage_settings names it
+    found = fit_problems(plan, stages, size)
+    if found and stages[0].ignore_validator_suggestions:
+        for p in found:
+            print(f"trinity: warning: {p}", file=sys.stderr)
+        return []
+    return found

@@ -44,11 +44,12 @@ from typing import TYPE_CHECKING
 
 import bus
 from bus.server import default_store_dir, ensure_server
-from roles.launch.checks import preflight
+from roles.launch.checks import gpu_gib, preflight
 from roles.launch.owner import JobLock, RunLease, lock_job
 from roles.launch.runrecord import RunRecord, job_dir_of
 from roles.launch.stages import roles_needed
 from roles.runtime.config import SESSION_START_ENV, SUPERVISED_ENV, load
+from roles.runtime.fit import describe_memory
 from roles.runtime.monitor import read_metrics, summary
 from roles.runtime.placement import child_env, describe, device_plan, trainer_ranks
 from roles.runtime.verdicts import RUN_FAILED_EXIT
@@ -449,7 +450,7 @@ def _main(args: argparse.Namespace, locks: list[JobLock]) -> int:
     try:
         plan = device_plan(stages)
         if args.plan:
-            for line in describe(plan, stages, needed):
+            for line in describe(plan, stages, needed) + describe_memory(plan, stages, gpu_gib()):
                 print(line)
         # refuses a trainer that trinity run cannot start
         ranks = trainer_ranks(plan) if "trainer" in needed else 1

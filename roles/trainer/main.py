@@ -195,7 +195,11 @@ class Trainer:
         if self.spec.use_reference and lora.is_lora(self.engine.model):
             ref = lora.AdapterOff(self.engine.model)  # the base model: no second copy
         elif self.spec.use_reference:
-            ref = load_model(cfg.model.model_path, overrides=config_overrides(cfg.model)).to(train_device()).eval()
+            # on the trainer's device, in the dtype DeepSpeed trains in there (a float32 copy
+            # of a 7B model would take 28 GB of the GPU for a forward pass per step)
+            bf16 = engine_kind(cfg) == "deepspeed" and cfg.trainer.deepspeed.bf16 and torch.cuda.is_available()
+            ref = load_model(cfg.model.model_path, dtype=torch.bfloat16 if bf16 else torch.float32,
+                             overrides=config_overrides(cfg.model)).to(train_device()).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
         critic = None

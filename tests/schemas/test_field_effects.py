@@ -1434,6 +1434,9 @@ def observe(cfg: TrinityConfig) -> dict[str, Any]:
 #: retries, reconnects, servers), each with the test that exercises that effect. The test is
 #: checked to exist and to mention the field.
 RUNTIME_EFFECTS: dict[str, str] = {
+    # read by the start's GPU-memory check, which runs where a GPU is (its size stood in for)
+    "ignore_validator_suggestions":
+        "tests/roles/test_fit.py::test_the_start_refuses_what_does_not_fit_unless_ignore_validator_suggestions",
     "buffer.trainer_input.experience_buffer.total_epochs":
         "tests/trainer/test_buffer.py::test_a_file_buffers_own_total_epochs_bounds_its_rows",
     **{f"data_processor.task_pipeline.{leaf}": "tests/roles/test_juicer.py::test_guide_selector_snippet_and_data_processor_load"
