@@ -470,7 +470,7 @@ def preflight(stages: list[TrinityConfig], entry: str = "run") -> None:
     problems, missing = check_inputs(stages, entry)
     if entry != "config" and "explorer" in NEEDS[entry]:  # what this machine runs (config may be for another)
         problems += [p for i, s in enumerate(stages) for p in cpu_tensor_parallel_problems(s, stage_prefix(stages, i))]
-    if entry != "config" and "trainer" in NEEDS[entry] | {"explorer"}:
+    if entry != "config" and NEEDS[entry] & {"trainer", "explorer"}:
         problems += gpu_fit_problems(stages)
     missing = [m for m in missing if m.split(": ", 1)[0] not in failed]
     if hub_errors or problems or missing:
