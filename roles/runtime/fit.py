@@ -20,6 +20,8 @@ from schemas.config import TrinityConfig
 from schemas.modes import MODES
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+#: (node, GPU) -> what uses it: (what, its estimate in GiB by part, or a vLLM engine's share of the GPU)
+GpuUse = dict[tuple[int, int], list[tuple[str, "dict[str, float] | float"]]]
 
 
 def model_shape(path: str) -> ModelShape | str:
@@ -66,20 +68,23 @@ def trainer_settings(cfg: TrinityConfig, m: ModelShape, ranks: int) -> TrainerSe
                            trainable=_lora_trainable(m, cfg), reference=spec.use_reference)
 
 
-def per_gpu(plan: DevicePlan, stages: Sequence[TrinityConfig]) -> tuple[dict[tuple[int, int], list[tuple[str, dict[str, float] | float]]], str | None]:
-    """``(node, gpu) -> [(what, GiB parts, or a share of the GPU for a vLLM engine)]``, and
-    why nothing could be estimated (None when it could)."""
+def trainer_ranks_of(plan: DevicePlan) -> int:
+    return sum(len(p.gpus) for p in plan.placements if p.process == "trainer") or 1
+
+
+def per_gpu(plan: DevicePlan, stages: Sequence[TrinityConfig]) -> tuple[GpuUse, str | None]:
+    """What uses each GPU of ``plan``, and why nothing could be estimated (None when it could)."""
     cfg = stages[0]
     m = model_shape(cfg.model.model_path)
     if isinstance(m, str):
         return {}, m
-    out: dict[tuple[int, int], list] = {}
+    out: GpuUse = {}
     trains = [s for s in stages if MODES[s.mode].trains]
+    ranks = trainer_ranks_of(plan)
     for p in plan.placements:
         for g in p.gpus:
             if p.process == "trainer" and trains:
-                worst = max((trainer_parts(m, trainer_settings(s, m, len(p.gpus) * plan.node_num)) for s in trains),
-                            key=total)
+                worst = max((trainer_parts(m, trainer_settings(s, m, ranks)) for s in trains), key=total)
                 out.setdefault((p.node, g), []).append(("trainer rank", worst))
             elif p.what.startswith("rollout engine"):
                 r = cfg.explorer.rollout_model
@@ -136,7 +141,7 @@ def fit_problems(plan: DevicePlan, stages: Sequence[TrinityConfig], gpu_gib: flo
         trains = [s for s in stages if MODES[s.mode].trains]
         base = [trainer_settings(s, m, 1) for s in trains]
         others = need - max((total(v) for w, v in users if w == "trainer rank" and isinstance(v, dict)), default=0.0)
-        ranks = next((len(p.gpus) * plan.node_num for p in plan.placements if p.process == "trainer"), 1)
+        ranks = trainer_ranks_of(plan)
         for text, change in _REMEDIES:
             tried = [trainer_parts(m, dataclasses.replace(b, ranks=ranks, **change)) for b in base]
             if tried and others + max(map(total, tried)) <= left and text not in advice:
