@@ -135,7 +135,7 @@ def _memory_peer(role: str, shapes, dtype: str, repeats: int, to_reader, to_writ
     """One end of ``sync_method: memory``: the trainer writes its slot, the explorer copies
     it out into tensors of its own as the transformers engine's ``update_weights`` does
     (``copy_tensors``: the machine's cores); torch itself on one thread each side."""
-    from storage.shared_weights import SharedSlot, SharedWeights
+    from storage.shared_weights import SharedSlot, read_whole
 
     torch.set_num_threads(1)
     dt = getattr(torch, dtype)
@@ -156,9 +156,8 @@ def _memory_peer(role: str, shapes, dtype: str, repeats: int, to_reader, to_writ
         to_writer.put("ready")
         path, version, seq, wrote = to_reader.get()
         t0 = time.perf_counter()
-        with SharedWeights(path, version, seq) as w:
-            copy_tensors((own[n], t) for n, t in w.tensors)
-            assert w.intact()
+        with read_whole(path, version, seq) as tensors:
+            copy_tensors((own[n], t) for n, t in tensors)
         syncs.append(wrote + time.perf_counter() - t0)
     to_writer.put("done")
     nbytes = sum(t.numel() * t.element_size() for t in own.values())

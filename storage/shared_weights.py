@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -208,3 +209,13 @@ class SharedWeights:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+@contextmanager
+def read_whole(path: str, version: int, seq: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The tensors of ``version`` of offer ``seq`` in the slot at ``path``, to be copied out
+    inside the ``with``; :class:`TornRead` at its end when the slot changed meanwhile (what was
+    copied is then a mix of two writes), or at its start when it holds other weights."""
+    with SharedWeights(path, version, seq) as w:
+        yield w.tensors
+        if not w.intact():
+            raise TornRead(f"{path} was rewritten while version {version} was read")

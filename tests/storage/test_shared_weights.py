@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from storage.shared_weights import SharedSlot, SharedWeights, TornRead
+from storage.shared_weights import SharedSlot, SharedWeights, TornRead, read_whole
 
 pytestmark = pytest.mark.unit
 
@@ -82,6 +82,10 @@ def test_a_write_during_the_read_is_seen_as_torn():
         with SharedWeights(slot.path, 3, 1) as w:
             slot.write([(n, t + 1 if t.is_floating_point() else t) for n, t in named], version=5, seq=3)
             assert not w.intact()
+        # what the engines load through: the same check at the end of their copy
+        with pytest.raises(TornRead, match="was rewritten while version 5 was read"):
+            with read_whole(slot.path, 5, 3):
+                slot.write(named, version=7, seq=5)
     finally:
         slot.close()
 

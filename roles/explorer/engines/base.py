@@ -200,12 +200,10 @@ class RolloutEngine(abc.ABC):
         """Load ``version`` of the trainer's offer ``seq`` from its shared-memory slot at
         ``path`` (the ``memory`` sync method, ``storage/shared_weights.py``); TornRead when
         the slot held other weights or changed while read."""
-        from storage.shared_weights import SharedWeights, TornRead
+        from storage.shared_weights import read_whole
 
-        with SharedWeights(path, version, seq) as w:
-            await self.update_weights(w.tensors, version)
-            if not w.intact():
-                raise TornRead(f"{self.name}: {path} was rewritten while version {version} was read")
+        with read_whole(path, version, seq) as tensors:
+            await self.update_weights(tensors, version)
 
     async def init_weight_group(self, rdv: dict[str, Any], rank_offset: int, timeout: float) -> None:
         """Join the synchronizer's broadcast group (ranks ``rank_offset..+tp-1``)."""

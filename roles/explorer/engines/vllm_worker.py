@@ -64,12 +64,10 @@ class TrinityWorkerExtension:
     def trinity_load_shared(self, path: str, version: int, seq: int) -> int:
         """Load ``version`` of offer ``seq`` from the trainer's shared-memory slot at ``path``
         (``storage/shared_weights.py``); TornRead when it changed while read."""
-        from storage.shared_weights import SharedWeights, TornRead
+        from storage.shared_weights import read_whole
 
-        with SharedWeights(path, version, seq) as w:
-            self.reload_weights(weights_iterator=with_tied_head(self, w.tensors), is_checkpoint_format=True)
-            if not w.intact():
-                raise TornRead(f"{path} was rewritten while version {version} was read")
+        with read_whole(path, version, seq) as tensors:
+            self.reload_weights(weights_iterator=with_tied_head(self, tensors), is_checkpoint_format=True)
         return int(version)
 
     def trinity_load_folder(self, path: str) -> int:
