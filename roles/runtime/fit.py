@@ -72,22 +72,20 @@ def trainer_ranks_of(plan: DevicePlan) -> int:
     return sum(len(p.gpus) for p in plan.placements if p.process == "trainer") or 1
 
 
-def per_gpu(plan: DevicePlan, stages: Sequence[TrinityConfig]) -> tuple[GpuUse, str | None]:
-    """What uses each GPU of ``plan``, and why nothing could be estimated (None when it could)."""
+def per_gpu(plan: DevicePlan, stages: Sequence[TrinityConfig], m: ModelShape) -> GpuUse:
+    """What uses each GPU of ``plan``, for a model of shape ``m``."""
     cfg = stages[0]
-    m = model_shape(cfg.model.model_path)
-    if isinstance(m, str):
-        return {}, m
-    out: GpuUse = {}
     trains = [s for s in stages if MODES[s.mode].trains]
     ranks = trainer_ranks_of(plan)
+    # the stage that needs the most: the trainer process lives through every stage
+    trainer = max((trainer_parts(m, trainer_settings(s, m, ranks)) for s in trains), key=total) if trains else None
+    r = cfg.explorer.rollout_model
+    out: GpuUse = {}
     for p in plan.placements:
         for g in p.gpus:
-            if p.process == "trainer" and trains:
-                worst = max((trainer_parts(m, trainer_settings(s, m, ranks)) for s in trains), key=total)
-                out.setdefault((p.node, g), []).append(("trainer rank", worst))
+            if p.process == "trainer" and trainer is not None:
+                out.setdefault((p.node, g), []).append(("trainer rank", trainer))
             elif p.what.startswith("rollout engine"):
-                r = cfg.explorer.rollout_model
                 if r.engine_type == "vllm":
                     out.setdefault((p.node, g), []).append((p.what, r.gpu_memory_utilization))
                 else:
@@ -95,23 +93,24 @@ def per_gpu(plan: DevicePlan, stages: Sequence[TrinityConfig]) -> tuple[GpuUse, 
                     parts = engine_parts(m, _DTYPE_BYTES.get(r.dtype, 2), seqs,
                                          r.max_model_len or cfg.model.max_model_len or 4096, r.tensor_parallel_size)
                     out.setdefault((p.node, g), []).append((p.what, parts))
-    return out, None
+    return out
+
+
+def _users(users: list[tuple[str, dict[str, float] | float]]) -> str:
+    return "; ".join(f"{what} {v:.0%} of the GPU (gpu_memory_utilization)" if isinstance(v, float)
+                     else f"{what} {shown(v)}" for what, v in users)
 
 
 def describe_memory(plan: DevicePlan, stages: Sequence[TrinityConfig], gpu_gib: float | None) -> list[str]:
     """The plan's memory lines: each GPU's processes with their estimates."""
     if plan.gpu_per_node == 0:
         return []
-    use, why = per_gpu(plan, stages)
-    if why:
-        return [f"memory: not estimated ({why})"]
+    m = model_shape(stages[0].model.model_path)
+    if isinstance(m, str):
+        return [f"memory: not estimated ({m})"]
     size = f" of {gpu_gib:.0f} GiB (this machine's GPU 0)" if gpu_gib else ""
-    lines = [f"memory per GPU (estimated, ops/memory.py){size}:"]
-    for (node, g), users in sorted(use.items()):
-        shown_users = [f"{what} {v:.0%} of the GPU (gpu_memory_utilization)" if isinstance(v, float)
-                       else f"{what} {shown(v)}" for what, v in users]
-        lines.append(f"  node {node} GPU {g}: " + "; ".join(shown_users))
-    return lines
+    return [f"memory per GPU (estimated, ops/memory.py){size}:",
+            *(f"  node {node} GPU {g}: {_users(users)}" for (node, g), users in sorted(per_gpu(plan, stages, m).items()))]
 
 
 #: Changes that shrink a trainer rank's memory, tried one at a time for the refusal's advice:
@@ -125,37 +124,27 @@ _REMEDIES: tuple[tuple[str, dict], ...] = (
 
 def fit_problems(plan: DevicePlan, stages: Sequence[TrinityConfig], gpu_gib: float) -> list[str]:
     """Each GPU whose processes' estimates exceed ``gpu_gib``, with the settings that would fit."""
-    use, why = per_gpu(plan, stages)
-    if why:
-        return []
     m = model_shape(stages[0].model.model_path)
-    assert not isinstance(m, str)
+    if isinstance(m, str):
+        return []
+    base = [trainer_settings(s, m, trainer_ranks_of(plan)) for s in stages if MODES[s.mode].trains]
+    tokens = max((b.micro_batch_tokens for b in base), default=0)
+    changes = [*_REMEDIES, *([(f"trainer.max_token_len_per_gpu: {tokens // 4}", {"micro_batch_tokens": tokens // 4})]
+                             if tokens > 512 else [])]
     out = []
-    for (node, g), users in sorted(use.items()):
+    for (node, g), users in sorted(per_gpu(plan, stages, m).items()):
         share = sum(v for _, v in users if isinstance(v, float))  # vLLM's fixed share
         left = gpu_gib * (1 - share)
         need = sum(total(v) for _, v in users if isinstance(v, dict))
         if need <= left:
             continue
-        advice = []
-        trains = [s for s in stages if MODES[s.mode].trains]
-        base = [trainer_settings(s, m, 1) for s in trains]
-        others = need - max((total(v) for w, v in users if w == "trainer rank" and isinstance(v, dict)), default=0.0)
-        ranks = trainer_ranks_of(plan)
-        for text, change in _REMEDIES:
-            tried = [trainer_parts(m, dataclasses.replace(b, ranks=ranks, **change)) for b in base]
-            if tried and others + max(map(total, tried)) <= left and text not in advice:
-                advice.append(text)
-        tokens = max((b.micro_batch_tokens for b in base), default=0)
-        if tokens > 512:
-            tried = [trainer_parts(m, dataclasses.replace(b, ranks=ranks, micro_batch_tokens=tokens // 4)) for b in base]
-            if tried and others + max(map(total, tried)) <= left:
-                advice.append(f"trainer.max_token_len_per_gpu: {tokens // 4}")
+        others = need - sum(total(v) for w, v in users if w == "trainer rank" and isinstance(v, dict))
+        advice = [text for text, change in changes
+                  if base and others + max(total(trainer_parts(m, dataclasses.replace(b, **change))) for b in base) <= left]
         if share:
             advice.append("a lower explorer.rollout_model.gpu_memory_utilization")
         room = f"{left:.1f} GiB" + (f" ({1 - share:.0%} of {gpu_gib:.0f} GiB beside the engines' share)" if share else "")
-        out.append(f"node {node} GPU {g}: the estimate is {need:.1f} GiB, {room} is there "
-                   f"({'; '.join(w + ' ' + (shown(v) if isinstance(v, dict) else f'{v:.0%}') for w, v in users)}); "
+        out.append(f"node {node} GPU {g}: the estimate is {need:.1f} GiB, {room} is there ({_users(users)}); "
                    + ("would fit with: " + ", or ".join(advice) if advice else "no single setting here makes it fit: "
                       "a smaller model, LoRA (model.lora_configs), or more GPUs")
                    + " (ignore_validator_suggestions: true starts it anyway)")
