@@ -14,8 +14,8 @@ largest terms (what decides whether a run fits), not a profile:
 * optimizer: Adam's two moments in float32, plus bf16's float32 master copy (12 or 8 bytes a
   trainable parameter); split from ZeRO-1, on the CPU under ``offload_optimizer``;
 * activations: per token of a micro-batch, ~34 x hidden bytes per layer held for backward
-  (Korthikanti et al. 2022, flash attention: no sequence-squared term), or with gradient
-  checkpointing one layer's worth plus each layer's 2 x hidden-byte input;
+  (Korthikanti et al. 2022, bf16, flash attention: no sequence-squared term; twice that in
+  float32), or with gradient checkpointing one layer's worth plus each layer's input;
 * logits: a micro-batch's tokens x vocabulary in float32, twice (values and their gradient);
 * a reference model (KL) in the weights' dtype, whole on each rank (none with LoRA: the
   base model with its adapter off is the reference).
@@ -26,7 +26,7 @@ adapter's, the base weights stay frozen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 2**30
 #: Bytes of activations held per token, per layer, per unit of hidden size (bf16, flash attention).
@@ -70,13 +70,34 @@ def trainer_parts(m: ModelShape, s: TrainerSettings) -> dict[str, float]:
     grads = trainable * wb / (shard if s.zero_stage >= 2 else 1)
     optimizer = 0.0 if s.offload_optimizer else trainable * (12 if s.bf16 else 8) / (shard if s.zero_stage >= 1 else 1)
     t = s.micro_batch_tokens
-    per_layer = t * m.hidden * ACTIVATION_BYTES_PER_HIDDEN
-    acts = per_layer + t * m.hidden * 2 * m.layers if s.gradient_checkpointing else per_layer * m.layers
-    parts = {"weights": weights, "gradients": grads, "optimizer": optimizer, "activations": acts,
-             "logits": t * m.vocab * 4 * 2}
+    acts, logits = token_parts(m, s)
+    parts = {"weights": weights, "gradients": grads, "optimizer": optimizer, "activations": t * acts,
+             "logits": t * logits}
     if s.reference and s.trainable is None:
         parts["reference"] = m.params * wb
     return {k: v / GIB for k, v in parts.items()}
+
+
+def token_parts(m: ModelShape, s: TrainerSettings) -> tuple[float, float]:
+    """Bytes one token of a micro-batch holds until its backward: (activations, logits).
+    Float32 activations (the PyTorch trainer, ``bf16`` off) take twice bf16's bytes; the
+    logits are float32 values and their gradient."""
+    scale = 1 if s.bf16 else 2
+    per_layer = m.hidden * ACTIVATION_BYTES_PER_HIDDEN * scale
+    acts = per_layer + m.hidden * 2 * scale * m.layers if s.gradient_checkpointing else per_layer * m.layers
+    return acts, m.vocab * 4 * 2
+
+
+def micro_batch_tokens(m: ModelShape, s: TrainerSettings, free_bytes: float, share: float,
+                       least: int, most: int) -> int:
+    """The tokens a micro-batch may hold: ``share`` of the memory free now (``free_bytes``,
+    the model and any reference already loaded) less what the first update still allocates
+    (gradients, optimizer state), over :func:`token_parts`' bytes per token; at least
+    ``least`` (one whole sequence: a longer row goes alone anyway), at most ``most``."""
+    parts = trainer_parts(m, replace(s, micro_batch_tokens=0))
+    to_come = (parts["gradients"] + parts["optimizer"]) * GIB
+    room = share * max(free_bytes - to_come, 0.0)
+    return int(min(max(room // sum(token_parts(m, s)), least), most))
 
 
 def engine_parts(m: ModelShape, dtype_bytes: int, sequences: int, max_model_len: int,

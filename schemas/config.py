@@ -16,7 +16,6 @@ them with one warning each.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -975,7 +974,9 @@ class TrainerConfig(Section):
     use_dynamic_bsz: bool = True
     """Pack micro-batches by token count (``max_token_len_per_gpu``) instead of a fixed size."""
     max_token_len_per_gpu: int | None = Field(None, ge=1)
-    """Tokens per micro-batch. None: ``2 * max_model_len / ulysses_sequence_parallel_size``.
+    """Tokens per micro-batch (padded: rows x the longest). None: the trainer sizes them at
+    start to a share of its device's free memory (``roles/trainer/budget.py``, logged as
+    ``micro_batch_budget``) and keeps each GRPO group in one micro-batch where it fits.
     veRL's name ``trainer.ppo_max_token_len_per_gpu`` (the FAQ's OOM answer) sets it too;
     when both are set this one wins (a warning says so if they differ)."""
     micro_batch_size_per_gpu: int = Field(4, ge=1)
@@ -1334,7 +1335,3 @@ def run_id_of(project: str, name: str) -> str:
     (the studio names runs it finds as folders the same way)."""
     return ".".join(re.sub(r"[^A-Za-z0-9_-]+", "_", part) for part in f"{project}.{name}".split(".") if part)
 
-
-def ceil_div(a: int, b: int) -> int:
-    """Integer ceiling division (derived token limits)."""
-    return int(math.ceil(a / b))

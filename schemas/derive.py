@@ -27,7 +27,6 @@ from schemas.config import (
     ExperienceBufferConfig,
     TasksetConfig,
     TrinityConfig,
-    ceil_div,
 )
 from schemas.modes import MODES
 
@@ -381,9 +380,8 @@ def _engines(d: _Derivation, template: str | None) -> None:
 
 
 def _trainer(d: _Derivation) -> None:
-    """The trainer's backend, token budget, gradient clip, resume and offload."""
+    """The trainer's backend, gradient clip, resume and offload."""
     tr = d.cfg.trainer
-    m = d.cfg.model
     alg = d.cfg.algorithm
     cfg = d.cfg
     if tr.trainer_type == "verl":
@@ -398,13 +396,6 @@ def _trainer(d: _Derivation) -> None:
             "loss, more memory per GPU)"
         )
         d.put(tr, "ulysses_sequence_parallel_size", 1, "trainer.ulysses_sequence_parallel_size")
-    if tr.max_token_len_per_gpu is None and m.max_model_len is not None:
-        d.put(
-            tr,
-            "max_token_len_per_gpu",
-            ceil_div(2 * m.max_model_len, tr.ulysses_sequence_parallel_size),
-            "trainer.max_token_len_per_gpu",
-        )
     # the optimizer's clip_grad is Trinity-RFT's other spelling of trainer.grad_clip
     if d.user_set("algorithm.optimizer.clip_grad") and not d.user_set("trainer.grad_clip"):
         d.put(tr, "grad_clip", alg.optimizer.clip_grad, "trainer.grad_clip")

@@ -57,7 +57,9 @@ def _lora_trainable(m: ModelShape, cfg: TrinityConfig) -> int | None:
 
 def trainer_settings(cfg: TrinityConfig, m: ModelShape, ranks: int) -> TrainerSettings:
     t, d = cfg.trainer, cfg.trainer.deepspeed
-    tokens = (t.max_token_len_per_gpu or 2 * (cfg.model.max_model_len or 4096)) if t.use_dynamic_bsz \
+    # unset, the trainer sizes its micro-batches at start to what its memory holds
+    # (roles/trainer/budget.py): the least it needs is one whole sequence
+    tokens = (t.max_token_len_per_gpu or (cfg.model.max_model_len or 4096)) if t.use_dynamic_bsz \
         else t.micro_batch_size_per_gpu * (cfg.model.max_model_len or 4096)
     pytorch = t.trainer_type == "pytorch"
     spec = algorithm_spec(cfg)

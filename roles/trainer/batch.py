@@ -127,11 +127,16 @@ def micro_batches(
     max_token_len: int | None,
     micro_batch_size: int,
     pair: bool = False,
+    groups: Sequence[str] | None = None,
 ) -> list[list[int]]:
     """Split rows into micro-batches: by a token budget (``use_dynamic_bsz``: rows while the
     padded size ``rows * longest`` stays within ``max_token_len``; a row longer than the
     budget goes alone) or by ``micro_batch_size`` rows. ``pair`` keeps rows 2k and 2k+1
     together (DPO). Pure, so it is unit-tested on lengths alone.
+
+    With ``groups`` (each row's advantage group) and a token budget, a group's rows go in one
+    micro-batch where the group fits the budget, so its prompt runs once (:mod:`.prefix`);
+    a group that does not fit is split row by row.
 
     Rows go in batch order unless more than :data:`PADDING_TARGET` of what the micro-batches
     compute would be padding; then longest first (rows of like length together) where that
@@ -139,15 +144,31 @@ def micro_batches(
     changes no update, only the rounding: a batch that pads little keeps its order, and with
     it the exact numbers of earlier runs (the quickstart's SFT stage, measured)."""
     unit = 2 if pair else 1
-    units = [list(range(i, min(i + unit, len(lengths)))) for i in range(0, len(lengths), unit)]
-    out = _fill(units, lengths, use_dynamic_bsz and bool(max_token_len), max_token_len, max(micro_batch_size, unit))
+    by_tokens = use_dynamic_bsz and bool(max_token_len)
+    if groups is not None and by_tokens and not pair:
+        units = _group_units(lengths, groups, max_token_len or 0)
+    else:
+        units = [list(range(i, min(i + unit, len(lengths)))) for i in range(0, len(lengths), unit)]
+    out = _fill(units, lengths, by_tokens, max_token_len, max(micro_batch_size, unit))
     if padding_fraction(lengths, out) > PADDING_TARGET:
         units.sort(key=lambda u: -max(lengths[i] for i in u))
-        by_length = _fill(units, lengths, use_dynamic_bsz and bool(max_token_len), max_token_len,
-                          max(micro_batch_size, unit))
+        by_length = _fill(units, lengths, by_tokens, max_token_len, max(micro_batch_size, unit))
         if padding_fraction(lengths, by_length) < padding_fraction(lengths, out):
             out = by_length
     return out
+
+
+def _group_units(lengths: Sequence[int], groups: Sequence[str], max_token_len: int) -> list[list[int]]:
+    """Each group's rows as one unit (in the order groups first appear), or one unit per row
+    for a group whose padded size exceeds ``max_token_len``."""
+    by_group: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(g, []).append(i)
+    units: list[list[int]] = []
+    for rows in by_group.values():
+        fits = len(rows) * max(lengths[i] for i in rows) <= max_token_len
+        units += [rows] if fits else [[i] for i in rows]
+    return units
 
 
 def _fill(units: list[list[int]], lengths: Sequence[int], by_tokens: bool, max_token_len: int | None,

@@ -47,6 +47,7 @@ from storage import checkpoints as ckpt
 from storage import lora
 from storage.trajectories import keep_trajectories
 
+from .budget import derive
 from .engine import TorchEngine, TrainEngine, config_overrides, load_model, train_device
 from .ranks import STOP, DataParallel
 from .shared import SharedBase
@@ -213,7 +214,7 @@ class Trainer:
         self.runner = StepRunner(
             self.engine, self.spec, ref_model=ref, critic=critic, critic_warmup=t.critic_warmup,
             temperature=cfg.model.temperature or 1.0, use_dynamic_bsz=t.use_dynamic_bsz,
-            max_token_len=t.max_token_len_per_gpu, micro_batch_size=t.micro_batch_size_per_gpu,
+            max_token_len=self._token_budget(world), micro_batch_size=t.micro_batch_size_per_gpu,
             pad_token_id=self.tokenizer.pad_token_id or 0, balance_batch=t.balance_batch,
             ppo_epochs=t.ppo_epochs, shuffle=t.ppo_shuffle,
             mini_batch_rows=mini_batch_rows(cfg),
@@ -264,6 +265,16 @@ class Trainer:
 
     def stop_followers(self, done: bool) -> None:
         self._lead(STOP, done)
+
+    def _token_budget(self, world: int) -> int | None:
+        """``trainer.max_token_len_per_gpu``, or, unset, what this device's memory holds
+        (:mod:`.budget`), logged with how it was derived."""
+        t = self.cfg.trainer
+        if t.max_token_len_per_gpu is not None or not t.use_dynamic_bsz:
+            return t.max_token_len_per_gpu
+        budget = derive(self.cfg, train_device(), world)
+        log.info("micro_batch_budget", tokens=budget.tokens, derived=budget.why)
+        return budget.tokens
 
     def train(self, exps: list[Any], step: int) -> dict[str, float]:
         """Train on batch ``step`` (every rank on its share of the rows); the whole batch's metrics."""

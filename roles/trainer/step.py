@@ -198,7 +198,8 @@ class StepRunner:
         metrics.update({f"advantage/{k}": v for k, v in res.metrics.items()})
         return values, metrics
 
-    def _split(self, rows: list[int], lengths: list[int], dp: Any) -> tuple[list[list[int]], int]:
+    def _split(self, rows: list[int], lengths: list[int], dp: Any,
+               groups: list[str] | None = None) -> tuple[list[list[int]], int]:
         """This rank's share of ``rows`` (all of them in one process) as micro-batches, and how
         many weightless ones it adds so every rank runs as many (ZeRO's collectives run inside
         each forward/backward)."""
@@ -207,7 +208,8 @@ class StepRunner:
             mine = shard_rows([lengths[r] for r in rows], dp.rank, dp.world, pair, self.balance_batch)
             rows = [rows[i] for i in mine]
         local = micro_batches([lengths[r] for r in rows], use_dynamic_bsz=self.use_dynamic_bsz,
-                              max_token_len=self.max_token_len, micro_batch_size=self.micro_batch_size, pair=pair)
+                              max_token_len=self.max_token_len, micro_batch_size=self.micro_batch_size, pair=pair,
+                              groups=None if groups is None else [groups[r] for r in rows])
         mbs = [[rows[i] for i in mb] for mb in local]
         return mbs, (0 if dp is None else dp.max(len(mbs)) - len(mbs))
 
@@ -246,7 +248,7 @@ class StepRunner:
         batch = collate(exps, self.pad)
         lengths = batch.attention_mask.sum(-1).tolist()
         everything = list(range(batch.size))
-        mbs, fillers = self._split(everything, lengths, dp)
+        mbs, fillers = self._split(everything, lengths, dp, batch.group_ids)
         # the reference model's log-probs, once for the step: the KL penalty in the reward and
         # the policy loop (KL loss, DPO) both use them; critic-warmup steps need them only for
         # the penalty
@@ -260,7 +262,7 @@ class StepRunner:
             batch.has_old = torch.ones_like(batch.has_old)
         old_values, extra = self._advantages_in_trainer(batch, mbs, ref_all, dp, fillers)
         if self.critic is not None and old_values is not None:
-            parts = [self.critic.update(batch, self._split(rows, lengths, None)[0], old_values) for rows in updates]
+            parts = [self.critic.update(batch, self._split(rows, lengths, None, batch.group_ids)[0], old_values) for rows in updates]
             extra.update(_mean(parts))
         if step <= self.critic_warmup:  # PPO: the critic learns first, the actor waits
             return {**extra, "critic_warmup": 1.0, "step_time_s": time.perf_counter() - t0}
@@ -288,7 +290,7 @@ class StepRunner:
         """One optimizer update on the mini-batch ``rows`` (this rank's share of them):
         (metrics weighted by this rank's share of the mini-batch, grad norm, micro-batches)."""
         pair = self.spec.policy_loss_fn == "dpo"
-        mbs, fillers = self._split(rows, lengths, dp)
+        mbs, fillers = self._split(rows, lengths, dp, batch.group_ids)
         n_mb = len(mbs) + fillers
         seq_mode = self.spec.loss_agg_mode != "token-mean" or pair
         token_total = max(int(batch.action_mask[torch.as_tensor(rows)].sum()), 1)

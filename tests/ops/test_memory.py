@@ -7,7 +7,17 @@ import dataclasses
 
 import pytest
 
-from ops.memory import GIB, ModelShape, TrainerSettings, engine_parts, shown, total, trainer_parts
+from ops.memory import (
+    GIB,
+    ModelShape,
+    TrainerSettings,
+    engine_parts,
+    micro_batch_tokens,
+    shown,
+    token_parts,
+    total,
+    trainer_parts,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -52,3 +62,18 @@ def test_an_engine_holds_its_weights_and_its_kv_cache():
     assert parts == pytest.approx({"weights": 1e9 / GIB, "kv cache": 64 * 1024 * 16 * 512 * 2 / 2 / GIB})
     assert total(parts) == pytest.approx(sum(parts.values()))
     assert shown({"weights": 1.0, "gradients": 0.01}) == "1.0 GiB (weights 1.0)"
+
+
+def test_the_micro_batch_token_budget_by_hand():
+    """PyTorch's float32 trainer (bf16 off, no checkpointing): per token 68 x hidden bytes a
+    layer and 8 x vocab of logits; the budget is the share of what is free after the
+    gradients (4 bytes a parameter) and Adam's moments (8) the first update allocates."""
+    s = TrainerSettings(zero_stage=0, bf16=False, gradient_checkpointing=False)
+    per_token = 2048 * 34 * 2 * 16 + 32000 * 4 * 2
+    assert sum(token_parts(M, s)) == per_token
+    free = 40 * GIB
+    want = int(0.5 * (free - 12e9) // per_token)
+    assert micro_batch_tokens(M, s, free, 0.5, least=512, most=10**6) == want
+    assert micro_batch_tokens(M, s, free, 0.5, least=512, most=1000) == 1000
+    # nothing left after the optimizer: still one whole sequence (the fit check warns of the rest)
+    assert micro_batch_tokens(M, s, 8 * GIB, 0.5, least=512, most=10**6) == 512

@@ -452,7 +452,7 @@ def test_sequence_parallelism_is_warned_and_read_as_one():
     """Upstream's examples set it (11 of them to 2): the loss is the same without it."""
     loaded = load(None, ["trainer.ulysses_sequence_parallel_size=2", "model.max_model_len=100"])
     assert loaded.config.trainer.ulysses_sequence_parallel_size == 1
-    assert loaded.config.trainer.max_token_len_per_gpu == 200  # whole sequences per GPU
+    assert loaded.config.trainer.max_token_len_per_gpu is None  # sized at start: whole sequences per GPU
     assert any("ulysses_sequence_parallel_size=2 is ignored: sequence parallelism is not implemented" in w
                for w in loaded.warnings)
 

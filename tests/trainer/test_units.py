@@ -68,6 +68,22 @@ def test_micro_batches_by_tokens_rows_and_pairs():
     assert padding_fraction(mixed, [[0, 2], [1, 3]]) == 0.0
 
 
+def test_micro_batches_keep_a_group_whole_where_it_fits():
+    """Groups interleaved in the batch (a, b, a, b): each group's rows in one micro-batch, so
+    its prompt runs once; a group wider than the budget goes row by row; without groups the
+    rows go in batch order."""
+    lengths, groups = [10, 10, 10, 10], ["a", "b", "a", "b"]
+    assert micro_batches(lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1,
+                         groups=groups) == [[0, 2], [1, 3]]
+    assert micro_batches(lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1) == [[0, 1], [2, 3]]
+    wide = ["a", "a", "a", "b"]  # a: 3 x 10 > 20
+    assert micro_batches(lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1,
+                         groups=wide) == [[0, 1], [2, 3]]
+    # by rows (use_dynamic_bsz false) and DPO pairs keep their own rules
+    assert micro_batches(lengths, use_dynamic_bsz=False, max_token_len=None, micro_batch_size=2,
+                         groups=groups) == [[0, 1], [2, 3]]
+
+
 def test_lr_schedule_warmup_then_cosine_to_floor():
     f = [lr_factor(s, total_steps=10, warmup_steps=2, scheduler="cosine", min_lr_ratio=0.1) for s in range(11)]
     assert f[0] == pytest.approx(0.5) and f[1] == pytest.approx(1.0) and f[2] == pytest.approx(1.0)

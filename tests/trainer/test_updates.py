@@ -148,3 +148,25 @@ def test_m2po_refuses_recomputed_old_logprobs(tmp_path, tiny_model):
 
     with pytest.raises(ConfigError, match="algorithm.bypass_old_logprobs: false; policy_loss_fn 'm2po'"):
         _cfg(tmp_path, tiny_model, algorithm={"algorithm_type": "m2po", "bypass_old_logprobs": False})
+
+
+@pytest.mark.slow
+def test_unset_micro_batch_tokens_are_sized_from_free_memory_and_keep_groups_whole(tmp_path, tiny_model):
+    """No ``max_token_len_per_gpu``: the trainer sizes micro-batches to its memory (a tiny
+    model's whole batch: one micro-batch, each group's prompt run once), not to twice
+    ``max_model_len`` (128 tokens here: three micro-batches for these two groups of 4, one
+    of them splitting a group). Set, the value decides."""
+    from roles.trainer.budget import MOST_TOKENS, derive, free_bytes
+    from roles.trainer.main import Trainer
+
+    cfg = _cfg(tmp_path / "a", tiny_model)
+    assert cfg.trainer.max_token_len_per_gpu is None
+    budget = derive(cfg, torch.device("cpu"))
+    assert 64 <= budget.tokens <= MOST_TOKENS and "GiB free on cpu" in budget.why, budget
+    assert free_bytes(torch.device("cpu")) > 0
+    auto = Trainer(cfg)
+    assert auto.runner.max_token_len >= 1024  # ~18 KiB a token: a quarter of any machine's RAM holds more
+    assert auto.train(_batch(), 1)["micro_batches"] == 1.0
+    fixed = Trainer(_cfg(tmp_path / "b", tiny_model, trainer={"max_token_len_per_gpu": 40}))
+    assert fixed.runner.max_token_len == 40
+    assert fixed.train(_batch(), 1)["micro_batches"] > 1.0
