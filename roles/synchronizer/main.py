@@ -25,7 +25,6 @@ import structlog
 
 import bus
 from roles.runtime.role import RoleContext
-from roles.weightsync.client import OFFER
 from schemas import keys
 from schemas.data import SyncEvent
 from schemas.state import Offer, SyncPlan
@@ -76,7 +75,7 @@ async def run_synchronizer(ctx: RoleContext) -> bool:
                         for d in items:
                             f.write(json.dumps(_jsonable(d.obj), default=str) + "\n")
                     await consumer.ack(items)
-            offer = await state.get(OFFER)
+            offer = await state.get(keys.SYNC_OFFER)
             now = time.time()
             if offer is not None and offer.seq not in flagged and overdue(
                 offer, await state.model_version("explorer"), now, plan.timeout
