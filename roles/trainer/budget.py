@@ -18,12 +18,12 @@ when set.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from ops.memory import GIB, micro_batch_tokens, token_parts
+from ops.memory import GIB, micro_batch_tokens, token_parts, trainer_parts, update_temporaries
 from roles.runtime.fit import model_shape, trainer_settings
 from schemas.config import TrinityConfig
 
@@ -37,6 +37,8 @@ MOST_TOKENS = 65536
 class Budget:
     tokens: int
     why: str  #: how it was derived, for the trainer's log
+    per_token: float = 0.0  #: the estimate's bytes a token (0: not estimated)
+    per_step: float = 0.0  #: bytes each step allocates besides its tokens: gradients, Adam's temporaries
 
 
 def free_bytes(device: torch.device) -> int:
@@ -66,10 +68,14 @@ def derive(cfg: TrinityConfig, device: torch.device, ranks: int = 1) -> Budget:
     m = model_shape(cfg.model.model_path)
     if isinstance(m, str):
         return Budget(2 * least, f"2 x max_model_len (the model's shape: {m})")
+    # the PyTorch trainer checkpoints its layers on a GPU only (build_engine): on the CPU every
+    # layer's activations are held
     s = trainer_settings(cfg, m, ranks)
+    s = replace(s, gradient_checkpointing=s.gradient_checkpointing and device.type == "cuda")
     share = GPU_SHARE if device.type == "cuda" else CPU_SHARE
     free = free_bytes(device)
     tokens = micro_batch_tokens(m, s, free, share, least, MOST_TOKENS)
     per_token = sum(token_parts(m, s))
+    per_step = (trainer_parts(m, s)["gradients"] + update_temporaries(m, s)) * GIB
     return Budget(tokens, f"{share:.0%} of {free / GIB:.1f} GiB free on {device.type} after the optimizer's "
-                          f"state, at {per_token / 1024:.0f} KiB a token (ops/memory.py)")
+                          f"state, at {per_token / 1024:.0f} KiB a token (ops/memory.py)", per_token, per_step)
