@@ -26,7 +26,7 @@ adapter's, the base weights stay frozen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 GIB = 2**30
 #: Bytes of activations held per token, per layer, per unit of hidden size (bf16, flash attention).
@@ -94,15 +94,20 @@ def update_temporaries(m: ModelShape, s: TrainerSettings) -> float:
     return (2 * m.vocab * m.hidden * 4 if s.trainable is None else 0) / GIB
 
 
+def step_allocations(m: ModelShape, s: TrainerSettings) -> float:
+    """GiB every update allocates besides its micro-batches and frees after it: the gradients
+    (set to None after each update, made again by the next backward) and
+    :func:`update_temporaries`."""
+    return trainer_parts(m, s)["gradients"] + update_temporaries(m, s)
+
+
 def micro_batch_tokens(m: ModelShape, s: TrainerSettings, free_bytes: float, share: float,
                        least: int, most: int) -> int:
     """The tokens a micro-batch may hold: ``share`` of the memory free now (``free_bytes``,
     the model and any reference already loaded) less what an update still allocates (the
-    gradients, the optimizer's state, :func:`update_temporaries`), over :func:`token_parts`'
-    bytes per token; at least ``least`` (one whole sequence: a longer row goes alone anyway),
-    at most ``most``."""
-    parts = trainer_parts(m, replace(s, micro_batch_tokens=0))
-    to_come = (parts["gradients"] + parts["optimizer"] + update_temporaries(m, s)) * GIB
+    optimizer's state, :func:`step_allocations`), over :func:`token_parts`' bytes per token;
+    at least ``least`` (one whole sequence: a longer row goes alone anyway), at most ``most``."""
+    to_come = (trainer_parts(m, s)["optimizer"] + step_allocations(m, s)) * GIB
     room = share * max(free_bytes - to_come, 0.0)
     return int(min(max(room // sum(token_parts(m, s)), least), most))
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ops.memory import GIB, micro_batch_tokens, token_parts, trainer_parts, update_temporaries
+from ops.memory import GIB, micro_batch_tokens, step_allocations, token_parts
 from roles.runtime.fit import model_shape, trainer_settings
 from schemas.config import TrinityConfig
 
@@ -76,6 +76,6 @@ def derive(cfg: TrinityConfig, device: torch.device, ranks: int = 1) -> Budget:
     free = free_bytes(device)
     tokens = micro_batch_tokens(m, s, free, share, least, MOST_TOKENS)
     per_token = sum(token_parts(m, s))
-    per_step = (trainer_parts(m, s)["gradients"] + update_temporaries(m, s)) * GIB
     return Budget(tokens, f"{share:.0%} of {free / GIB:.1f} GiB free on {device.type} after the optimizer's "
-                          f"state, at {per_token / 1024:.0f} KiB a token (ops/memory.py)", per_token, per_step)
+                          f"state, at {per_token / 1024:.0f} KiB a token (ops/memory.py)", per_token,
+                  step_allocations(m, s) * GIB)
