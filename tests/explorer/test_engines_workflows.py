@@ -60,9 +60,9 @@ async def test_hf_engine_batches_concurrent_requests_exactly(hf_engine, hf_model
     calls = []
     real = hf_engine._generate
 
-    def counting(prompts, *a, **kw):
-        calls.append(len(prompts))
-        return real(prompts, *a, **kw)
+    def counting(prompts, repeats, *a, **kw):
+        calls.append(sum(repeats))
+        return real(prompts, repeats, *a, **kw)
 
     monkeypatch.setattr(hf_engine, "_generate", counting)
     prompts = ["1+1=?", "12+34=?", "7+8=?"]
@@ -76,6 +76,25 @@ async def test_hf_engine_batches_concurrent_requests_exactly(hf_engine, hf_model
             assert len(smp.response_tokens) == 3 + k and smp.finish_reason == "length"
             ref = teacher_logprobs(hf_model, smp.tokens, smp.prompt_length)
             assert torch.allclose(ref, torch.tensor(smp.logprobs), atol=1e-4)
+
+
+def test_hf_engine_prefills_a_shared_prompt_once_and_samples_as_without(hf_engine, monkeypatch) -> None:
+    """A prompt with several rows is prefilled once and its cache repeated to them: greedy
+    rows, left-padded among prompts of other lengths, get the tokens and log-probs they get
+    when every row prefills its own copy."""
+    prefills = []
+    real = hf_engine._prefill
+    monkeypatch.setattr(hf_engine, "_prefill", lambda inp, *a: prefills.append(inp.shape) or real(inp, *a))
+    tok = hf_engine.tokenizer
+    prompts = [tok.encode(p, add_special_tokens=False) for p in ("1+1=?", "12+34=?", "7+8=")]
+    s = {"temperature": 0.0, "ignore_eos": True}
+    shared = hf_engine._generate(prompts, [2, 3, 1], 5, s, [5] * 6)
+    assert prefills == [(3, max(map(len, prompts)) - 1)]  # three prompts, once each, but their last token
+    apart = hf_engine._generate([p for p, k in zip(prompts, [2, 3, 1], strict=True) for _ in range(k)], [1] * 6, 5, s, [5] * 6)
+    assert len(prefills) == 1  # one row a prompt: nothing to share
+    for (toks, lps, _, _), (toks2, lps2, _, _) in zip(shared, apart, strict=True):
+        assert toks == toks2 and len(toks) == 5
+        assert torch.allclose(torch.tensor(lps), torch.tensor(lps2), atol=1e-5)
 
 
 async def test_hf_engine_scores_given_tokens_as_a_teacher(hf_engine, hf_model) -> None:

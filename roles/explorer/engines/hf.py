@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import glob
+import inspect
 import os
 import weakref
 from dataclasses import dataclass
@@ -206,10 +208,10 @@ class HFEngine(ReceivesInProcess):
     def _generate_batch(self, batch: list[_Request]) -> list[list[Row]]:
         """One ``generate`` over every row of ``batch`` (left-padded); each request's rows,
         cut at its own ``max_tokens``."""
-        prompts = [r.ids for r in batch for _ in range(r.n)]
         limits = [r.max_new for r in batch for _ in range(r.n)]
-        adapters = [r.adapter or BASE for r in batch for _ in range(r.n)] if self.slot_versions else None
-        rows = self._generate(prompts, max(limits), batch[0].sampling, limits, adapters)
+        adapters = [r.adapter or BASE for r in batch] if self.slot_versions else None
+        rows = self._generate([r.ids for r in batch], [r.n for r in batch], max(limits), batch[0].sampling,
+                              limits, adapters)
         if self.release:
             torch.cuda.empty_cache()
         out, i = [], 0
@@ -219,10 +221,11 @@ class HFEngine(ReceivesInProcess):
         return out
 
     @torch.no_grad()
-    def _generate(self, prompts: list[list[int]], max_new: int, s: dict[str, Any],
+    def _generate(self, prompts: list[list[int]], repeats: list[int], max_new: int, s: dict[str, Any],
                   limits: list[int], adapters: list[str] | None = None) -> list[Row]:
-        """Sample one completion per prompt (left-padded into one batch); row ``j`` keeps at
-        most ``limits[j]`` tokens and runs through adapter ``adapters[j]`` (a shared engine)."""
+        """Sample ``repeats[i]`` completions of ``prompts[i]`` (left-padded into one batch of
+        rows, a prompt's rows next to each other); row ``j`` keeps at most ``limits[j]`` tokens.
+        ``adapters[i]``: prompt ``i``'s adapter (a shared engine)."""
         temperature = float(s.get("temperature", 1.0))
         top_k = int(s.get("top_k", -1) or -1)
         eos = self.tokenizer.eos_token_id
@@ -241,7 +244,7 @@ class HFEngine(ReceivesInProcess):
                       top_k=top_k if top_k > 0 else None)
         stops = s.get("stop")
         if adapters is not None:
-            kw["adapter_names"] = adapters
+            kw["adapter_names"] = [a for a, k in zip(adapters, repeats, strict=True) for _ in range(k)]
         if stops:  # stop early; the exact cut is made below (_stop_at)
             kw.update(stop_strings=[stops] if isinstance(stops, str) else list(stops), tokenizer=self.tokenizer)
         if s.get("seed") is not None:
@@ -252,6 +255,11 @@ class HFEngine(ReceivesInProcess):
         for j, p in enumerate(prompts):
             inp[j, width - len(p):] = torch.tensor(p)
             mask[j, width - len(p):] = 1
+        rows = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor(repeats))
+        if width > 1 and len(rows) > len(prompts):  # some prompt has several rows: prefill it once
+            kw["past_key_values"] = self._prefill(inp[:, :-1], mask[:, :-1], rows, adapters)
+        inp, mask = inp[rows], mask[rows]
+        prompts = [prompts[i] for i in rows.tolist()]
         out = self.model.generate(inp.to(self.device), attention_mask=mask.to(self.device), **kw)
         gen = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1).float()  # (n, steps, vocab), raw
@@ -274,11 +282,37 @@ class HFEngine(ReceivesInProcess):
                 tops = [dict(zip(top.indices[row, j].tolist(), top.values[row, j].tolist(), strict=True))
                         for j in range(len(toks))]
             results.append((toks, lp[row, : len(toks)].tolist(), reason, tops))
-        # the batch computes width + steps positions per row; the rest of a row is padding
-        # (left of a short prompt, after an early end)
-        self.token_counts[0] += len(prompts) * (width + gen.shape[1])
+        # the batch computes width + steps positions per row, or width - 1 of them once per
+        # prompt and the rest per row (prefilled); the rest of a row is padding (left of a
+        # short prompt, after an early end)
+        once = width - 1 if "past_key_values" in kw else 0
+        self.token_counts[0] += len(repeats) * once + len(prompts) * (width - once + gen.shape[1])
         self.token_counts[1] += sum(len(p) for p in prompts) + sum(len(r[0]) for r in results)
         return results
+
+    def _prefill(self, inp: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
+                 adapters: list[str] | None) -> Any:
+        """The key/value cache of each (left-padded) prompt, computed once and repeated to its
+        ``rows``: ``generate`` then runs only the prompts' last token per row. Why: a group's
+        ``n`` samples share their prompt, and prefilling it ``n`` times was most of a short
+        response's generation (the trainer's prompt-once forward, in generation). Positions
+        follow the mask as ``generate`` numbers them, so each row sees what it would without."""
+        pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        kw: dict[str, Any] = {"adapter_names": adapters} if adapters is not None else {}
+        if self._keeps_logits:
+            kw["logits_to_keep"] = 1  # the logits are not used: skip the vocabulary projection
+        out = self.model(input_ids=inp.to(self.device), attention_mask=mask.to(self.device),
+                         position_ids=pos.to(self.device), use_cache=True, **kw)
+        cache = out.past_key_values
+        cache.reorder_cache(rows.to(self.device))
+        return cache
+
+    @functools.cached_property
+    def _keeps_logits(self) -> bool:
+        """Whether the model's ``forward`` takes ``logits_to_keep`` (transformers' own do; a
+        custom model's may not)."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
 
     async def score(self, tokens: list[int], prompt_length: int, adapter: str | None = None) -> list[float]:
         if not 0 < prompt_length < len(tokens):
