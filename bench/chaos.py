@@ -208,6 +208,7 @@ def quickstart_config(work: Path, port: int, sync_timeout: float, sft: str | Non
     stages = {s["stage_name"]: s for s in q.pop("stages")}
     q["continue_from_checkpoint"] = True
     q["nats"]["url"] = f"nats://127.0.0.1:{port}"
+    q["explorer"]["rollout_model"]["engine_type"] = "vllm"  # what the chaos figures measure (a CPU run's default is transformers)
     if sft is None:
         sft_cfg = dict(q, checkpoint_root_dir=str(work / "sft"), stages=[stages["sft_warmup"]])
         path = work / "sft.yaml"

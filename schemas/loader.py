@@ -66,6 +66,8 @@ class LoadedConfig:
     warnings: list[str] = field(default_factory=list)
     stages: list[TrinityConfig] = field(default_factory=list)
     """One fully resolved config per stage (empty when the config has no stages)."""
+    notes: list[str] = field(default_factory=list)
+    """Defaults chosen by a rule the user should hear of (:func:`schemas.derive.derive`)."""
 
     def source_of(self, path: str) -> str:
         """Where the value at ``path`` came from (``default`` when nobody set it)."""
@@ -644,6 +646,7 @@ def _validate(
     warnings: list[str],
     prefix: str = "",
     resolver: Resolver | None = None,
+    notes: list[str] | None = None,
 ) -> TrinityConfig:
     _read_verl(raw, sources, warnings, prefix)
     tinker = (raw.get("model") or {}).get("tinker") if isinstance(raw.get("model"), dict) else None
@@ -662,7 +665,7 @@ def _validate(
     problems = resolver(cfg, sources) if resolver else []
     if problems:
         raise ConfigError([f"{prefix}{p}" for p in problems])
-    problems = derive(cfg, sources, warnings)
+    problems = derive(cfg, sources, warnings, [] if notes is None else notes)
     if problems:
         raise ConfigError([f"{prefix}{p}" for p in problems])
     return cfg
@@ -700,9 +703,10 @@ def load_config(
     _merge(raw, parse_overrides(list(overrides)), CLI, sources)
 
     warnings: list[str] = []
+    notes: list[str] = []
     stage_raw = raw.pop("stages", None) or []
     base_raw = copy.deepcopy(raw)
-    cfg = _validate(raw, sources, warnings, resolver=algorithm_resolver)
+    cfg = _validate(raw, sources, warnings, resolver=algorithm_resolver, notes=notes)
 
     stages: list[TrinityConfig] = []
     if stage_raw:
@@ -744,10 +748,11 @@ def load_config(
             # ``save_hf_checkpoint: never`` before another is refused by roles/launch/checks.py
             # (check_stage_settings), never silently changed
             stages.append(
-                _validate(merged, stage_sources, warnings, f"stages[{i}].", algorithm_resolver)
+                _validate(merged, stage_sources, warnings, f"stages[{i}].", algorithm_resolver, notes)
             )
     return LoadedConfig(
-        config=cfg, sources=sources, warnings=list(dict.fromkeys(warnings)), stages=stages
+        config=cfg, sources=sources, warnings=list(dict.fromkeys(warnings)), stages=stages,
+        notes=list(dict.fromkeys(notes)),
     )
 
 

@@ -54,6 +54,7 @@ async def run_explorer(ctx: RoleContext, engines: list[RolloutEngine] | None = N
     if engines is None:
         engines = await create_engines(cfg.explorer.rollout_model, cfg.model.external_model, adapter_sync(cfg), gpus,
                                        colocated=cfg.mode == "colocate")
+    log.info("rollout_engines", engine_type=cfg.explorer.rollout_model.engine_type, engines=len(engines))
     auxiliary: list[list[RolloutEngine]] = []
     try:
         auxiliary = await create_auxiliary(cfg.explorer.auxiliary_models, cfg.model.external_model, aux_gpus)

@@ -129,4 +129,6 @@ def load(args: argparse.Namespace, *, quiet: bool = False) -> LoadedConfig:
     if not quiet and not os.environ.get(SUPERVISED_ENV):
         for w in loaded.warnings:
             print(f"warning: {w}", file=sys.stderr)
+        for note in loaded.notes:
+            print(f"note: {note}", file=sys.stderr)
     return loaded

