@@ -22,6 +22,7 @@ from roles.explorer.engines import RolloutEngine
 from roles.explorer.eval import evaluate
 from roles.explorer.runner import RunnerPool
 from roles.runtime.config import algorithm_spec
+from roles.runtime.core_share import ExplorerWork, follows_explorer
 from roles.runtime.monitor import Monitor
 from roles.runtime.role import RoleContext
 from roles.runtime.signals import until_stopped
@@ -136,6 +137,8 @@ class Explorer:
         self.stats = ExplorerStats()
         self.step = 0
         self.pool = make_pool(self.cfg, engines, auxiliary)
+        if follows_explorer(self.cfg):
+            self.pool.work = ExplorerWork(self.cfg.run_id)  # the trainer takes its cores while it idles
         self.monitor: Monitor | None = None
         self.api: Any = None
         #: what the sync client loads weights into (gated when the API serves requests)
@@ -223,3 +226,5 @@ class Explorer:
     def close(self) -> None:
         if self.monitor is not None:
             self.monitor.close()
+        if self.pool.work is not None:
+            self.pool.work.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -38,6 +39,7 @@ import structlog
 from roles.explorer.engines.base import RolloutEngine
 from roles.explorer.workflows.base import ModelHandle, Workflow
 from roles.explorer.workflows.registry import get_workflow
+from roles.runtime.core_share import ExplorerWork
 from schemas.config import ExplorerConfig
 from schemas.data import Experience, ExperienceGroup, Task, group_id
 
@@ -120,6 +122,8 @@ class RunnerPool:
         # an engine needs to answer them (a deadlock). Threads start only when used.
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=WORKFLOW_THREADS, thread_name_prefix="workflow")
+        #: says when this process works, for a trainer that takes its cores while it idles
+        self.work: ExplorerWork | None = None
 
     def current_timeout(self) -> float:
         """The timeout of the next workflow call (``max_timeout`` unless dynamic)."""
@@ -265,7 +269,8 @@ class RunnerPool:
         failure; cancellation propagates)."""
         t0 = time.monotonic()
         parts = self.split(task)
-        results = await asyncio.gather(*(self._run_part(p) for p in parts))
+        with self.work.busy() if self.work is not None else contextlib.nullcontext():
+            results = await asyncio.gather(*(self._run_part(p) for p in parts))
         attempts = max(a for _, a in results)
         errors = [e for e, _ in results if e]
         if errors:

@@ -54,8 +54,12 @@ def share_cpu(mode: str = "both") -> None:
         return
     import torch
 
-    cores = os.cpu_count() or 1
-    torch.set_num_threads(cores if mode == "train" else max(1, cores // 4))
+    torch.set_num_threads((os.cpu_count() or 1) if mode == "train" else role_threads())
+
+
+def role_threads() -> int:
+    """A role process's torch threads while the roles run together: ``cores // 4``, at least 1."""
+    return max(1, (os.cpu_count() or 1) // 4)
 
 
 def freeze_heap() -> None:

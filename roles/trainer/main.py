@@ -25,6 +25,8 @@ import torch
 import bus
 from ops.algorithms import AlgorithmSpec
 from roles.runtime.config import algorithm_spec, session_start
+from roles.runtime.core_share import MIN_PARAMETERS, TrainerThreads, follows_explorer
+from roles.runtime.cpu_tuning import role_threads
 from roles.runtime.monitor import Monitor
 from roles.runtime.role import RoleContext
 from roles.runtime.signals import to_thread_to_end
@@ -220,6 +222,8 @@ class Trainer:
             mini_batch_rows=mini_batch_rows(cfg),
             bypass_old_logprobs=cfg.algorithm.bypass_old_logprobs,
         )
+        if shared is None:  # a sweep's shared model is no one run's to hook
+            self._follow_explorer(ref)
         if lora.is_lora(self.engine.model):
             trainable, total = lora.trainable_share(self.engine.model)
             log.info("lora", trainable=trainable, total=total, share=round(trainable / total, 5))
@@ -245,6 +249,16 @@ class Trainer:
             self.step = int(ts.get("step", loaded.step))
             self.consumed = int(ts.get("consumed", 0))
             log.info("resumed", step=self.step, consumed=self.consumed, path=str(loaded.actor_dir))
+
+    def _follow_explorer(self, ref: Any) -> None:
+        """On a CPU machine, take the explorer's cores while it idles (roles/runtime/core_share.py),
+        for a model big enough that a second thread pays."""
+        if not follows_explorer(self.cfg) or sum(p.numel() for p in self.engine.model.parameters()) < MIN_PARAMETERS:
+            return
+        share = role_threads()  # the explorer's share is the same
+        threads = TrainerThreads(self.cfg.run_id, share, share)
+        hooked = sum(threads.attach(m) for m in (self.engine.model, ref) if isinstance(m, torch.nn.Module))
+        log.info("threads_follow_explorer", share=share, idle_explorer=2 * share, layers=hooked)
 
     # The collective methods: with several processes the leader (rank 0) calls them, and
     # :meth:`follow` makes every other rank call the same one with the same arguments.
