@@ -137,8 +137,11 @@ class Explorer:
         self.stats = ExplorerStats()
         self.step = 0
         self.pool = make_pool(self.cfg, engines, auxiliary)
-        if follows_explorer(self.cfg):
-            self.pool.work = ExplorerWork(self.cfg.run_id)  # the trainer takes its cores while it idles
+        if follows_explorer(self.cfg):  # the trainer takes its cores while it idles
+            try:
+                self.pool.work = ExplorerWork(self.cfg.run_id)
+            except OSError as e:  # a hint for the trainer's threads: never a reason to stop
+                log.warning("explorer_work_flag_unavailable", error=str(e), why="the trainer keeps its thread share")
         self.monitor: Monitor | None = None
         self.api: Any = None
         #: what the sync client loads weights into (gated when the API serves requests)
