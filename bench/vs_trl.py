@@ -349,7 +349,8 @@ def main() -> None:
         print(f"  CPU per step during the phase (ms; the cores give {1000 * med(s, 'step') * (os.cpu_count() or 1):.0f} "
               f"per step at {os.cpu_count()} cores): " + ", ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 1))
     for s in systems:
-        print(f"{s}: peak memory (resident, MB): {peak_memory(results[s])}")
+        peak = sorted(peak_memory(results[s]).items(), key=lambda kv: -kv[1])
+        print(f"{s}: peak memory (resident, MB): " + ", ".join(f"{k} {v:,.0f}" for k, v in peak if v >= 1))
     figures: dict[str, float] = {}
     for s in systems:
         figures[f"{s}: GRPO phase of {a.steps} steps, s (median of {a.rounds})"] = round(med(s, "phase"), 1)
@@ -363,12 +364,12 @@ def main() -> None:
            met=all(med(s, "phase") <= med("TRL", "phase") for s in systems[:-1]))
 
 
-def peak_memory(rounds: list[dict]) -> str:
-    """Each process's most resident memory over the rounds, largest first (MB)."""
+def peak_memory(rounds: list[dict]) -> dict[str, float]:
+    """Each process's most resident memory over the rounds (MB)."""
     peak: dict[str, float] = {}
     for r in rounds:
         peak.update({k: max(v, peak.get(k, 0.0)) for k, v in r["peak_rss_mb"].items()})
-    return ", ".join(f"{k} {v:,.0f}" for k, v in sorted(peak.items(), key=lambda kv: -kv[1]) if v >= 1)
+    return peak
 
 
 def peak_gflops(threads: int) -> float:
@@ -432,11 +433,7 @@ def report_real_model(results: dict[str, list[dict]], systems: list[str], model:
         bound = forwards * n_params * computed / (peak * 1e9)
         train_tps = statistics.median(row_tokens / r["training_s"] for r in rs)
         gen_tps = statistics.median(r["generation_tokens_per_s"] for r in rs)
-        memory = {}
-        for r in rs:
-            for k, v in r["peak_rss_mb"].items():
-                if v >= 50:
-                    memory[k] = max(v, memory.get(k, 0.0))
+        memory = {k: v for k, v in peak_memory(rs).items() if v >= 50}
         first = statistics.mean(statistics.mean(r["rewards"][:2]) for r in rs)
         last = statistics.mean(statistics.mean(r["rewards"][-2:]) for r in rs)
         before = statistics.median(r["before"] for r in rs)

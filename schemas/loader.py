@@ -665,7 +665,7 @@ def _validate(
     problems = resolver(cfg, sources) if resolver else []
     if problems:
         raise ConfigError([f"{prefix}{p}" for p in problems])
-    problems = derive(cfg, sources, warnings, [] if notes is None else notes)
+    problems = derive(cfg, sources, warnings, notes)
     if problems:
         raise ConfigError([f"{prefix}{p}" for p in problems])
     return cfg
