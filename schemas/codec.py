@@ -36,8 +36,8 @@ At most :data:`MAX_NDIM` dims, each in ``[0, MAX_DIM]``.
 (a ValueError) naming the field for anything malformed, from bad msgpack to an array whose
 header and bytes disagree; an array is only made once its byte count matches its header, so
 no header can make the decoder allocate more than the message holds. ``encode`` runs the
-very checks ``decode`` runs (it decodes what it wrote), so a producer cannot send what a
-consumer would refuse. numpy arrays decode to read-only arrays over a copy of their bytes;
+very checks ``decode`` runs (the object's, then msgspec's types on the bytes it wrote), so a
+producer cannot send what a consumer would refuse. numpy arrays decode to read-only arrays over a copy of their bytes;
 torch tensors to writable ones. torch is imported only when a tensor is encoded or decoded.
 """
 
@@ -108,6 +108,8 @@ def _array_bytes(dtype: str, shape: tuple[int, ...], data: Any) -> bytes:
     """Ext data: the header of the layout above, then the elements."""
     if len(shape) > MAX_NDIM:
         raise CodecError(f"array: ndim {len(shape)} exceeds {MAX_NDIM}")
+    if any(d > MAX_DIM for d in shape):  # only a zero-size array can have one
+        raise CodecError(f"array: a dim of shape {shape} exceeds {MAX_DIM}")
     wire = dtype.encode()
     head = bytes([len(wire)]) + wire + bytes([len(shape)]) + struct.pack(f"<{len(shape)}q", *shape)
     return b"".join((head, data))
@@ -292,8 +294,9 @@ def _check_plain_fields(obj: Any, where: str) -> None:
         _check_plain_fields(task, f"{where}.task")
 
 
-def _unpack_fields(obj: Any, where: str) -> None:
-    """Replace the ext values msgspec left in ``obj``'s array fields by their arrays."""
+def _unpack_fields(obj: Any, where: str, unpack: bool = True) -> None:
+    """Replace the ext values msgspec left in ``obj``'s array fields by their arrays
+    (``unpack`` false: only check that they are ext values of a known type)."""
     for name, optional in _ARRAYS[type(obj)]:
         v = getattr(obj, name)
         if v is None and optional:
@@ -305,12 +308,14 @@ def _unpack_fields(obj: Any, where: str) -> None:
             )
         if v.code not in (EXT_NUMPY, EXT_TORCH):
             raise CodecError(f"{where}.{name}: unknown msgpack ext type {v.code}")
+        if not unpack:
+            continue
         try:
             setattr(obj, name, _unpack(v.code, v.data))
         except CodecError as e:
             raise CodecError(f"{where}.{name}: {e}") from None
     for i, e in enumerate(obj.experiences if isinstance(obj, ExperienceGroup) else ()):
-        _unpack_fields(e, f"{where}.experiences[{i}]")
+        _unpack_fields(e, f"{where}.experiences[{i}]", unpack)
 
 
 def schema_name(obj: Any) -> str:
@@ -362,12 +367,13 @@ def encode(obj: Any) -> bytes:
     if name is None:
         raise CodecError(f"cannot encode {_describe(obj)}: not a schema type")
     _check_plain_fields(obj, cls.__name__)
+    checked = True
     try:
         obj.validate()  # first, so that a producer gets the cross-field rule it broke
     except ValueError as e:
         raise CodecError(str(e)) from None
     except (TypeError, AttributeError):
-        pass  # a field of the wrong type: the decode below names it
+        checked = False  # a field of the wrong type: the decode below names it
     try:
         data = _ENCODER.encode({"schema": name, "version": SCHEMA_VERSION, "payload": obj})
     except CodecError:
@@ -375,7 +381,10 @@ def encode(obj: Any) -> bytes:
     except (TypeError, ValueError, OverflowError) as e:
         bad = next((f.name for f in fields(cls) if not _encodes(getattr(obj, f.name))), "")
         raise CodecError(f"{cls.__name__}.{bad}: cannot encode: {e}") from None
-    decode(data, cls)  # the consumer's checks, here at the producer
+    if checked:  # the consumer's type checks, here at the producer (the rest ran above)
+        _typed(data, cls)
+    else:
+        decode(data, cls)
     return data
 
 
@@ -397,14 +406,28 @@ def decode(data: bytes, expect: type | None = None, *, max_bytes: int = 64 << 20
         raise CodecError(f"message: expected bytes, got {type(data).__name__}")
     if len(data) > max_bytes:
         raise CodecError(f"message: {len(data)} bytes exceeds max_bytes={max_bytes}")
+    obj = _typed(data, expect, unpack=True)
+    try:
+        obj.validate()  # the cross-field rules; its errors name the field already
+    except ValueError as e:
+        raise CodecError(str(e)) from None
+    return obj
+
+
+def _typed(data: bytes, expect: type | None, unpack: bool = False) -> Any:
+    """The schema instance ``data`` holds, every field of its declared type (msgspec's
+    checks). ``unpack``: also its arrays made and its plain data checked (what a consumer
+    needs); without, array fields are only checked to be ext values of a known type, which is
+    all :func:`encode` needs to ask of the bytes it has just written from checked fields."""
     where = "message"
     try:
         env = _ENVELOPE.decode(data)
         cls = _schema(env, expect)
         where = cls.__name__
         obj = _DECODERS[cls].decode(env.payload)
-        _unpack_fields(obj, where)
-        _check_plain_fields(obj, where)
+        _unpack_fields(obj, where, unpack)
+        if unpack:
+            _check_plain_fields(obj, where)
     except CodecError:
         raise
     except msgspec.ValidationError as e:
@@ -417,10 +440,6 @@ def decode(data: bytes, expect: type | None = None, *, max_bytes: int = 64 << 20
         raise CodecError(f"{where}: nested too deep") from None
     except Exception as e:  # a bug here must still not take the consumer down
         raise CodecError(f"{where}: cannot decode ({type(e).__name__}: {e})") from None
-    try:
-        obj.validate()  # the cross-field rules; its errors name the field already
-    except ValueError as e:
-        raise CodecError(str(e)) from None
     return obj
 
 
