@@ -309,7 +309,6 @@ class Trainer:
                 f.write(json.dumps({"step": step, "ids": [e.id for e in exps], "pid": os.getpid(),
                                     "runs": sorted({e.run_id for e in exps}),
                                     "world": self.engine.world_size}) + "\n")
-            keep_trajectories(self.job, step, exps, self.cfg.monitor.trajectory_steps)
         return metrics
 
     def sync_tensors(self) -> list[tuple[str, Any]]:
@@ -479,6 +478,8 @@ async def _train_on_bus(ctx: RoleContext, trainer: Trainer, turn: asyncio.Lock |
             exps = experiences(reply)
             async with turn or contextlib.nullcontext():
                 metrics = await asyncio.to_thread(trainer.train, exps, step)
+            # for trinity studio: the records as the buffer sent them (what was trained on)
+            await asyncio.to_thread(keep_trajectories, trainer.job, step, reply.items, cfg.monitor.trajectory_steps)
             m = Metric(role="trainer", step=step, kind="train", values=metrics)
             monitor.log(m)
             await pub.publish_event(m)
