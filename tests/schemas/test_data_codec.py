@@ -556,6 +556,17 @@ def test_absurd_shape_is_rejected_without_allocating(shape: tuple, match: str, c
     assert refused_peak(msg, match) < 1 << 20
 
 
+def test_encode_refuses_a_dim_the_reader_refuses() -> None:
+    """encode checks its own bytes' types only (not a full decode): the packer must refuse
+    on its own what the reader would, here a zero-size array with a dim over MAX_DIM."""
+    with pytest.raises(CodecError, match="exceeds"):
+        encode_array(np.empty((0, 2**33), np.float32))
+    e = Experience(id="e", task_id="t", group_id="g", run_id="r", tokens=np.arange(3, dtype=np.int32),
+                   prompt_length=3, teacher_logprobs=np.empty((0, 2**33), np.float32))
+    with pytest.raises(CodecError, match="exceeds"):
+        encode(e)
+
+
 def test_array_header_errors() -> None:
     with pytest.raises(CodecError, match="ndim"):
         decode(ext_message(header(b"<i4", (1,) * (MAX_NDIM + 1))))

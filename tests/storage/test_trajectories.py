@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from schemas.codec import encode
 from schemas.data import Experience
 from storage.trajectories import keep_trajectories, read_step, steps
 
@@ -31,3 +32,12 @@ def test_monitor_trajectory_steps_keeps_the_newest_steps_whole(tmp_path):
     assert not list((tmp_path / "a" / "trajectories").glob(".*"))  # no temporary file left
     with pytest.raises(FileNotFoundError):
         read_step(tmp_path / "a", 1)
+
+
+@pytest.mark.unit
+def test_records_already_encoded_are_kept_as_they_came(tmp_path):
+    """The trainer passes the batch's records as the buffer sent them (bytes), not encoded
+    again; they read back like experiences passed as objects."""
+    keep_trajectories(tmp_path, 1, [encode(_exp(1)), _exp(2)], 1)
+    back = read_step(tmp_path, 1)
+    assert [e.id for e in back] == ["t/1@0/0", "t/2@0/0"] and back[0].logprobs.tolist() == pytest.approx([-0.1] * 3)
