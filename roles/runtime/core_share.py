@@ -8,7 +8,8 @@ while the trainer computes on one core. So the explorer says when it works (one 
 file in shared memory, per explorer process), and the trainer, before each decoder layer's
 forward and after each layer's gradients, takes the explorers' threads too while every one of
 them idles, and gives them back as soon as one works again. An explorer that never says (a
-vLLM engine elsewhere, another machine, ``mode: serve``) leaves the trainer at its share.
+vLLM engine elsewhere, another machine, ``mode: serve``) leaves the trainer at its share. A
+sweep's trainer host follows every run's explorer: they all generate in the explorer host.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,14 +92,15 @@ def all_idle(flags: list[Path]) -> bool:
 
 class TrainerThreads:
     """The trainer's side: :meth:`attach` hooks a model so that its torch threads follow the
-    explorers, ``share`` while one works, ``share + extra`` while all idle."""
+    explorers of ``run_ids`` (one run's; a sweep's trainer host: every run's, whose explorers
+    share one engine process), ``share`` while one works, ``share + extra`` while all idle."""
 
     #: Seconds between looks for explorers that started or left (each check reads the flags
     #: it knows; listing the folder costs more and explorers come and go rarely).
     RESCAN_S = 1.0
 
-    def __init__(self, run_id: str, share: int, extra: int) -> None:
-        self.run_id, self.share, self.extra = run_id, share, extra
+    def __init__(self, run_ids: Sequence[str], share: int, extra: int) -> None:
+        self.run_ids, self.share, self.extra = tuple(run_ids), share, extra
         self.switches = 0
         self._flags: list[Path] = []
         self._scanned = -self.RESCAN_S
@@ -109,7 +111,7 @@ class TrainerThreads:
 
         now = time.monotonic()
         if now - self._scanned >= self.RESCAN_S:
-            self._flags, self._scanned = explorer_flags(self.run_id), now
+            self._flags, self._scanned = [p for r in self.run_ids for p in explorer_flags(r)], now
         want = self.share + self.extra if all_idle(self._flags) else self.share
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)

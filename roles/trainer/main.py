@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,8 +223,7 @@ class Trainer:
             mini_batch_rows=mini_batch_rows(cfg),
             bypass_old_logprobs=cfg.algorithm.bypass_old_logprobs,
         )
-        if shared is None:  # a sweep's shared model is no one run's to hook
-            self._follow_explorer(ref)
+        self._follow_explorer(ref, shared.run_ids if shared is not None else (cfg.run_id,))
         if lora.is_lora(self.engine.model):
             trainable, total = lora.trainable_share(self.engine.model)
             log.info("lora", trainable=trainable, total=total, share=round(trainable / total, 5))
@@ -250,13 +250,14 @@ class Trainer:
             self.consumed = int(ts.get("consumed", 0))
             log.info("resumed", step=self.step, consumed=self.consumed, path=str(loaded.actor_dir))
 
-    def _follow_explorer(self, ref: Any) -> None:
+    def _follow_explorer(self, ref: Any, runs: Sequence[str]) -> None:
         """On a CPU machine, take the explorer's cores while it idles (roles/runtime/core_share.py),
-        for a model big enough that a second thread pays."""
+        for a model big enough that a second thread pays. ``runs``: whose explorers to follow
+        (a sweep's run: every run's, as they share one engine process)."""
         if not follows_explorer(self.cfg) or sum(p.numel() for p in self.engine.model.parameters()) < MIN_PARAMETERS:
             return
         share = role_threads()  # the explorer's share is the same
-        threads = TrainerThreads(self.cfg.run_id, share, share)
+        threads = TrainerThreads(runs, share, share)
         hooked = sum(threads.attach(m) for m in (self.engine.model, ref) if isinstance(m, torch.nn.Module))
         log.info("threads_follow_explorer", share=share, idle_explorer=2 * share, layers=hooked)
 

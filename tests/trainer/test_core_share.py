@@ -60,7 +60,7 @@ def test_the_trainers_threads_follow_the_explorer_layer_by_layer(run_id, tiny_mo
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    threads = TrainerThreads(run_id, share=1, extra=1)
+    threads = TrainerThreads([run_id], share=1, extra=1)
     assert threads.attach(model) == model.config.num_hidden_layers
     before = torch.get_num_threads()
     work = ExplorerWork(run_id)
@@ -79,6 +79,29 @@ def test_the_trainers_threads_follow_the_explorer_layer_by_layer(run_id, tiny_mo
         work.close()
         torch.set_num_threads(before)
     assert threads.switches >= 2
+
+
+def test_a_sweeps_trainer_takes_the_core_only_while_every_runs_explorer_idles(tiny_model):
+    """A sweep's runs explore in one process (one engine): its trainer host follows all of
+    their flags, and one run's rollouts keep every run's steps at the share."""
+    from transformers import AutoModelForCausalLM
+
+    runs = [f"test-{uuid.uuid4().hex}" for _ in range(3)]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    TrainerThreads(runs, share=1, extra=1).attach(model)
+    works = [ExplorerWork(r) for r in runs]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with works[2].busy():
+            model(input_ids=torch.tensor([[1, 2, 3]]))
+            assert torch.get_num_threads() == 1  # the third run generates: every run keeps its share
+        model(input_ids=torch.tensor([[1, 2, 3]]))
+        assert torch.get_num_threads() == 2
+    finally:
+        for w in works:
+            w.close()
+        torch.set_num_threads(before)
 
 
 def test_only_a_cpu_run_with_explorer_and_trainer_together_follows(monkeypatch):

@@ -75,7 +75,7 @@ async def _runners(role: str, runs: list[SweepRun], cfgs: dict[str, TrinityConfi
         from roles.trainer.main import run_trainer
         from roles.trainer.shared import SharedBase
 
-        base = SharedBase()
+        base = SharedBase([cfgs[r.name].run_id for r in runs])
         return {r.name: functools.partial(run_trainer, shared=base) for r in runs}, []
     from roles.explorer.engines.shared import create_shared
     from roles.explorer.main import run_explorer
