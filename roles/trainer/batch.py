@@ -32,6 +32,7 @@ class Batch:
     group_ids: list[str]
     ids: list[str]
     has_old: torch.Tensor  # B bool: the rollout engine's logprobs are known
+    versions: torch.Tensor  # B long: the weights version each row was generated with
 
     @property
     def size(self) -> int:
@@ -50,7 +51,7 @@ class Batch:
             self.input_ids[idx, :L], am[:, :L], self.resp_index[idx].clamp(max=L - 2), self.action_mask[idx],
             self.old_logprob[idx], self.advantages[idx], self.returns[idx],
             self.rewards[idx], self.expert_mask[idx],
-            [self.group_ids[i] for i in rows], [self.ids[i] for i in rows], self.has_old[idx],
+            [self.group_ids[i] for i in rows], [self.ids[i] for i in rows], self.has_old[idx], self.versions[idx],
         )
 
 
@@ -104,7 +105,9 @@ def collate(exps: Sequence[Experience], pad_token_id: int = 0) -> Batch:
             ret[i, :r] = torch.from_numpy(np.array(e.returns, dtype=np.float32))
         rew[i] = 0.0 if e.reward is None else float(e.reward)
         expert[i] = bool(e.info.get("is_expert", False))
-    return Batch(ids, am, ri, act, old, adv, ret, rew, expert, [r[0].advantage_group for r in rows], [r[3] for r in rows], has_old)
+    versions = torch.tensor([e.model_version for e, _, _, _ in rows], dtype=torch.long)
+    return Batch(ids, am, ri, act, old, adv, ret, rew, expert, [r[0].advantage_group for r in rows], [r[3] for r in rows],
+                 has_old, versions)
 
 
 def per_micro_batch(batch: Batch, mbs: Sequence[Sequence[int]], fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:

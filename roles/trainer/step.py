@@ -20,6 +20,7 @@ from ops.algorithms import AlgorithmSpec, hyperparameters
 from ops.entropy import ENTROPY_DATA
 from ops.kl import kl_loss, kl_penalty
 from ops.logits import entropy_from_logits, logprobs_from_logits
+from ops.mismatch import SUM_ABS, SUM_KL, mismatch_metrics, mismatch_sums
 from ops.policy_losses import M2_THRESHOLD, MINI_BATCH_MASKED, PART_WEIGHTED, m2po_token_mask
 from schemas.data import Experience
 
@@ -77,6 +78,10 @@ def _scores(logits: torch.Tensor, targets: torch.Tensor, temperature: float, wit
     if with_entropy:
         ent = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature).float().to(lp.device)
     return lp, ent
+
+
+#: the raw sums :func:`ops.mismatch.mismatch_metrics` turns into the step's figures
+MISMATCH_SUMS = (SUM_ABS, SUM_KL)
 
 
 class StepRunner:
@@ -266,7 +271,9 @@ class StepRunner:
             extra.update(_mean(parts))
         if step <= self.critic_warmup:  # PPO: the critic learns first, the actor waits
             return {**extra, "critic_warmup": 1.0, "step_time_s": time.perf_counter() - t0}
-        done = [self._update(batch, rows, lengths, ref_all, step, dp) for rows in updates]
+        # the first update runs on the weights the trainer held at the step's start: there its
+        # log-probs and the engine's, for rows generated on those weights, measure the gap
+        done = [self._update(batch, rows, lengths, ref_all, step, dp, measure=i == 0) for i, rows in enumerate(updates)]
         out = _mean([metrics for metrics, _, _ in done])
         if dp is not None:  # each rank's parts are weighted by its share of each mini-batch
             total: dict[str, float] = defaultdict(float)
@@ -274,6 +281,7 @@ class StepRunner:
                 for k, v in part.items():
                     total[k] += v
             out = dict(total)
+        out = {k: v for k, v in out.items() if k not in MISMATCH_SUMS} | mismatch_metrics(out)
         dt = time.perf_counter() - t0
         out.update(extra)
         out.update({
@@ -286,9 +294,10 @@ class StepRunner:
         return out
 
     def _update(self, batch: Batch, rows: list[int], lengths: list[int], ref_all: torch.Tensor | None,
-                step: int, dp: Any) -> tuple[dict[str, float], float, int]:
+                step: int, dp: Any, measure: bool = False) -> tuple[dict[str, float], float, int]:
         """One optimizer update on the mini-batch ``rows`` (this rank's share of them):
-        (metrics weighted by this rank's share of the mini-batch, grad norm, micro-batches)."""
+        (metrics weighted by this rank's share of the mini-batch, grad norm, micro-batches).
+        ``measure``: also the engine/trainer log-prob gap (:mod:`ops.mismatch`) as sums."""
         pair = self.spec.policy_loss_fn == "dpo"
         mbs, fillers = self._split(rows, lengths, dp, batch.group_ids)
         n_mb = len(mbs) + fillers
@@ -334,6 +343,10 @@ class StepRunner:
             m["loss"] = float(loss.detach())
             for k, v in m.items():
                 sums[k] += share * float(v)
+            if measure and i < len(mbs):  # rows sampled on the weights this update starts from
+                fresh = mb.has_old & (mb.versions == step - 1)
+                for k, v in mismatch_sums(lp, mb.old_logprob, mask & fresh.unsqueeze(-1)).items():
+                    sums[k] += v
         return dict(sums), self.engine.step(), n_mb
 
 

@@ -170,3 +170,34 @@ def test_unset_micro_batch_tokens_are_sized_from_free_memory_and_keep_groups_who
     fixed = Trainer(_cfg(tmp_path / "b", tiny_model, trainer={"max_token_len_per_gpu": 40}))
     assert fixed.runner.max_token_len == 40
     assert fixed.train(_batch(), 1)["micro_batches"] > 1.0
+
+
+@pytest.mark.slow
+def test_the_engines_log_prob_gap_is_measured_on_rows_of_the_trainers_weights(tmp_path, tiny_model):
+    """``rollout/*`` (ops/mismatch.py): the gap between the engine's log-probs and the
+    trainer's, over the rows generated on the weights the step starts from; rows of older
+    weights (policy lag, not the engines' disagreement) are left out."""
+    from roles.trainer.batch import collate
+    from roles.trainer.main import Trainer
+    from roles.trainer.step import token_logprobs
+
+    trainer = Trainer(_cfg(tmp_path, tiny_model))
+    batch = _batch()
+    with torch.no_grad():
+        own = token_logprobs(trainer.engine, collate(batch), 1.0, False)[0]
+    fresh_tokens = 0
+    for i, e in enumerate(batch):
+        r = e.response_length
+        if i < 4:  # the first group: generated on the weights step 2 starts from (version 1)
+            e.model_version, e.logprobs = 1, own[i, :r].numpy() + 0.1
+            fresh_tokens += r
+        else:  # the second: a version older, far off: not the engine's gap, not counted
+            e.model_version, e.logprobs = 0, own[i, :r].numpy() - 20.0
+    m = trainer.train(batch, 2)
+    assert m["rollout/logprob_diff_tokens"] == fresh_tokens
+    assert m["rollout/logprob_diff_mean"] == pytest.approx(0.1, abs=1e-4)
+    assert m["rollout/kl"] == pytest.approx(float(torch.exp(torch.tensor(-0.1)) - 1 + 0.1), rel=1e-3)
+    assert not any(k.endswith("_sum") for k in m)
+    for e in batch:
+        e.model_version = 0
+    assert trainer.train(batch, 3)["rollout/logprob_diff_tokens"] == 0.0  # nothing on its weights: said so
