@@ -421,7 +421,9 @@ class AlgorithmConfig(Section):
     ) = None
     """How token losses are reduced. None: token-mean."""
     bypass_old_logprobs: bool = True
-    """Use the rollout engine's logprobs as the old policy's (skips one forward pass)."""
+    """Use the rollout engine's logprobs as the old policy's (skips one forward pass). Unset,
+    false where the engine computes in another dtype than the trainer (a bfloat16 vLLM beside
+    a float32 trainer on a GPU), said in a note; the gap is the trainer's ``rollout/kl``."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ def derive(cfg: TrinityConfig, sources: dict[str, str], warnings: list[str],
     _over_rollout(d)
     _engines(d, template)
     _trainer(d)
+    _old_logprobs(d)
     _synchronizer(d)
     _bus(d)
     warnings += [f"{path} is accepted but has no effect: {why}" for path, why in unused_settings(cfg)]
@@ -387,6 +388,10 @@ def _engines(d: _Derivation, template: str | None) -> None:
             if engine.engine_type == "vllm" and "engine_type" not in engine.model_fields_set:
                 d.put(engine, "engine_type", "transformers", f"{path}.engine_type")
                 d.notes.append(f"{path}.engine_type: transformers, {CPU_ENGINE_WHY}")
+            if engine.dtype in ("bfloat16", "float16") and "dtype" in engine.model_fields_set:
+                d.warnings.append(f"{path}.dtype: {engine.dtype} runs as float32 on a CPU machine (cluster."
+                                  "gpu_per_node: 0): the engine's log-probs stay the float32 trainer's, and "
+                                  "bfloat16 CPU kernels are not measured here yet")
 
 
 #: Why a CPU machine's engines run on transformers unless ``engine_type`` says otherwise.
@@ -435,6 +440,47 @@ def _trainer(d: _Derivation) -> None:
         d.put(tr.deepspeed, "offload_param", True, "trainer.deepspeed.offload_param")
     if tr.optimizer_offload and not tr.deepspeed.offload_optimizer:
         d.put(tr.deepspeed, "offload_optimizer", True, "trainer.deepspeed.offload_optimizer")
+
+
+#: Policy losses that take no old policy (sft, dpo) or need the engine's as it (m2po).
+_OWN_OLD_LOGPROBS = ("sft", "dpo", "m2po")
+
+
+def _old_logprobs(d: _Derivation) -> None:
+    """Whose log-probs are the old policy's: the rollout engine's (``bypass_old_logprobs``, one
+    forward a step saved) only where it computes in the trainer's dtype. A bfloat16 engine's
+    against a float32 trainer's would put the importance ratio off 1 before any update."""
+    cfg, alg = d.cfg, d.cfg.algorithm
+    if (d.user_set("algorithm.bypass_old_logprobs") or not alg.bypass_old_logprobs
+            or alg.policy_loss_fn in _OWN_OLD_LOGPROBS or "trainer" not in MODES[cfg.mode].roles):
+        return
+    engine, trainer = engine_dtype(cfg), trainer_dtype(cfg)
+    if engine is None or engine == trainer:
+        return
+    d.put(alg, "bypass_old_logprobs", False, "algorithm.bypass_old_logprobs")
+    d.notes.append(
+        f"algorithm.bypass_old_logprobs: false, as the rollout engine computes in {engine} and the trainer in "
+        f"{trainer}: the trainer computes the old policy's log-probs itself (one more forward a step); set it "
+        "true to take the engine's (their gap is the trainer's rollout/kl metric)")
+
+
+def engine_dtype(cfg: TrinityConfig) -> str | None:
+    """The dtype the rollout engine computes log-probs in; None where unknown (``auto``: the
+    checkpoint's, an external API). On a CPU machine both engines run float32."""
+    rm = cfg.explorer.rollout_model
+    if rm.engine_type not in ("vllm", "transformers"):
+        return None
+    if cfg.cluster.gpu_per_node == 0:
+        return "float32"
+    return None if rm.dtype == "auto" else rm.dtype
+
+
+def trainer_dtype(cfg: TrinityConfig) -> str:
+    """The dtype the trainer computes log-probs in: bfloat16 under DeepSpeed's ``bf16`` on a
+    GPU (``trainer_type`` auto or deepspeed), else float32."""
+    tr = cfg.trainer
+    bf16 = cfg.cluster.gpu_per_node > 0 and tr.trainer_type in ("auto", "deepspeed") and tr.deepspeed.bf16
+    return "bfloat16" if bf16 else "float32"
 
 
 def _synchronizer(d: _Derivation) -> None:

@@ -571,3 +571,27 @@ def test_a_cpu_machines_engines_default_to_transformers_and_say_so(tmp_path):
     assert load(p, ["explorer.rollout_model.engine_type=vllm"]).config.explorer.rollout_model.engine_type == "vllm"
     gpu = load(p, ["cluster.gpu_per_node=1"])
     assert gpu.config.explorer.rollout_model.engine_type == "vllm" and not gpu.notes
+
+
+def test_the_trainer_computes_the_old_log_probs_where_the_engines_dtype_differs(tmp_path):
+    """bypass_old_logprobs (the engine's log-probs as the old policy's) only where engine and
+    trainer compute in one dtype: a bfloat16 vLLM beside a float32 trainer would put the ratio
+    off 1 before any update. Said in a note; a value set, m2po (which needs the engine's) and an
+    unknown dtype keep it."""
+    p = write(tmp_path, """
+        model: {model_path: /m}
+        cluster: {gpu_per_node: 1}
+        trainer: {trainer_type: pytorch}
+    """)
+    loaded = load(p)
+    assert loaded.config.algorithm.bypass_old_logprobs is False
+    assert [n for n in loaded.notes if n.startswith("algorithm.bypass_old_logprobs: false")]
+    assert "bfloat16" in loaded.notes[0] and "float32" in loaded.notes[0] and "rollout/kl" in loaded.notes[0]
+    assert load(p, ["trainer.trainer_type=auto"]).config.algorithm.bypass_old_logprobs  # DeepSpeed bf16: one dtype
+    assert not load(p, ["trainer.trainer_type=auto", "trainer.deepspeed.bf16=false"]).config.algorithm.bypass_old_logprobs
+    for kept in (["algorithm.bypass_old_logprobs=true"], ["algorithm.policy_loss_fn=m2po"],
+                 ["explorer.rollout_model.dtype=float32"], ["explorer.rollout_model.dtype=auto"],
+                 ["cluster.gpu_per_node=0"]):
+        same = load(p, kept)
+        assert same.config.algorithm.bypass_old_logprobs, kept
+        assert not [n for n in same.notes if "bypass_old_logprobs" in n], kept
