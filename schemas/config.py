@@ -423,7 +423,8 @@ class AlgorithmConfig(Section):
     bypass_old_logprobs: bool = True
     """Use the rollout engine's logprobs as the old policy's (skips one forward pass). Unset,
     false where the engine computes in another dtype than the trainer (a bfloat16 vLLM beside
-    a float32 trainer on a GPU), said in a note; the gap is the trainer's ``rollout/kl``."""
+    DeepSpeed with ``bf16: false`` on a GPU), said in a note; the gap is the trainer's
+    ``rollout/kl``."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -812,7 +813,9 @@ class InferenceModelConfig(Section):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """Fraction of GPU memory vLLM may use."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
-    """Engine dtype. On CPU, float32 keeps logprobs equal to the trainer's."""
+    """Engine dtype. The PyTorch trainer computes in bfloat16 beside a bfloat16 engine (old and
+    new log-probs in one dtype). On a CPU: bfloat16 where the CPU has it natively (AVX512-BF16,
+    AMX; ``TRINITY_CPU_BF16=0|1`` overrides), float32 elsewhere, for the engine and trainer alike."""
     seed: int = 42
     """Sampling seed."""
     max_model_len: int | None = Field(None, ge=1)

@@ -388,10 +388,10 @@ def _engines(d: _Derivation, template: str | None) -> None:
             if engine.engine_type == "vllm" and "engine_type" not in engine.model_fields_set:
                 d.put(engine, "engine_type", "transformers", f"{path}.engine_type")
                 d.notes.append(f"{path}.engine_type: transformers, {CPU_ENGINE_WHY}")
-            if engine.dtype in ("bfloat16", "float16") and "dtype" in engine.model_fields_set:
-                d.warnings.append(f"{path}.dtype: {engine.dtype} runs as float32 on a CPU machine (cluster."
-                                  "gpu_per_node: 0): the engine's log-probs stay the float32 trainer's, and "
-                                  "bfloat16 CPU kernels are not measured here yet")
+            if engine.dtype == "float16" and "dtype" in engine.model_fields_set:
+                d.warnings.append(f"{path}.dtype: float16 runs as float32 on a CPU machine (cluster.gpu_per_node: "
+                                  "0), as the trainer there: no CPU computes float16 fast (bfloat16 runs where the "
+                                  "CPU has it natively, AVX512-BF16 or AMX, and float32 elsewhere)")
 
 
 #: Why a CPU machine's engines run on transformers unless ``engine_type`` says otherwise.
@@ -449,10 +449,12 @@ _OWN_OLD_LOGPROBS = ("sft", "dpo", "m2po")
 def _old_logprobs(d: _Derivation) -> None:
     """Whose log-probs are the old policy's: the rollout engine's (``bypass_old_logprobs``, one
     forward a step saved) only where it computes in the trainer's dtype. A bfloat16 engine's
-    against a float32 trainer's would put the importance ratio off 1 before any update."""
+    against a float32 trainer's (DeepSpeed with ``bf16: false``) would put the importance
+    ratio off 1 before any update."""
     cfg, alg = d.cfg, d.cfg.algorithm
     if (d.user_set("algorithm.bypass_old_logprobs") or not alg.bypass_old_logprobs
-            or alg.policy_loss_fn in _OWN_OLD_LOGPROBS or "trainer" not in MODES[cfg.mode].roles):
+            or alg.policy_loss_fn in _OWN_OLD_LOGPROBS or "trainer" not in MODES[cfg.mode].roles
+            or cfg.cluster.gpu_per_node == 0):  # on a CPU the engines and trainer share one dtype
         return
     engine, trainer = engine_dtype(cfg), trainer_dtype(cfg)
     if engine is None or engine == trainer:
@@ -465,22 +467,23 @@ def _old_logprobs(d: _Derivation) -> None:
 
 
 def engine_dtype(cfg: TrinityConfig) -> str | None:
-    """The dtype the rollout engine computes log-probs in; None where unknown (``auto``: the
-    checkpoint's, an external API). On a CPU machine both engines run float32."""
+    """The dtype a GPU's rollout engine computes log-probs in; None where unknown (``auto``:
+    the checkpoint's; an external API). (On a CPU the engines and the PyTorch trainer compute
+    in bfloat16 where the CPU has it natively, else float32: ``roles/runtime/cpu_tuning.py``.)"""
     rm = cfg.explorer.rollout_model
     if rm.engine_type not in ("vllm", "transformers"):
         return None
-    if cfg.cluster.gpu_per_node == 0:
-        return "float32"
     return None if rm.dtype == "auto" else rm.dtype
 
 
 def trainer_dtype(cfg: TrinityConfig) -> str:
-    """The dtype the trainer computes log-probs in: bfloat16 under DeepSpeed's ``bf16`` on a
-    GPU (``trainer_type`` auto or deepspeed), else float32."""
-    tr = cfg.trainer
-    bf16 = cfg.cluster.gpu_per_node > 0 and tr.trainer_type in ("auto", "deepspeed") and tr.deepspeed.bf16
-    return "bfloat16" if bf16 else "float32"
+    """The dtype a GPU's trainer computes log-probs in: DeepSpeed's (``trainer_type`` auto or
+    deepspeed) bfloat16 with its ``bf16``; the PyTorch trainer's bfloat16 (autocast) beside a
+    bfloat16 engine (``roles/trainer/main.py`` compute_dtype); else float32."""
+    tr, rm = cfg.trainer, cfg.explorer.rollout_model
+    if tr.trainer_type in ("auto", "deepspeed"):
+        return "bfloat16" if tr.deepspeed.bf16 else "float32"
+    return "bfloat16" if rm.dtype == "bfloat16" else "float32"
 
 
 def _synchronizer(d: _Derivation) -> None:

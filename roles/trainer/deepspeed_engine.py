@@ -12,6 +12,7 @@ last, then one ``step``, so a step's micro-batch count may vary (dynamic batch s
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -110,6 +111,9 @@ class DeepSpeedEngine:
         # block of rows at a time (ops.logits). A float32 copy here cost 4.6 GiB per 8k-token
         # micro-batch of a 152k vocabulary, kept alive until backward.
         return self.engine(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).logits
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # its bf16 setting made the model bfloat16 itself
 
     def backward(self, loss: torch.Tensor, last: bool = True) -> None:
         self.engine.set_gradient_accumulation_boundary(last)

@@ -8,6 +8,7 @@ asks which one it drives.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,8 @@ class TrainEngine(Protocol):
     world_size: int
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Around a forward pass (not the backward): the dtype the engine computes in."""
     def backward(self, loss: torch.Tensor, last: bool = True) -> None:
         """Accumulate ``loss``'s gradients; ``last``: the micro-batch that ends this update."""
     def step(self) -> float: ...
@@ -112,10 +115,14 @@ class TorchEngine:
     rank = 0
     world_size = 1
 
-    def __init__(self, model: Any, opt: OptimizerConfig, *, total_steps: int, grad_clip: float) -> None:
+    def __init__(self, model: Any, opt: OptimizerConfig, *, total_steps: int, grad_clip: float,
+                 compute_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.model.train()
         self.grad_clip = grad_clip
+        #: None: the parameters' dtype; bfloat16: the forward under torch.autocast (the weights,
+        #: gradients and optimizer stay float32), see :func:`roles.trainer.main.compute_dtype`
+        self.compute_dtype = compute_dtype
         self.optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opt)
         ws = warmup_steps(opt, total_steps)
         sched = opt.lr_scheduler_type  # derive() folded the deprecated warmup_style in
@@ -128,6 +135,11 @@ class TorchEngine:
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         dev = next(self.model.parameters()).device
         return self.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev)).logits
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(next(self.model.parameters()).device.type, dtype=self.compute_dtype)
 
     def backward(self, loss: torch.Tensor, last: bool = True) -> None:
         loss.backward()  # gradients add up in .grad until step(), whatever ``last`` says

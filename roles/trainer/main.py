@@ -27,7 +27,7 @@ import bus
 from ops.algorithms import AlgorithmSpec
 from roles.runtime.config import algorithm_spec, session_start
 from roles.runtime.core_share import MIN_PARAMETERS, TrainerThreads, follows_explorer
-from roles.runtime.cpu_tuning import role_threads
+from roles.runtime.cpu_tuning import cpu_dtype, role_threads
 from roles.runtime.monitor import Monitor
 from roles.runtime.role import RoleContext
 from roles.runtime.signals import to_thread_to_end
@@ -125,7 +125,21 @@ def build_engine(cfg: TrinityConfig, spec: AlgorithmSpec, model_path: str,
     model = shared.model_for(cfg, load) if shared is not None else load(model_path)
     if cfg.model.lora_configs:
         model = lora.wrap(model, cfg.model.lora_configs[0])
-    return TorchEngine(model, cfg.algorithm.optimizer, total_steps=steps, grad_clip=cfg.trainer.grad_clip)
+    return TorchEngine(model, cfg.algorithm.optimizer, total_steps=steps, grad_clip=cfg.trainer.grad_clip,
+                       compute_dtype=compute_dtype(cfg))
+
+
+def compute_dtype(cfg: TrinityConfig) -> torch.dtype | None:
+    """bfloat16 (under autocast) where the PyTorch trainer computes in it: where the rollout
+    engine does (``explorer.rollout_model.dtype: bfloat16``, the default) and the hardware has
+    it natively (a GPU with bfloat16; a CPU with AVX512-BF16 or AMX, ``cpu_bf16``, where the
+    engines then run bfloat16 too). So the old policy's log-probs and the new ones are one
+    dtype's, whether the engine's or the trainer's; None (the weights' float32) elsewhere."""
+    if cfg.explorer.rollout_model.dtype != "bfloat16":
+        return None
+    if torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if cpu_dtype("bfloat16") == "bfloat16" else None
 
 
 def mini_batch_rows(cfg: TrinityConfig) -> int | None:

@@ -122,6 +122,13 @@ class StepRunner:
         # The KL-in-reward coefficient changes step to step when adaptive; checkpoints keep it.
         self.kl_coef = float(spec.kl_penalty_fn_args.get("kl_coef", 0.001))
 
+    def _scores(self, model: Any, mb: Batch, with_entropy: bool,
+                entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:func:`token_logprobs` in the dtype the trainer computes in (``engine.autocast``):
+        the policy's and the reference model's, old and new, all in one."""
+        with self.engine.autocast():
+            return token_logprobs(model, mb, self.temperature, with_entropy, entropy_grad)
+
     @torch.no_grad()
     def _batch_logprobs(self, model: Any, batch: Batch, mbs: list[list[int]], dp: Any = None,
                         fillers: int = 0) -> torch.Tensor:
@@ -130,7 +137,7 @@ class StepRunner:
         result is dropped, for a model whose forward is collective (ZeRO-3) on a rank with
         fewer micro-batches than the others."""
         def fn(mb: Batch) -> torch.Tensor:
-            return token_logprobs(model, mb, self.temperature, False)[0]
+            return self._scores(model, mb, False)[0]
 
         out = per_micro_batch(batch, mbs, fn)
         for _ in range(fillers):
@@ -144,11 +151,11 @@ class StepRunner:
         lp_all, ent_all = torch.zeros_like(batch.old_logprob), torch.zeros_like(batch.old_logprob)
         with torch.no_grad():
             for rows in mbs:
-                lp, ent = token_logprobs(self.engine, batch.select(rows), self.temperature, True, False)
+                lp, ent = self._scores(self.engine, batch.select(rows), True, False)
                 idx = torch.as_tensor(list(rows))
                 lp_all[idx], ent_all[idx] = lp.float(), ent.float()
             for _ in range(fillers):
-                token_logprobs(self.engine, batch.select(self._filler(batch, mbs)), self.temperature, True, False)
+                self._scores(self.engine, batch.select(self._filler(batch, mbs)), True, False)
         return (lp_all, ent_all) if dp is None else (dp.sum_tensor(lp_all), dp.sum_tensor(ent_all))
 
     def _m2po_mask(self, batch: Batch, rows: list[int], mbs: list[list[int]], dp: Any,
@@ -317,7 +324,7 @@ class StepRunner:
             mb = batch.select(mb_rows)
             share = 0.0 if i >= len(mbs) else (len(mb_rows) / len(rows) if seq_mode else int(mb.action_mask.sum()) / token_total)
             ref_lp = None if ref_all is None else ref_all[torch.as_tensor(mb_rows)]
-            lp, ent = token_logprobs(self.engine, mb, self.temperature, self.with_entropy, self.entropy_grad)
+            lp, ent = self._scores(self.engine, mb, self.with_entropy, self.entropy_grad)
             old = torch.where(mb.has_old.unsqueeze(-1), mb.old_logprob, lp.detach())
             mask = mb.action_mask
             parts = {}

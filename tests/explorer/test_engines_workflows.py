@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
@@ -95,6 +96,23 @@ def test_hf_engine_prefills_a_shared_prompt_once_and_samples_as_without(hf_engin
     for (toks, lps, _, _), (toks2, lps2, _, _) in zip(shared, apart, strict=True):
         assert toks == toks2 and len(toks) == 5
         assert torch.allclose(torch.tensor(lps), torch.tensor(lps2), atol=1e-5)
+
+
+async def test_a_cpu_engine_runs_bfloat16_only_where_the_cpu_has_it(tiny_model: Path, monkeypatch) -> None:
+    """``dtype: bfloat16`` (the default) on a CPU: bfloat16 where the CPU multiplies it natively
+    (TRINITY_CPU_BF16=1 stands in for its flags), as the trainer beside it; float32 elsewhere."""
+    from roles.explorer.engines.hf import HFEngine
+
+    cfg = InferenceModelConfig(model_path=str(tiny_model), engine_type="transformers", dtype="bfloat16",
+                               max_model_len=64, max_response_tokens=6, seed=0)
+    monkeypatch.setenv("TRINITY_CPU_BF16", "0")
+    assert next(HFEngine(cfg).model.parameters()).dtype == torch.float32
+    monkeypatch.setenv("TRINITY_CPU_BF16", "1")
+    engine = HFEngine(cfg)
+    assert next(engine.model.parameters()).dtype == torch.bfloat16
+    [s] = await engine.chat([{"role": "user", "content": "2+2=?"}], n=1, temperature=1.0)
+    assert s.logprobs and all(math.isfinite(x) and x <= 0 for x in s.logprobs)
+    await engine.close()
 
 
 async def test_hf_engine_scores_given_tokens_as_a_teacher(hf_engine, hf_model) -> None:

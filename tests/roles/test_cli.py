@@ -167,3 +167,23 @@ def test_cpu_tuning_applies_where_the_setting_says(tmp_path, setting, gpus, tune
     assert frozen == str(tuned)
     if tuned:  # untuned: torch's own default, whatever this machine makes it
         assert int(threads) == max(1, (os.cpu_count() or 1) // 4)
+
+
+@pytest.mark.unit
+def test_cpu_bfloat16_only_where_the_cpu_has_it_natively(monkeypatch):
+    """CPU engines and the trainer compute in bfloat16 only where the CPU multiplies it natively
+    (emulated, it is slower than float32); TRINITY_CPU_BF16 overrides; float16 never runs on a CPU."""
+    import torch
+
+    from roles.runtime.cpu_tuning import BF16_FLAGS, cpu_bf16, cpu_dtype
+
+    monkeypatch.delenv("TRINITY_CPU_BF16", raising=False)
+    flags = open("/proc/cpuinfo").read().split()
+    native = any(f in flags for f in BF16_FLAGS) and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    assert cpu_bf16() == native
+    assert cpu_dtype("bfloat16") == ("bfloat16" if native else "float32")
+    monkeypatch.setenv("TRINITY_CPU_BF16", "1")
+    assert cpu_bf16() and cpu_dtype("bfloat16") == "bfloat16"
+    assert cpu_dtype("float16") == cpu_dtype("float32") == cpu_dtype("auto") == "float32"
+    monkeypatch.setenv("TRINITY_CPU_BF16", "0")
+    assert not cpu_bf16() and cpu_dtype("bfloat16") == "float32"

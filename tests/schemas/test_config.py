@@ -581,17 +581,20 @@ def test_the_trainer_computes_the_old_log_probs_where_the_engines_dtype_differs(
     p = write(tmp_path, """
         model: {model_path: /m}
         cluster: {gpu_per_node: 1}
-        trainer: {trainer_type: pytorch}
+        trainer: {deepspeed: {bf16: false}}
     """)
     loaded = load(p)
     assert loaded.config.algorithm.bypass_old_logprobs is False
     assert [n for n in loaded.notes if n.startswith("algorithm.bypass_old_logprobs: false")]
     assert "bfloat16" in loaded.notes[0] and "float32" in loaded.notes[0] and "rollout/kl" in loaded.notes[0]
-    assert load(p, ["trainer.trainer_type=auto"]).config.algorithm.bypass_old_logprobs  # DeepSpeed bf16: one dtype
-    assert not load(p, ["trainer.trainer_type=auto", "trainer.deepspeed.bf16=false"]).config.algorithm.bypass_old_logprobs
+    assert load(p, ["trainer.deepspeed.bf16=true"]).config.algorithm.bypass_old_logprobs  # DeepSpeed bf16: one dtype
+    # the PyTorch trainer computes in the engine's bfloat16 (autocast), not in float16
+    assert load(p, ["trainer.trainer_type=pytorch"]).config.algorithm.bypass_old_logprobs
+    fp16 = ["trainer.trainer_type=pytorch", "explorer.rollout_model.dtype=float16"]
+    assert not load(p, fp16).config.algorithm.bypass_old_logprobs
     for kept in (["algorithm.bypass_old_logprobs=true"], ["algorithm.policy_loss_fn=m2po"],
-                 ["explorer.rollout_model.dtype=float32"], ["explorer.rollout_model.dtype=auto"],
-                 ["cluster.gpu_per_node=0"]):
+                 ["explorer.rollout_model.dtype=float32", "trainer.trainer_type=pytorch"],
+                 ["explorer.rollout_model.dtype=auto"], ["cluster.gpu_per_node=0"]):
         same = load(p, kept)
         assert same.config.algorithm.bypass_old_logprobs, kept
         assert not [n for n in same.notes if "bypass_old_logprobs" in n], kept

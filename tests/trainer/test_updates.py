@@ -201,3 +201,32 @@ def test_the_engines_log_prob_gap_is_measured_on_rows_of_the_trainers_weights(tm
     for e in batch:
         e.model_version = 0
     assert trainer.train(batch, 3)["rollout/logprob_diff_tokens"] == 0.0  # nothing on its weights: said so
+
+
+@pytest.mark.slow
+def test_the_trainer_computes_in_bfloat16_where_the_cpu_has_it(tmp_path, tiny_model, monkeypatch):
+    """On a CPU with native bfloat16 (TRINITY_CPU_BF16=1 stands in for its flags here) the
+    PyTorch trainer's forwards run under bfloat16 autocast beside a bfloat16 engine, its
+    weights and optimizer float32; float32 without the flag or beside a float32 engine."""
+    from roles.trainer.batch import collate
+    from roles.trainer.main import Trainer
+    from roles.trainer.step import token_logprobs
+
+    monkeypatch.setenv("TRINITY_CPU_BF16", "0")
+    assert Trainer(_cfg(tmp_path / "a", tiny_model)).engine.compute_dtype is None
+    monkeypatch.setenv("TRINITY_CPU_BF16", "1")
+    cfg = _cfg(tmp_path / "b", tiny_model)
+    cfg.explorer.rollout_model.dtype = "float32"
+    assert Trainer(cfg).engine.compute_dtype is None  # beside a float32 engine
+    bf16 = Trainer(_cfg(tmp_path / "c", tiny_model))
+    assert bf16.engine.compute_dtype == torch.bfloat16
+    batch = _batch()
+    with torch.no_grad():
+        exact = token_logprobs(bf16.engine, collate(batch), 1.0, False)[0]  # float32: no autocast here
+    for i, e in enumerate(batch):
+        e.logprobs = exact[i, :e.response_length].numpy()
+    m = bf16.train(batch, 1)
+    assert all(p.dtype == torch.float32 for p in bf16.engine.model.parameters())
+    # the float32 log-probs against the bfloat16 forward's: a gap, small on this model
+    assert 0 < m["rollout/logprob_diff_mean"] < 0.1 and m["rollout/logprob_diff_tokens"] > 0
+    assert torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0

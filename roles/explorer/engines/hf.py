@@ -42,6 +42,7 @@ from roles.explorer.engines.base import (
     check_sampling,
     rope_overrides,
 )
+from roles.runtime.cpu_tuning import cpu_dtype
 from schemas.config import InferenceModelConfig, LoraConfig
 from storage.hf_config import override_rope
 from storage.shared_weights import copy_tensors
@@ -91,9 +92,8 @@ class HFEngine(ReceivesInProcess):
         self.name = name
         self.cfg = cfg
         self.limits = Limits.from_config(cfg)
-        dtype = _DTYPES.get(cfg.dtype, torch.float32)
-        if not torch.cuda.is_available() and dtype != torch.float32:
-            dtype = torch.float32  # CPU: fp32 keeps logprobs equal to the trainer's
+        # CPU: bfloat16 only where the CPU has it natively, and the trainer then computes in it too
+        dtype = _DTYPES.get(cfg.dtype if torch.cuda.is_available() else cpu_dtype(cfg.dtype), torch.float32)
         # its GPU of the device plan (a position in this process's CUDA_VISIBLE_DEVICES)
         self.device = f"cuda:{gpus[0] if gpus else 0}" if torch.cuda.is_available() else "cpu"
         self.release = colocated and self.device != "cpu"

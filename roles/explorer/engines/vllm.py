@@ -33,6 +33,7 @@ from roles.explorer.engines.base import (
     check_sampling,
     rope_overrides,
 )
+from roles.runtime.cpu_tuning import cpu_dtype
 from schemas.config import InferenceModelConfig, LoraConfig
 from storage.hf_config import override_rope
 
@@ -140,8 +141,9 @@ class VLLMEngine(RolloutEngine):
                 f"'.[gpu]' (GPU), or set explorer.rollout_model.engine_type=transformers ({e})"
             ) from e
         on_gpu = torch.cuda.is_available()
-        # CPU: always fp32, like the CPU trainer (bf16 logprobs were off by ~0.1; NOTES.md)
-        dtype = cfg.dtype if on_gpu else "float32"
+        # CPU: float32 unless the CPU has bfloat16 natively, as the CPU trainer (bf16 log-probs
+        # against a float32 trainer's were off by ~0.1; NOTES.md)
+        dtype = cfg.dtype if on_gpu else cpu_dtype(cfg.dtype)
         kw: dict[str, Any] = dict(
             model=cfg.model_path,
             dtype=dtype,
