@@ -26,6 +26,15 @@ from schemas.config import TrinityConfig
 pytestmark = pytest.mark.unit
 
 
+@pytest.fixture(autouse=True)
+def own_flag_dir(tmp_path, monkeypatch):
+    """Each test's flags in its own folder: test processes running side by side must not see
+    each other's explorers or trainers."""
+    import roles.runtime.core_share as core_share
+
+    monkeypatch.setattr(core_share, "flag_dir", lambda: tmp_path)
+
+
 @pytest.fixture
 def run_id() -> str:
     return f"test-{uuid.uuid4().hex}"
@@ -101,6 +110,38 @@ def test_a_sweeps_trainer_takes_the_core_only_while_every_runs_explorer_idles(ti
     finally:
         for w in works:
             w.close()
+        torch.set_num_threads(before)
+
+
+def test_a_trainer_takes_no_extra_core_while_another_trainer_lives_on_the_machine(run_id, tiny_model, tmp_path):
+    """Runs started apart side by side: each trainer's idle explorer does not free a core, the
+    other runs use it; so while another following trainer process lives, none takes more."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    TrainerThreads([run_id], share=1, extra=1).attach(model)
+    assert (tmp_path / f"trinity-trainer-{os.getpid()}").exists()  # this process says it trains
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (tmp_path / f"trinity-trainer-{other.pid}").touch()
+    work = ExplorerWork(run_id)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        model(input_ids=torch.tensor([[1, 2, 3]]))
+        assert torch.get_num_threads() == 1  # its explorer idles, but another trainer lives
+    finally:
+        other.kill()
+        other.wait()
+        work.close()
+        torch.set_num_threads(before)
+    fresh = TrainerThreads([run_id], share=1, extra=1)  # the other one is gone: this one may
+    work = ExplorerWork(run_id)
+    try:
+        torch.set_num_threads(1)
+        fresh.follow()
+        assert torch.get_num_threads() == 2
+    finally:
+        work.close()
         torch.set_num_threads(before)
 
 
