@@ -268,8 +268,10 @@ class StepRunner:
         ref_all = self._batch_logprobs(self.ref, batch, mbs, dp) if self.ref is not None and needs_ref else None
         updates = self.mini_batches(batch.size, step)
         recompute = ~batch.has_old if self.bypass_old_logprobs else torch.ones_like(batch.has_old)
+        gap: dict[str, float] | None = None  # the engine's log-probs against the trainer's
         if bool(recompute.any()) and (len(updates) > 1 or not self.bypass_old_logprobs):
-            now = self._batch_logprobs(self.engine, batch, mbs, dp, fillers)
+            now = self._batch_logprobs(self.engine, batch, mbs, dp, fillers)  # every rank: every row
+            gap = fresh_gap(now, batch, step)  # before the trainer's replace the engine's
             batch.old_logprob = torch.where(recompute.unsqueeze(-1), now, batch.old_logprob)
             batch.has_old = torch.ones_like(batch.has_old)
         old_values, extra = self._advantages_in_trainer(batch, mbs, ref_all, dp, fillers)
@@ -278,9 +280,10 @@ class StepRunner:
             extra.update(_mean(parts))
         if step <= self.critic_warmup:  # PPO: the critic learns first, the actor waits
             return {**extra, "critic_warmup": 1.0, "step_time_s": time.perf_counter() - t0}
-        # the first update runs on the weights the trainer held at the step's start: there its
-        # log-probs and the engine's, for rows generated on those weights, measure the gap
-        done = [self._update(batch, rows, lengths, ref_all, step, dp, measure=i == 0) for i, rows in enumerate(updates)]
+        # else the first update runs on the weights the trainer held at the step's start: its
+        # log-probs there and the engine's measure the gap
+        done = [self._update(batch, rows, lengths, ref_all, step, dp, measure=gap is None and i == 0)
+                for i, rows in enumerate(updates)]
         out = _mean([metrics for metrics, _, _ in done])
         if dp is not None:  # each rank's parts are weighted by its share of each mini-batch
             total: dict[str, float] = defaultdict(float)
@@ -288,6 +291,8 @@ class StepRunner:
                 for k, v in part.items():
                     total[k] += v
             out = dict(total)
+        if gap is not None:  # over the whole batch, the same on every rank: added after their sum
+            out.update(gap)
         out = {k: v for k, v in out.items() if k not in MISMATCH_SUMS} | mismatch_metrics(out)
         dt = time.perf_counter() - t0
         out.update(extra)
@@ -350,11 +355,19 @@ class StepRunner:
             m["loss"] = float(loss.detach())
             for k, v in m.items():
                 sums[k] += share * float(v)
-            if measure and i < len(mbs):  # rows sampled on the weights this update starts from
-                fresh = mb.has_old & (mb.versions == step - 1)
-                for k, v in mismatch_sums(lp, mb.old_logprob, mask & fresh.unsqueeze(-1)).items():
+            if measure and i < len(mbs):  # each rank its rows: the ranks' sums add up
+                for k, v in fresh_gap(lp, mb, step).items():
                     sums[k] += v
         return dict(sums), self.engine.step(), n_mb
+
+
+def fresh_gap(trainer_lp: torch.Tensor, batch: Batch, step: int) -> dict[str, float]:
+    """:func:`ops.mismatch.mismatch_sums` of the trainer's log-probs against the engine's
+    (``batch.old_logprob`` while they are the engine's) on the rows the engine generated on the
+    weights step ``step`` starts from (version ``step - 1``): older rows are policy lag, not
+    the engines' gap."""
+    fresh = batch.has_old & (batch.versions == step - 1)
+    return mismatch_sums(trainer_lp, batch.old_logprob, batch.action_mask & fresh.unsqueeze(-1))
 
 
 def _mean(parts: list[dict[str, float]]) -> dict[str, float]:

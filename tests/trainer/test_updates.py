@@ -198,6 +198,11 @@ def test_the_engines_log_prob_gap_is_measured_on_rows_of_the_trainers_weights(tm
     assert m["rollout/logprob_diff_mean"] == pytest.approx(0.1, abs=1e-4)
     assert m["rollout/kl"] == pytest.approx(float(torch.exp(torch.tensor(-0.1)) - 1 + 0.1), rel=1e-3)
     assert not any(k.endswith("_sum") for k in m)
+    # recomputing the old log-probs (bypass off): measured against the engine's before they go
+    own_old = Trainer(_cfg(tmp_path / "own", tiny_model, algorithm={"bypass_old_logprobs": False}))
+    m2 = own_old.train(batch, 2)
+    assert m2["rollout/logprob_diff_tokens"] == fresh_tokens
+    assert m2["rollout/logprob_diff_mean"] == pytest.approx(0.1, abs=1e-4)
     for e in batch:
         e.model_version = 0
     assert trainer.train(batch, 3)["rollout/logprob_diff_tokens"] == 0.0  # nothing on its weights: said so
