@@ -77,12 +77,16 @@ class ExplorerWork:
         self.path.unlink(missing_ok=True)
 
 
-def explorer_flags(run_id: str) -> list[Path]:
-    """This run's flag files of live explorer processes (a process killed before it could
-    remove its flag left it behind: skipped)."""
-    prefix = flag_prefix(run_id)
+def live_files(prefix: str) -> list[Path]:
+    """Files ``<prefix><pid>`` in :func:`flag_dir` whose process lives (a process killed before
+    it could remove its file left it behind: skipped)."""
     return [p for p in flag_dir().glob(prefix + "*")
-            if p.name[len(prefix):].isdigit() and Path(f"/proc/{p.name[len(prefix):]}").exists()]
+            if (pid := p.name[len(prefix):]).isdigit() and Path(f"/proc/{pid}").exists()]
+
+
+def explorer_flags(run_id: str) -> list[Path]:
+    """This run's flag files of live explorer processes."""
+    return live_files(flag_prefix(run_id))
 
 
 def all_idle(flags: list[Path]) -> bool:
@@ -153,9 +157,8 @@ def say_trainer_here() -> None:
 
 def other_trainers() -> list[Path]:
     """Presence files of the live following trainer processes other than this one."""
-    me = str(os.getpid())
-    return [p for p in flag_dir().glob(TRAINER_PREFIX + "*")
-            if (pid := p.name[len(TRAINER_PREFIX):]).isdigit() and pid != me and Path(f"/proc/{pid}").exists()]
+    me = f"{TRAINER_PREFIX}{os.getpid()}"
+    return [p for p in live_files(TRAINER_PREFIX) if p.name != me]
 
 
 def follows_explorer(cfg: TrinityConfig) -> bool:
