@@ -27,7 +27,7 @@ import bus
 from ops.algorithms import AlgorithmSpec
 from roles.runtime.config import algorithm_spec, session_start
 from roles.runtime.core_share import MIN_PARAMETERS, TrainerThreads, follows_explorer
-from roles.runtime.cpu_tuning import cpu_dtype, role_threads
+from roles.runtime.cpu_tuning import cpu_bf16, role_threads
 from roles.runtime.monitor import Monitor
 from roles.runtime.role import RoleContext
 from roles.runtime.signals import to_thread_to_end
@@ -139,7 +139,7 @@ def compute_dtype(cfg: TrinityConfig) -> torch.dtype | None:
         return None
     if torch.cuda.is_available():
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    return torch.bfloat16 if cpu_dtype("bfloat16") == "bfloat16" else None
+    return torch.bfloat16 if cpu_bf16() else None
 
 
 def mini_batch_rows(cfg: TrinityConfig) -> int | None:
